@@ -1,0 +1,21 @@
+"""Import Lightning under either of its names.
+
+CI installs the ``lightning`` package; some machines (our GPU box) ship only
+``pytorch_lightning``. Both expose the same Trainer, callbacks and modules.
+"""
+
+from __future__ import annotations
+
+try:  # pragma: no cover - which branch runs depends on the machine
+    import lightning.pytorch as pl
+    from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+except ImportError:  # pragma: no cover
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+    from pytorch_lightning import (  # type: ignore[no-redef,assignment]
+        Callback,
+        LightningDataModule,
+        LightningModule,
+        Trainer,
+    )
+
+__all__ = ["Callback", "LightningDataModule", "LightningModule", "Trainer", "pl"]

@@ -1,0 +1,132 @@
+"""Batch plumbing shared by the data-pipeline speedups: move any nested batch, rebuild a
+DataLoader with new settings, and prefetch to the GPU on a side stream.
+
+Example:
+    >>> import torch
+    >>> b = {"x": torch.zeros(2, 3), "meta": ["a", "b"], "y": (torch.ones(2),)}
+    >>> moved = map_tensors(lambda t: t + 1, b)
+    >>> moved["x"].sum().item(), moved["meta"], moved["y"][0].sum().item()
+    (6.0, ['a', 'b'], 4.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "to_device"]
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
+    """Apply ``fn`` to every tensor in tensors, tuples, lists, dicts and dataclasses."""
+    if torch.is_tensor(batch):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return type(batch)((k, map_tensors(fn, v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(fn, v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(fn, v) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: map_tensors(fn, getattr(batch, f.name))
+                                             for f in dataclasses.fields(batch) if f.init})
+    return batch
+
+
+def first_tensor(batch: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
+
+    def grab(t: torch.Tensor) -> torch.Tensor:
+        if not found:
+            found.append(t)
+        return t
+
+    map_tensors(grab, batch)
+    return found[0] if found else None
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+
+
+_LOADER_KEYS = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+                "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context",
+                "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+
+
+def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
+    """A new DataLoader over the same dataset, sampler and collate function, with ``overrides``.
+
+    Raises TypeError if ``loader`` is not a ``torch.utils.data.DataLoader``.
+    """
+    if not isinstance(loader, DataLoader):
+        raise TypeError(f"expected a torch DataLoader, got {type(loader).__name__}")
+    kw: dict[str, Any] = {}
+    for key in _LOADER_KEYS:
+        if hasattr(loader, key):
+            kw[key] = getattr(loader, key)
+    kw.pop("shuffle", None)  # the sampler already encodes it
+    if loader.batch_sampler is not None and getattr(loader, "_auto_collation", True) and kw.get("batch_size") is not None:
+        # a default BatchSampler: pass its parts, not the object (keeps batch_size editable)
+        kw.pop("batch_sampler")
+        kw["sampler"] = loader.batch_sampler.sampler if hasattr(loader.batch_sampler, "sampler") else loader.sampler
+    else:
+        for k in ("batch_size", "drop_last", "sampler"):
+            kw.pop(k, None)
+    kw.update(overrides)
+    if kw.get("num_workers", 0) == 0:
+        kw.pop("prefetch_factor", None)
+        kw["persistent_workers"] = False
+    if "in_order" in kw and "in_order" not in DataLoader.__init__.__code__.co_varnames:
+        kw.pop("in_order")
+    if kw.get("pin_memory_device") in ("", None):
+        kw.pop("pin_memory_device", None)
+    return DataLoader(loader.dataset, **kw)
+
+
+class CUDAPrefetcher:
+    """Iterate ``loader`` with the next batch already on its way to the GPU.
+
+    Batch ``i+1`` is copied on a side stream (``non_blocking``) while step ``i`` runs; before a
+    batch is handed out the compute stream waits for its copy, and every tensor is marked with
+    ``record_stream`` so the caching allocator does not reuse its memory while the compute
+    stream still reads it. Copies only overlap compute when the host tensors are pinned.
+    """
+
+    def __init__(self, loader: Iterable, device: torch.device | str = "cuda") -> None:
+        self.loader = loader
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError("CUDAPrefetcher needs a CUDA device")
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, dataset, sampler... of the loader
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        stream = torch.cuda.Stream(device=self.device)
+        it = iter(self.loader)
+
+        def load() -> Any:
+            try:
+                host = next(it)
+            except StopIteration:
+                return StopIteration
+            with torch.cuda.stream(stream):
+                return to_device(host, self.device, non_blocking=True)
+
+        nxt = load()
+        while nxt is not StopIteration:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(stream)
+            batch = map_tensors(lambda t: (t.record_stream(current), t)[1], nxt)
+            nxt = load()
+            yield batch

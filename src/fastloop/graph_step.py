@@ -1,0 +1,166 @@
+"""Whole-step CUDA graph capture for the plain loop (forward + backward + optimizer step).
+
+Follows PyTorch's "whole network capture" recipe: warm up on a side stream, capture one step
+into a graph with static input buffers and a capturable optimizer, then per step copy the batch
+into the static buffers and replay. The warm-up steps change the weights, so the model's and
+optimizer's state are restored in place afterwards: the first replay starts from exactly the
+state the eager loop would have started from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastloop.data import map_tensors
+
+__all__ = ["GraphIneligible", "GraphedStep"]
+
+
+class GraphIneligible(RuntimeError):
+    """The step cannot be captured; the message names the cause."""
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+
+
+def _shapes(batch: Any) -> list:
+    out: list = []
+    map_tensors(lambda t: (out.append((tuple(t.shape), t.dtype, t.device)), t)[1], batch)
+    return out
+
+
+def _copy_into(static: Any, batch: Any) -> None:
+    dst: list[torch.Tensor] = []
+    map_tensors(lambda t: (dst.append(t), t)[1], static)
+    src: list[torch.Tensor] = []
+    map_tensors(lambda t: (src.append(t), t)[1], batch)
+    for d, s in zip(dst, src):
+        d.copy_(s, non_blocking=True)
+
+
+class GraphedStep:
+    """Capture ``loss = step_fn(model, batch); loss.backward(); optimizer.step()`` once.
+
+    Args:
+        model, optimizer: the training objects (the optimizer is switched to capturable).
+        step_fn: ``step_fn(model, batch) -> loss``; must not synchronize with the host.
+        autocast_dtype: autocast dtype inside the graph (None for fp32).
+        warmup: eager warm-up iterations on a side stream before capture (PyTorch needs >= 1;
+            DDP needs 11).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 step_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                 autocast_dtype: torch.dtype | None = None, warmup: int = 3) -> None:
+        self.model, self.optimizer, self.step_fn = model, optimizer, step_fn
+        self.autocast_dtype = autocast_dtype
+        self.warmup = warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batch: Any = None
+        self.static_loss: torch.Tensor | None = None
+        self._shape_key: list | None = None
+        self._lr_tensors: list[torch.Tensor] = []
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype, cache_enabled=False)
+
+    def _one(self, batch: Any) -> torch.Tensor:
+        with self._autocast():
+            loss = self.step_fn(self.model, batch)
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def _make_capturable(self) -> None:
+        opt = self.optimizer
+        if "capturable" not in opt.defaults and not isinstance(opt, torch.optim.SGD):
+            raise GraphIneligible(f"{type(opt).__name__} has no capturable implementation")
+        device = next(p.device for g in opt.param_groups for p in g["params"])
+        for g in opt.param_groups:
+            if "capturable" in g:
+                g["capturable"] = True
+            # a float lr would be baked into the graph; a tensor lr can follow a scheduler
+            if "capturable" in g and not torch.is_tensor(g["lr"]):
+                g["lr"] = torch.tensor(float(g["lr"]), device=device)
+            if torch.is_tensor(g["lr"]):
+                self._lr_tensors.append(g["lr"])
+        for p, st in opt.state.items():
+            if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+                st["step"] = st["step"].to(p.device)
+
+    def sync_lr(self) -> None:
+        """After an LR scheduler step: copy the new float lr into the graph's lr tensor."""
+        for g, t in zip(self.optimizer.param_groups, self._lr_tensors):
+            if not torch.is_tensor(g["lr"]):
+                t.fill_(float(g["lr"]))
+                g["lr"] = t
+
+    def capture(self, batch: Any) -> float:
+        """Warm up, capture and restore state; returns the capture wall time in seconds.
+
+        Raises GraphIneligible (state restored, nothing captured) if the step synchronizes with
+        the host or cannot be captured.
+        """
+        import time
+
+        t0 = time.perf_counter()
+        self._make_capturable()
+        params = [t for t in list(self.model.parameters()) + list(self.model.buffers())]
+        saved_params = [t.detach().clone() for t in params]
+        before = {id(t): t.detach().clone() for t in _state_tensors(self.optimizer)}
+        self.static_batch = map_tensors(lambda t: t.clone(), batch)
+        self._shape_key = _shapes(batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        prev_mode = torch.cuda.get_sync_debug_mode()
+        try:
+            torch.cuda.set_sync_debug_mode("error")  # a host sync in the step now raises
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._one(self.static_batch)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.set_sync_debug_mode(prev_mode)
+            self.optimizer.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.static_loss = self._one(self.static_batch)
+            self.graph = graph
+        except RuntimeError as err:
+            torch.cuda.set_sync_debug_mode(prev_mode)
+            torch.cuda.synchronize()
+            self.graph = None
+            msg = str(err).splitlines()[0]
+            if "synchroniz" in msg or "capturing" in msg or "not permitted" in msg:
+                raise GraphIneligible(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}") from None
+            raise GraphIneligible(f"capture failed: {msg}") from None
+        finally:
+            with torch.no_grad():
+                for t, s in zip(params, saved_params):
+                    t.copy_(s)
+                for t in _state_tensors(self.optimizer):
+                    if id(t) in before:
+                        t.copy_(before[id(t)])
+                    else:
+                        t.zero_()  # fresh optimizer state: zero moments, step 0
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def fits(self, batch: Any) -> bool:
+        return self.graph is not None and _shapes(batch) == self._shape_key
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        """Run one step: replay if the batch matches the captured shapes, else eagerly."""
+        if self.fits(batch):
+            _copy_into(self.static_batch, batch)
+            self.graph.replay()  # type: ignore[union-attr]
+            return self.static_loss.detach().clone()  # type: ignore[union-attr]
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._one(batch).detach()

@@ -1,0 +1,143 @@
+"""Step timing that does not perturb the thing it measures.
+
+On CUDA every mark is a ``torch.cuda.Event`` recorded on the current stream; nothing
+synchronizes until :meth:`StepTimer.result` reads all events once, late. The data wait of a
+step is the gap between the "fetch started" and "fetch ended" events *on the GPU timeline*: if
+the loader returns before the GPU drains its queue, both events complete back to back and the
+wait is ~0 (the fetch was hidden); if the GPU ran dry, the gap is exactly the idle time.
+On CPU the marks are ``time.perf_counter`` readings (the work is synchronous there).
+
+Example:
+    >>> import time
+    >>> t = StepTimer("cpu", warmup=1)
+    >>> for _ in range(4):
+    ...     t.fetch_start(); t.fetch_end(); time.sleep(0.001); t.step_end()
+    >>> r = t.result()
+    >>> r.steps, r.warmup_steps
+    (3, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from fastloop.measure.stats import summarize
+
+__all__ = ["StepStats", "StepTimer"]
+
+
+@dataclass
+class StepStats:
+    """What a timed run measured (warm-up excluded, but counted)."""
+
+    step_s: list[float]
+    """Per-step wall time (fetch + compute) of each measured step, seconds."""
+    wait_s: list[float]
+    """Per-step time spent waiting for the batch, seconds."""
+    warmup_steps: int
+    """Steps run before measurement started (excluded from the statistics)."""
+    compile_s: float | None = None
+    """One-off compile / graph-capture time, reported on its own line."""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_s)
+
+    @property
+    def data_wait_frac(self) -> float:
+        total = sum(self.step_s)
+        return float(min(1.0, sum(self.wait_s) / total)) if total > 0 else 0.0
+
+    def summary(self) -> dict:
+        return summarize(self.step_s)
+
+
+class StepTimer:
+    """Times steps of any loop: call ``fetch_start``/``fetch_end`` around getting a batch and
+    ``step_end`` after the step's work has been issued.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or a ``torch.device``.
+        warmup: number of leading steps excluded from the statistics.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu", warmup: int = 0) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.warmup = warmup
+        self._fetch_start: list = []
+        self._fetch_end: list = []
+        self._step_end: list = []
+        self.compile_s: float | None = None
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def fetch_start(self) -> None:
+        self._fetch_start.append(self._mark())
+
+    def fetch_end(self) -> None:
+        self._fetch_end.append(self._mark())
+
+    def step_end(self) -> None:
+        self._step_end.append(self._mark())
+
+    @contextlib.contextmanager
+    def fetching(self) -> Iterator[None]:
+        self.fetch_start()
+        yield
+        self.fetch_end()
+
+    def add_compile_time(self, seconds: float) -> None:
+        """Record one-off compile/capture cost (never mixed into step statistics)."""
+        self.compile_s = (self.compile_s or 0.0) + seconds
+
+    def wrap(self, iterable) -> Iterator:
+        """Iterate ``iterable`` with fetch marks around each ``next``; call ``step_end`` yourself."""
+        it = iter(iterable)
+        while True:
+            self.fetch_start()
+            try:
+                item = next(it)
+            except StopIteration:
+                self._fetch_start.pop()
+                return
+            self.fetch_end()
+            yield item
+
+    def _elapsed(self, a, b) -> float:
+        if self.cuda:
+            return a.elapsed_time(b) / 1e3
+        return b - a
+
+    @property
+    def recorded_steps(self) -> int:
+        return len(self._step_end)
+
+    def result(self) -> StepStats:
+        """Synchronize once and turn the marks into per-step times."""
+        n = len(self._step_end)
+        if len(self._fetch_start) < n or len(self._fetch_end) < n:
+            raise RuntimeError("StepTimer: every step_end needs a fetch_start and fetch_end before it")
+        if self.cuda and n:
+            self._step_end[-1].synchronize()
+        step_s, wait_s = [], []
+        for i in range(self.warmup, n):
+            # a step runs from the end of the previous step (when it starts asking for data)
+            # to its own end; its first step starts at its own fetch.
+            start = self._step_end[i - 1] if i > 0 else self._fetch_start[i]
+            step_s.append(self._elapsed(start, self._step_end[i]))
+            wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
+        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n), compile_s=self.compile_s)

@@ -1,0 +1,17 @@
+"""Every speedup, one module each; importing this package fills the registry."""
+
+from fastloop.speedups import (  # noqa: F401  (imported for registration)
+    batch_size,
+    channels_last,
+    compile,
+    cuda_graph,
+    fused_optimizer,
+    pin_memory,
+    precision,
+    prefetch,
+    tf32,
+    workers,
+)
+from fastloop.speedups.base import REGISTRY, Context, Record, Speedup, StepPlan, register, resolve, speedup_names
+
+__all__ = ["REGISTRY", "Context", "Record", "Speedup", "StepPlan", "register", "resolve", "speedup_names"]

@@ -1,0 +1,193 @@
+"""The Speedup interface and the registry every other part of fastloop works from.
+
+A speedup is a measured change. Each one
+
+1. says whether it applies here (:meth:`Speedup.why_not`), and if not, why;
+2. changes exactly one of four things (:attr:`Speedup.changes`): the model, the optimizer,
+   the data pipeline or the train step;
+3. is applied through the same object by the plain-loop wrapper (:mod:`fastloop.loop`) and by
+   the Lightning callbacks (:mod:`fastloop.lightning`).
+
+Example:
+    >>> from fastloop.speedups import resolve
+    >>> [s.name for s in resolve("bf16,tf32")]   # ladder order, not typing order
+    ['tf32', 'bf16']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from fastloop.errors import FastloopError
+
+__all__ = [
+    "REGISTRY",
+    "Context",
+    "Record",
+    "Speedup",
+    "StepPlan",
+    "register",
+    "resolve",
+    "speedup_names",
+]
+
+Changes = Literal["model", "optimizer", "data", "step"]
+Status = Literal["applied", "skipped", "fallback"]
+
+REGISTRY: dict[str, type[Speedup]] = {}
+ALIASES: dict[str, str] = {"amp": "bf16", "fp16_mixed": "fp16", "graphs": "cuda_graph", "fused": "fused_optimizer"}
+
+
+@dataclass
+class Record:
+    """What happened to one requested speedup (the JSON contract's ``speedups`` entries)."""
+
+    name: str
+    status: Status
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "reason": self.reason}
+
+
+@dataclass
+class Context:
+    """What a speedup may look at to decide whether it applies, and where it reports."""
+
+    device: torch.device
+    records: dict[str, Record] = field(default_factory=dict)
+    """One record per requested speedup, filled as they are applied."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Counters speedups report (fp16 skipped steps, recompilations, ...)."""
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def record(self, name: str, status: Status, reason: str = "") -> None:
+        self.records[name] = Record(name, status, reason)
+
+    def applied(self, name: str) -> bool:
+        rec = self.records.get(name)
+        return rec is not None and rec.status == "applied"
+
+
+@dataclass
+class StepPlan:
+    """How the plain loop's train step runs; step-level speedups edit this."""
+
+    autocast_dtype: torch.dtype | None = None
+    """Autocast to this dtype for forward and loss (None: no autocast)."""
+    grad_scaler: bool = False
+    """Use a GradScaler (fp16)."""
+    channels_last_inputs: bool = False
+    """Convert 4-D floating inputs to channels_last before the forward."""
+    prefetch: bool = False
+    """Copy the next batch to the device on a side stream while this step runs."""
+    cuda_graph: bool = False
+    """Capture forward + backward + optimizer step as one CUDA graph."""
+    tf32: bool = False
+    """Allow TF32 matmuls/convolutions while the loop trains (restored afterwards)."""
+
+
+class Speedup:
+    """One optimization. Subclasses set the class attributes and override what they change.
+
+    Every subclass's docstring is its *card*: when it helps, when it hurts, what it costs.
+    """
+
+    name: ClassVar[str]
+    changes: ClassVar[Changes]
+    order: ClassVar[int] = 100
+    """Position in the default ladder (data pipeline, precision, layout, compile, graphs)."""
+    needs_cuda: ClassVar[bool] = False
+    conflicts: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def why_not(self, ctx: Context) -> str | None:
+        """Reason this speedup cannot apply here, or None if it can."""
+        if self.needs_cuda and not ctx.cuda:
+            return "no CUDA"
+        return None
+
+    # --- the four things a speedup may change (plain loop); defaults change nothing ---
+    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
+        return model
+
+    def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
+        return optimizer
+
+    def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        return loader
+
+    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
+        return None
+
+    def callback(self):
+        """The Lightning callback that applies this speedup to an existing Trainer."""
+        from fastloop.lightning import callback_for
+
+        return callback_for(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options or ''})"
+
+
+def register(cls: type[Speedup]) -> type[Speedup]:
+    """Class decorator: add a speedup to the registry under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise RuntimeError(f"speedup {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def speedup_names() -> list[str]:
+    """All registered speedup names, in ladder order."""
+    return [n for n, _ in sorted(REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0]))]
+
+
+def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
+    """Turn ``"bf16,compile"`` (or a list) into speedup objects in ladder order.
+
+    ``"none"``/``""``/``None`` mean the baseline. Unknown names, duplicates and conflicting
+    pairs raise :class:`FastloopError` with a one-line reason.
+    """
+    if spec is None:
+        return []
+    items: list[str | Speedup]
+    if isinstance(spec, str):
+        items = [s.strip() for s in spec.split(",")]
+        if any(not s for s in items) and spec.strip() not in ("",):
+            raise FastloopError(f"malformed speedup list {spec!r}: use comma-separated names, e.g. 'bf16,compile'")
+        items = [s for s in items if s]
+    else:
+        items = list(spec)
+    if items in (["none"], []):
+        return []
+    out: list[Speedup] = []
+    for item in items:
+        if isinstance(item, Speedup):
+            out.append(item)
+            continue
+        key, _, opt = item.partition(":")
+        key = ALIASES.get(key.strip().lower(), key.strip().lower())
+        if key == "none":
+            raise FastloopError("'none' means the baseline and cannot be combined with other speedups")
+        if key not in REGISTRY:
+            raise FastloopError(f"unknown speedup {item!r}; valid names: {', '.join(speedup_names())}")
+        out.append(REGISTRY[key](**({"mode": opt} if opt else {})))
+    names = [s.name for s in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise FastloopError(f"speedup given twice: {', '.join(dupes)}")
+    for s in out:
+        clash = [c for c in s.conflicts if c in names]
+        if clash:
+            raise FastloopError(f"{s.name!r} cannot be combined with {clash[0]!r}: choose one")
+    return sorted(out, key=lambda s: (s.order, s.name))

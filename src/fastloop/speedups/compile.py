@@ -1,0 +1,57 @@
+"""``compile``: ``torch.compile`` of the model (Inductor: fused kernels, fewer launches).
+
+Card:
+- Helps: models with many small elementwise ops (GPT-2 on our H200: 330k -> 485k tokens/s).
+- Hurts: dynamic shapes (each new shape recompiles: fastloop counts recompilations), host
+  syncs inside forward (graph breaks), very short runs (compile time dominates).
+- Costs: compile time on the first steps (tens of seconds for GPT-2), reported apart from
+  step statistics. A compile error falls back to eager with the reason recorded.
+Options: ``mode`` (``default``, ``reduce-overhead``, ``max-autotune``, ...): ``compile:max-autotune``.
+Changes the model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastloop.speedups.base import Context, Speedup, register
+
+__all__ = ["Compile", "apply_compile", "compile_counters"]
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def apply_compile(model: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
+    """Compile ``model`` in place (``nn.Module.compile``), so references to it stay valid."""
+    if mode not in MODES:
+        raise ValueError(f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}")
+    model.compile(mode=None if mode == "default" else mode)
+    return model
+
+
+def compile_counters() -> dict:
+    """Dynamo's graph and recompile counters (process-wide)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover
+        return {}
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0}
+
+
+@register
+class Compile(Speedup):
+    __doc__ = __doc__
+    name = "compile"
+    changes = "model"
+    order = 50
+
+    def why_not(self, ctx: Context) -> str | None:
+        mode = self.options.get("mode") or "default"
+        if mode not in MODES:
+            return f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}"
+        return None
+
+    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
+        return apply_compile(model, self.options.get("mode") or "default")

@@ -1,0 +1,66 @@
+"""``fused_optimizer``: Adam, AdamW and SGD switched to their fused implementation.
+
+Card:
+- Helps: models with many parameter tensors: one kernel updates all of them instead of
+  several per tensor (GPT-2 on our H200: 321k -> 330k tokens/s).
+- Hurts: nothing known; results differ from the for-loop implementation by rounding.
+- Costs: nothing. The switch is made in place: the optimizer object, its hyperparameters,
+  its state and any LR scheduler attached to it are kept.
+Changes the optimizer. Other optimizers are left as they are, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastloop.speedups.base import Context, Speedup, register
+
+__all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer"]
+
+FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def _fused_ok(opt: torch.optim.Optimizer) -> str | None:
+    if not isinstance(opt, FUSABLE):
+        return f"{type(opt).__name__} has no fused implementation (fusable: Adam, AdamW, SGD)"
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not p.is_floating_point():
+                return "optimizer holds non-floating-point parameters"
+            if p.device.type not in ("cuda", "cpu", "xpu", "mps"):
+                return f"no fused optimizer on device {p.device.type}"
+    if any(g.get("differentiable") for g in opt.param_groups):
+        return "differentiable optimizers cannot be fused"
+    return None
+
+
+def apply_fused_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Switch ``opt`` to its fused implementation in place; raises ValueError if it cannot."""
+    reason = _fused_ok(opt)
+    if reason:
+        raise ValueError(reason)
+    for group in opt.param_groups:
+        group["fused"] = True
+        group["foreach"] = False
+    opt.defaults["fused"] = True
+    opt.defaults["foreach"] = False
+    # fused kernels read 'step' as a float32 tensor on the parameter's device
+    for p, state in opt.state.items():
+        if "step" in state and torch.is_tensor(state["step"]) and state["step"].device != p.device:
+            state["step"] = state["step"].to(p.device, torch.float32)
+    return opt
+
+
+@register
+class FusedOptimizer(Speedup):
+    __doc__ = __doc__
+    name = "fused_optimizer"
+    changes = "optimizer"
+    order = 35
+
+    def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
+        reason = _fused_ok(optimizer)
+        if reason:
+            ctx.record(self.name, "skipped", reason)
+            return optimizer
+        return apply_fused_optimizer(optimizer)

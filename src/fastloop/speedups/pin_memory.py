@@ -1,0 +1,41 @@
+"""``pin_memory``: page-locked host batches, pinned by the loader's own pin thread.
+
+Card:
+- Helps: every host->device copy; pinned copies reach ~55 GB/s on our H200 vs ~6 GB/s
+  pageable, and only pinned copies can overlap compute (see ``prefetch``).
+- Hurts: hosts short of RAM (pinned pages cannot be swapped).
+- Costs: a pin thread in the loader. Pinning each batch right before its copy (in the step)
+  is up to 2x slower than this; do it in the loader.
+Changes the data pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch.utils.data import DataLoader
+
+from fastloop.data import rebuild_loader
+from fastloop.speedups.base import Context, Speedup, register
+
+__all__ = ["PinMemory", "apply_pin_memory"]
+
+
+def apply_pin_memory(loader: DataLoader) -> DataLoader:
+    """The same loader with ``pin_memory=True``."""
+    return loader if loader.pin_memory else rebuild_loader(loader, pin_memory=True)
+
+
+@register
+class PinMemory(Speedup):
+    __doc__ = __doc__
+    name = "pin_memory"
+    changes = "data"
+    order = 11
+    needs_cuda = True
+
+    def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        if not isinstance(loader, DataLoader):
+            ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
+            return loader
+        return apply_pin_memory(loader)
