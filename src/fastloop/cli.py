@@ -1,0 +1,236 @@
+"""The ``fastloop`` command: run, ladder, ab, batch-size, doctor.
+
+Exit status 0 on success, 2 on bad input with a one-line reason (never a traceback).
+
+Example:
+    $ fastloop doctor --json ceilings.json
+    $ fastloop ladder gpt --out report/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from fastloop.errors import FastloopError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, status 2
+        sys.stderr.write(f"fastloop: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _positive(name: str, allow_zero: bool = False):
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if v < 0 or (v == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}, got {v}")
+        return v
+    return conv
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fastloop", description="Make PyTorch training loops fast, and prove it.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+        sp.add_argument("--json", metavar="FILE", help="write the JSON document here")
+        sp.add_argument("--out", metavar="DIR", help="write report.json, report.md and report.html here")
+        sp.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+    def steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
+        sp.add_argument("--steps", type=_positive("--steps"), default=default_steps, help="measured steps")
+        sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True), default=5,
+                        help="steps before measuring (compile and capture happen here)")
+
+    sp = sub.add_parser("run", help="measure one configuration")
+    sp.add_argument("target")
+    sp.add_argument("--speedups", default="none", help="comma-separated speedup names, or none")
+    steps(sp)
+    common(sp)
+    sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
+    sp.add_argument("target")
+    sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
+    sp.add_argument("--repeats", type=_positive("--repeats"), default=2)
+    sp.add_argument("--keep-helpful", action="store_true", help="end with the speedups that helped and the callbacks line")
+    steps(sp)
+    common(sp)
+    sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
+    sp.add_argument("target")
+    sp.add_argument("--a", required=True)
+    sp.add_argument("--b", required=True)
+    sp.add_argument("--repeats", type=_positive("--repeats"), default=3)
+    steps(sp)
+    common(sp)
+    sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
+    sp.add_argument("target")
+    sp.add_argument("--speedups", default="none")
+    sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
+    sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
+    sp.add_argument("--margin", type=float, default=0.9, help="fraction of the largest fitting size to use")
+    common(sp)
+    sp = sub.add_parser("doctor", help="machine ceilings; with a target, its bottleneck")
+    sp.add_argument("target", nargs="?")
+    sp.add_argument("--quick", action="store_true", help="smaller problems (faster, less exact)")
+    steps(sp, default_steps=20)
+    common(sp)
+    return p
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    if args.json:
+        parent = Path(args.json).resolve().parent
+        if Path(args.json).is_dir():
+            raise FastloopError(f"--json {args.json} is a directory; give a file path")
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise FastloopError(f"--json {args.json}: cannot write there (folder missing or not writable)")
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise FastloopError(f"--out {args.out} is a file; give a directory")
+        probe = out if out.exists() else next((p for p in out.resolve().parents if p.exists()), Path("/"))
+        if not os.access(probe, os.W_OK):
+            raise FastloopError(f"--out {args.out}: cannot write there")
+
+
+def _stamp(doc: dict, args: argparse.Namespace, device: str) -> dict:
+    from fastloop import __version__
+    from fastloop.measure.env import env_stamp
+
+    return {"fastloop_version": __version__, "env": env_stamp(), "target": getattr(args, "target", None),
+            "device": device, **doc}
+
+
+def _progress(args: argparse.Namespace):
+    if args.quiet:
+        return None, None
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=True)
+    task = prog.add_task("starting", total=None)
+    return prog, lambda text: prog.update(task, description=text)
+
+
+def _dispatch(args: argparse.Namespace) -> dict:
+    from fastloop.loop import resolve_device
+
+    device = str(resolve_device(args.device))
+    if args.cmd == "run":
+        from fastloop.runner import run_configuration
+
+        return _stamp({"kind": "run", **run_configuration(args.target, args.speedups, steps=args.steps,
+                                                         warmup=args.warmup, device=device)}, args, device)
+    if args.cmd in ("ladder", "ab"):
+        prog, update = _progress(args)
+        try:
+            if prog:
+                prog.start()
+            if args.cmd == "ladder":
+                from fastloop.doctor import diagnose
+                from fastloop.ladder import run_ladder
+                from fastloop.speedups.base import resolve
+
+                rungs = [s.name for s in resolve(args.rungs)] if args.rungs is not None else None
+                doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
+                                 device=device, progress=update)
+                doc["diagnosis"] = diagnose(doc["rungs"][0])
+                if not args.keep_helpful:
+                    doc.pop("callbacks_line")
+                    doc.pop("helpful")
+            else:
+                from fastloop.ab import run_ab
+
+                doc = run_ab(args.target, args.a, args.b, repeats=args.repeats, steps=args.steps,
+                             warmup=args.warmup, device=device, progress=update)
+        finally:
+            if prog:
+                prog.stop()
+        return _stamp(doc, args, device)
+    if args.cmd == "batch-size":
+        from fastloop.batch_size import search_batch_size
+        from fastloop.targets import build_target
+
+        module, data = build_target(args.target)
+        doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
+                                objective=args.objective, margin=args.margin)
+        return _stamp({"kind": "batch-size", **doc}, args, device)
+    if args.cmd == "doctor":
+        from fastloop.doctor import diagnose, machine_ceilings
+
+        doc: dict = {"kind": "doctor", "ceilings": machine_ceilings(quick=args.quick)}
+        if args.target:
+            from fastloop.runner import run_configuration
+
+            base = run_configuration(args.target, "none", steps=args.steps, warmup=args.warmup, device=device)
+            doc["baseline"] = base
+            doc["diagnosis"] = diagnose(base, doc["ceilings"])
+        return _stamp(doc, args, device)
+    raise FastloopError(f"unknown command {args.cmd!r}")
+
+
+def _print(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if doc["kind"] == "doctor":
+        env = doc["env"]
+        t = Table(title=f"fastloop doctor [{env['gpu'] or 'no GPU'}, driver {env['driver']}, CUDA {env['cuda']}, "
+                        f"torch {env['torch']}]")
+        t.add_column("ceiling")
+        t.add_column("value")
+        t.add_column("how")
+        for k, v in doc["ceilings"]["measured"].items():
+            t.add_row(k, f"{v['value']:,.2f}", v["how"])
+        for k, why in doc["ceilings"]["not_measured"].items():
+            t.add_row(k, "not measured", why)
+        console.print(t)
+        if doc.get("diagnosis"):
+            d = doc["diagnosis"]
+            console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
+        return
+    if doc["kind"] == "batch-size":
+        t = Table(title=f"batch-size search: chose {doc['batch_size']} (largest fitting {doc['max_fitting']})")
+        for c in ("batch size", "fits", "step", "throughput"):
+            t.add_column(c)
+        for tr in doc["trials"]:
+            t.add_row(str(tr["batch_size"]), "yes" if tr["ok"] else "OOM",
+                      f"{1e3 * tr['step_s']:.2f} ms" if tr["step_s"] else "-",
+                      f"{tr['throughput']:,.0f}/s" if tr["throughput"] else "-")
+        console.print(t)
+        return
+    from fastloop.report.terminal import print_document
+
+    print_document(doc, console)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _check_outputs(args)
+        doc = _dispatch(args)
+        from fastloop.report import write_reports
+
+        write_reports(doc, args.out, args.json)
+    except FastloopError as err:
+        sys.stderr.write(f"fastloop: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("fastloop: interrupted\n")
+        return 130
+    if not args.quiet:
+        _print(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""``fastloop doctor``: this machine's ceilings, and (given a target) its bottleneck.
+
+Machine part: matmul TFLOP/s per dtype, device copy bandwidth, host->device pageable vs
+pinned, kernel launch overhead. On a CPU-only machine it says what it cannot measure and
+measures what it can (CPU matmul rate).
+
+Diagnosis: from a measured baseline configuration:
+- data-bound: the step waits for its batch >= 20% of the time;
+- launch-bound (CUDA): the GPU is idle between kernels: step time far above the time its
+  FLOPs need at the measured ceiling, and small steps (< 5 ms);
+- memory-bound: peak memory above 90% of the device;
+- compute-bound: otherwise.
+
+Example:
+    >>> diagnose({"data_wait_frac": 0.6, "step_s": {"median": 0.03}, "peak_mem_bytes": None, "mfu": None})["bottleneck"]
+    'data-bound'
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["diagnose", "machine_ceilings"]
+
+
+def _events_time(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def machine_ceilings(quick: bool = False) -> dict:
+    """Measure this machine's ceilings; every figure names how it was measured."""
+    from fastloop.measure.flops import measure_matmul_tflops
+
+    out: dict = {"measured": {}, "not_measured": {}}
+    m = out["measured"]
+    if not torch.cuda.is_available():
+        n = 1024 if quick else 2048
+        m["cpu_matmul_fp32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=3, device="cpu"),
+                                       "how": f"{n}^3 fp32 matmul on CPU, {torch.get_num_threads()} threads"}
+        for k in ("gpu_matmul", "device_copy", "host_to_device", "launch_overhead"):
+            out["not_measured"][k] = "no CUDA device on this machine"
+        return out
+    n = 4096 if quick else 8192
+    for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+        m[f"matmul_{name}_tflops"] = {"value": measure_matmul_tflops(dt, n=n, iters=10 if quick else 20),
+                                      "how": f"{n}^3 {name} matmul, random data, median of CUDA-event timings"}
+    prev = apply = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    m["matmul_tf32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=10 if quick else 20),
+                               "how": f"{n}^3 fp32 matmul with TF32 allowed"}
+    torch.backends.cuda.matmul.allow_tf32 = prev
+    del apply
+    nbytes = (1 if quick else 4) * 2**30
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = _events_time(lambda: dst.copy_(src), 10)
+    m["device_copy_tbs"] = {"value": 2 * nbytes / t / 1e12, "how": f"{nbytes >> 20} MiB device copy, bytes read + written"}
+    del src, dst
+    size = 256 * 2**20
+    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    for label, host in (("pageable", torch.empty(size, dtype=torch.uint8)),
+                        ("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True))):
+        host.fill_(1)
+        t = _events_time(lambda: dev.copy_(host, non_blocking=True), 10)
+        m[f"h2d_{label}_gbs"] = {"value": size / t / 1e9, "how": f"256 MiB host->device copy from {label} memory"}
+    x = torch.zeros(1, device="cuda")
+    iters = 2000
+    x.add_(1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        x.add_(1)
+    torch.cuda.synchronize()
+    m["launch_overhead_us"] = {"value": (time.perf_counter() - t0) / iters * 1e6,
+                               "how": f"{iters} back-to-back tiny kernels (x.add_(1)), host wall time per launch"}
+    return out
+
+
+def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
+    """Name the bottleneck of a measured configuration and the next fix to try."""
+    wait = cfg.get("data_wait_frac") or 0.0
+    med = (cfg.get("step_s") or {}).get("median") or 0.0
+    mem = cfg.get("peak_mem_bytes")
+    total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    mfu = cfg.get("mfu")
+    if wait >= 0.2:
+        return {"bottleneck": "data-bound",
+                "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time.",
+                "recommendation": "more loader workers (workers), pinned memory + prefetch; decode on the GPU (DALI) for JPEGs."}
+    if mem and total and mem > 0.9 * total:
+        return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
+                "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}
+    if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1):
+        return {"bottleneck": "launch-bound",
+                "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
+                "recommendation": "cuda_graph (whole-step capture) or compile; a larger batch."}
+    ev = f"data wait {100 * wait:.0f}%" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+    return {"bottleneck": "compute-bound", "evidence": ev + ": the step is busy computing.",
+            "recommendation": "bf16 autocast, fused optimizer, channels_last for conv nets, compile." if (mfu or 0) < 0.4
+            else "already near the ceiling: only algorithmic changes will help much."}

@@ -1,0 +1,178 @@
+"""Lightning callbacks: drop-in speedups for an existing ``Trainer``, no change to the module.
+
+Thin adapters: each callback applies one :class:`~fastloop.speedups.base.Speedup` at the hook
+where Lightning lets that kind of change happen (loader in ``setup``, model in ``setup``,
+optimizer in ``on_fit_start``, precision by swapping the strategy's precision plugin).
+
+Example:
+    >>> from fastloop.lightning import callbacks
+    >>> [type(c).__name__ for c in callbacks("bf16,compile")]
+    ['SpeedupCallback', 'SpeedupCallback']
+
+    ``Trainer(callbacks=callbacks("workers,pin_memory,prefetch,bf16,fused_optimizer,compile"))``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastloop._compat import Callback, LightningModule, Trainer
+from fastloop.data import map_tensors
+from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
+from fastloop.speedups.tf32 import apply_tf32, restore_tf32
+
+__all__ = ["SpeedupCallback", "callback_for", "callbacks", "records_of"]
+
+
+def _wrap_train_loader(trainer: Trainer, fn) -> None:
+    """Make ``fn(loader)`` transform the training loader the Trainer will ask for."""
+    src = trainer.fit_loop._data_source
+    inst = src.instance
+    if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
+        src.instance = fn(inst)
+        return
+    if inst is None:
+        raise RuntimeError("no training data source found on the Trainer")
+    original = inst.train_dataloader
+    inst.train_dataloader = lambda: fn(original())
+
+
+class SpeedupCallback(Callback):
+    """Apply one speedup to a Trainer. Its outcome is in :attr:`record`.
+
+    Args:
+        speedup: a speedup name (``"bf16"``) or a Speedup object.
+    """
+
+    def __init__(self, speedup: str | Speedup) -> None:
+        found = resolve([speedup])
+        if len(found) != 1:
+            raise ValueError(f"SpeedupCallback takes one speedup, got {speedup!r}")
+        self.speedup = found[0]
+        self.ctx: Context | None = None
+        self.plan = StepPlan()
+        self._tf32_prev: dict | None = None
+        self._scale_before: torch.Tensor | None = None
+        self._skipped: torch.Tensor | None = None
+
+    @property
+    def state_key(self) -> str:
+        return f"SpeedupCallback[{self.speedup.name}]"
+
+    @property
+    def record(self) -> Record:
+        if self.ctx is None or self.speedup.name not in self.ctx.records:
+            return Record(self.speedup.name, "skipped", "the Trainer never ran setup")
+        return self.ctx.records[self.speedup.name]
+
+    def _fail(self, status: str, reason: str) -> None:
+        assert self.ctx is not None
+        if self.speedup.name not in self.ctx.records or self.ctx.applied(self.speedup.name):
+            self.ctx.record(self.speedup.name, status, reason)  # type: ignore[arg-type]
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        s = self.speedup
+        self.ctx = ctx = Context(trainer.strategy.root_device)
+        reason = s.why_not(ctx)
+        if reason:
+            ctx.record(s.name, "skipped", reason)
+            return
+        try:
+            if s.changes == "model":
+                targets = [pl_module]
+                if s.name == "compile":  # training_step calls the children, not pl_module.__call__
+                    targets = [c for c in pl_module.children() if any(True for _ in c.parameters())]
+                for t in targets:
+                    s.apply_model(t, ctx)
+                if s.name == "compile":
+                    pl_module._fastloop_compiled = True  # FLOP counting must not trace compiled code
+            if s.changes == "data" and s.name not in ctx.records:
+                _wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
+            s.apply_step(self.plan, ctx)
+            self._apply_plan(trainer, pl_module, ctx)
+        except Exception as err:
+            ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            return
+        if s.name not in ctx.records:
+            ctx.record(s.name, "applied")
+
+    def _apply_plan(self, trainer: Trainer, pl_module: LightningModule, ctx: Context) -> None:
+        plan = self.plan
+        if plan.tf32:
+            self._tf32_prev = apply_tf32(True)
+        if plan.autocast_dtype is not None:
+            try:
+                from lightning.pytorch.plugins.precision import MixedPrecision
+            except ImportError:  # pragma: no cover
+                from pytorch_lightning.plugins.precision import MixedPrecision  # type: ignore[no-redef]
+            mode = "bf16-mixed" if plan.autocast_dtype == torch.bfloat16 else "16-mixed"
+            trainer.strategy.precision_plugin = MixedPrecision(mode, device=ctx.device.type)
+        if plan.channels_last_inputs:
+            original = pl_module.on_after_batch_transfer
+
+            def to_channels_last(batch: Any, dataloader_idx: int) -> Any:
+                batch = original(batch, dataloader_idx)
+                return map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
+                                   if t.dim() == 4 and t.is_floating_point() else t, batch)
+
+            pl_module.on_after_batch_transfer = to_channels_last  # type: ignore[method-assign]
+        if plan.cuda_graph:
+            pl_module._fastloop_compiled = True
+            # Lightning owns the optimizer step, so graph forward+backward through compile's
+            # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start.
+            for child in pl_module.children():
+                if any(True for _ in child.parameters()):
+                    child.compile(mode="reduce-overhead")
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
+            return
+        if self.speedup.changes == "optimizer" or self.plan.cuda_graph:
+            for opt in trainer.optimizers:
+                reason = _fused_ok(opt)
+                if reason:
+                    self._fail("skipped" if self.speedup.changes == "optimizer" else "applied", reason)
+                    continue
+                apply_fused_optimizer(opt)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if self.plan.grad_scaler or (self.plan.autocast_dtype == torch.float16 and scaler is not None):
+            if scaler is not None and getattr(scaler, "_scale", None) is not None:
+                self._scale_before = scaler._scale.detach().clone()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if self._scale_before is not None and scaler is not None and scaler._scale is not None:
+            # the scale backs off exactly when the step was skipped (inf/NaN gradients); no sync
+            skipped = (scaler._scale < self._scale_before).int()
+            self._skipped = skipped if self._skipped is None else self._skipped + skipped
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ctx is not None and self._skipped is not None:
+            self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._tf32_prev is not None:
+            restore_tf32(self._tf32_prev)
+            self._tf32_prev = None
+
+
+def callback_for(speedup: Speedup) -> SpeedupCallback:
+    return SpeedupCallback(speedup)
+
+
+def callbacks(spec: str | list[str]) -> list[SpeedupCallback]:
+    """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError)."""
+    return [SpeedupCallback(s) for s in resolve(spec)]
+
+
+def records_of(trainer: Trainer) -> list[Record]:
+    """The outcome of every fastloop speedup callback attached to ``trainer``."""
+    return [c.record for c in trainer.callbacks if isinstance(c, SpeedupCallback)]

@@ -1,0 +1,103 @@
+"""A Lightning callback that times every training step with :class:`StepTimer`.
+
+Data wait is the time between the end of one ``on_train_batch_end`` and the next
+``on_train_batch_start``: Lightning fetches the batch and moves it to the device in between.
+Losses are kept on the device and read once at the end (no per-step ``.item()``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from fastloop._compat import Callback, LightningModule, Trainer
+from fastloop.data import first_tensor
+from fastloop.measure.timer import StepStats, StepTimer
+
+__all__ = ["MeasureCallback"]
+
+
+class MeasureCallback(Callback):
+    """Time steps, record data wait, losses, items per step, peak memory and FLOPs.
+
+    Args:
+        warmup: leading steps excluded from the statistics (compile and capture happen here).
+        count_flops: count FLOPs of the first step with ``torch.utils.flop_counter`` when the
+            module does not define ``flops_per_batch(batch)``.
+    """
+
+    def __init__(self, warmup: int = 5, count_flops: bool = True) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.warmup = warmup
+        self.count_flops = count_flops
+        self.timer: StepTimer | None = None
+        self.losses: list[torch.Tensor] = []
+        self.items_per_step: int | None = None
+        self.flops_per_step: float | None = None
+        self.peak_mem_bytes: int | None = None
+        self._flop_mode = None
+        self._t0 = 0.0
+        self.wall_s = 0.0
+        self._pending_fetch = False
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.timer = StepTimer(trainer.strategy.root_device, warmup=self.warmup)
+        if self.timer.cuda:
+            torch.cuda.reset_peak_memory_stats(self.timer.device)
+        self._t0 = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.timer is not None and not self._pending_fetch:
+            self.timer.fetch_start()
+            self._pending_fetch = True
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        assert self.timer is not None
+        self.timer.fetch_end()
+        self._pending_fetch = False
+        if self.items_per_step is None:
+            items = getattr(pl_module, "items_per_batch", None)
+            t = first_tensor(batch)
+            self.items_per_step = int(items(batch)) if callable(items) else (int(t.shape[0]) if t is not None and t.dim() else 1)
+            fpb = getattr(pl_module, "flops_per_batch", None)
+            if callable(fpb):
+                self.flops_per_step = float(fpb(batch))
+            elif self.count_flops and not getattr(pl_module, "_fastloop_compiled", False):
+                from torch.utils.flop_counter import FlopCounterMode
+
+                self._flop_mode = FlopCounterMode(display=False)
+                self._flop_mode.__enter__()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        assert self.timer is not None
+        if self._flop_mode is not None:
+            self._flop_mode.__exit__(None, None, None)
+            self.flops_per_step = float(self._flop_mode.get_total_flops()) or None
+            self._flop_mode = None
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if torch.is_tensor(loss):
+            self.losses.append(loss.detach().float().reshape(()))
+        self.timer.step_end()
+        self.timer.fetch_start()
+        self._pending_fetch = True
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.timer is not None and self.timer.cuda:
+            torch.cuda.synchronize(self.timer.device)
+            self.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.timer.device))
+        self.wall_s = time.perf_counter() - self._t0
+
+    def result(self) -> StepStats:
+        if self.timer is None or self.timer.recorded_steps == 0:
+            raise RuntimeError("no training step was measured (did the loader yield any batch?)")
+        stats = self.timer.result()
+        if stats.steps and self.warmup:
+            med = sorted(stats.step_s)[len(stats.step_s) // 2]
+            stats.compile_s = max(0.0, self.wall_s - sum(stats.step_s) - self.warmup * med)
+        return stats
+
+    def loss_values(self) -> list[float]:
+        return torch.stack(self.losses).cpu().tolist() if self.losses else []

@@ -1,0 +1,53 @@
+"""Shared formatting of measured configurations (used by Markdown, HTML and the terminal)."""
+
+from __future__ import annotations
+
+__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows"]
+
+
+def fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def fmt_ratio(r: dict | None) -> str:
+    if not r:
+        return "-"
+    mark = "" if r["significant"] else " (n.s.)"
+    return f"{r['ratio']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]{mark}"
+
+
+def config_label(cfg: dict) -> str:
+    applied = [s["name"] for s in cfg.get("speedups", []) if s["status"] == "applied"]
+    return "+".join(applied) or "baseline"
+
+
+def rows(doc: dict) -> list[dict]:
+    """One row per measured configuration in a run, ladder or A/B document."""
+    kind = doc.get("kind")
+    if kind == "ladder":
+        items = [(r["rung"], r) for r in doc["rungs"]]
+    elif kind == "ab":
+        items = [("A: " + doc["a_spec"], doc["a"]), ("B: " + doc["b_spec"], doc["b"])]
+    else:
+        items = [(config_label(doc), doc)]
+    out = []
+    for name, c in items:
+        tp = c.get("throughput") or {}
+        status = c.get("rung_status", "")
+        out.append({
+            "name": name,
+            "status": status,
+            "reason": c.get("rung_reason", ""),
+            "step": fmt_s((c.get("step_s") or {}).get("median")),
+            "spread": f"{fmt_s((c.get('step_s') or {}).get('p25'))} - {fmt_s((c.get('step_s') or {}).get('p75'))}",
+            "throughput": f"{tp['value']:,.0f} {tp['unit']}" if tp.get("value") else "-",
+            "wait": f"{100 * c['data_wait_frac']:.0f}%" if c.get("data_wait_frac") is not None else "-",
+            "mem": f"{c['peak_mem_bytes'] / 2**30:.2f} GiB" if c.get("peak_mem_bytes") else "-",
+            "compile": fmt_s(c.get("compile_s")),
+            "mfu": f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-",
+            "vs_prev": fmt_ratio(c.get("speedup_vs_prev")),
+            "vs_base": fmt_ratio(c.get("speedup_vs_baseline")),
+        })
+    return out

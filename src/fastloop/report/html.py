@@ -1,0 +1,109 @@
+"""A self-contained HTML page: environment stamp, the table, and matplotlib plots as inline PNGs.
+
+Plots: throughput per rung (waterfall of gains), step time split into data wait and compute,
+peak memory and compile time per configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from fastloop.report.format import rows
+
+__all__ = ["render_html"]
+
+
+def _configs(doc: dict) -> list[tuple[str, dict]]:
+    if doc.get("kind") == "ladder":
+        return [(r["rung"], r) for r in doc["rungs"]]
+    if doc.get("kind") == "ab":
+        return [("A", doc["a"]), ("B", doc["b"])]
+    return [("run", doc)]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plots(doc: dict) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfgs = [(n, c) for n, c in _configs(doc) if (c.get("step_s") or {}).get("median")]
+    if not cfgs:
+        return []
+    names = [n for n, _ in cfgs]
+    out = []
+    # 1. throughput waterfall: each bar starts where the previous configuration ended
+    tp = [c["throughput"]["value"] or 0 for _, c in cfgs]
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.4))
+    prev = 0.0
+    for i, v in enumerate(tp):
+        base = prev if i else 0.0
+        ax.bar(i, v - base, bottom=base, color="tab:green" if v >= base else "tab:red")
+        ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+        prev = v
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel(cfgs[0][1]["throughput"]["unit"])
+    ax.set_title("Throughput per configuration (waterfall of gains)")
+    out.append(("throughput", _png(fig)))
+    plt.close(fig)
+    # 2. step-time breakdown
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.4))
+    med = [c["step_s"]["median"] * 1e3 for _, c in cfgs]
+    wait = [m * c["data_wait_frac"] for m, (_, c) in zip(med, cfgs)]
+    ax.bar(names, [m - w for m, w in zip(med, wait)], label="compute", color="tab:blue")
+    ax.bar(names, wait, bottom=[m - w for m, w in zip(med, wait)], label="data wait", color="tab:orange")
+    ax.set_ylabel("median step (ms)")
+    ax.set_title("Step time: compute vs data wait")
+    ax.legend()
+    ax.tick_params(axis="x", rotation=30)
+    out.append(("breakdown", _png(fig)))
+    plt.close(fig)
+    # 3. memory and compile time
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(names)), 3.2))
+    a1.bar(names, [(c.get("peak_mem_bytes") or 0) / 2**30 for _, c in cfgs], color="tab:purple")
+    a1.set_title("Peak GPU memory (GiB; 0 = not measured on CPU)")
+    a2.bar(names, [c.get("compile_s") or 0 for _, c in cfgs], color="tab:gray")
+    a2.set_title("Compile / capture time (s)")
+    for a in (a1, a2):
+        a.tick_params(axis="x", rotation=30)
+    out.append(("memory_compile", _png(fig)))
+    plt.close(fig)
+    return out
+
+
+def render_html(doc: dict) -> str:
+    env = doc.get("env", {})
+    e = html.escape
+    stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
+    head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU",
+            "vs previous", "vs baseline"]
+    body = "".join("<tr>" + "".join(f"<td>{e(str(r[k]))}</td>" for k in
+                   ("name", "step", "spread", "throughput", "wait", "mem", "compile", "mfu", "vs_prev", "vs_base"))
+                   + "</tr>" for r in rows(doc))
+    imgs = "".join(f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
+                   for n, b in _plots(doc))
+    notes = []
+    if doc.get("verdict"):
+        notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
+    if doc.get("diagnosis"):
+        d = doc["diagnosis"]
+        notes.append(f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>")
+    if doc.get("callbacks_line"):
+        notes.append(f"<pre>{e(doc['callbacks_line'])}</pre>")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>fastloop {e(doc.get('kind', 'run'))}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
+img.plot{{max-width:100%}}</style></head><body>
+<h1>fastloop {e(doc.get('kind', 'run'))}: <code>{e(str(doc.get('target')))}</code></h1>
+<p class="stamp">{stamp}</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
+<p>Ratios: median step time before / after, 95% bootstrap CI; (n.s.) = not significant.</p>
+{''.join(notes)}{imgs}</body></html>"""

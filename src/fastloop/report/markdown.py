@@ -1,0 +1,40 @@
+"""Markdown: a table a user can paste into a pull request."""
+
+from __future__ import annotations
+
+from fastloop.report.format import rows
+
+__all__ = ["render_markdown"]
+
+
+def render_markdown(doc: dict) -> str:
+    env = doc.get("env", {})
+    lines = [f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`", "",
+             f"{env.get('gpu') or 'CPU'} | torch {env.get('torch')} | {env.get('lightning')} | "
+             f"fastloop {doc.get('fastloop_version')} ({env.get('commit') or 'no commit'}) | {env.get('date')}", ""]
+    ladder = doc.get("kind") == "ladder"
+    head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU"]
+    if ladder:
+        head += ["vs previous", "vs baseline"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in rows(doc):
+        name = r["name"] + (f" (skipped: {r['reason']})" if r["status"] == "skipped" else "")
+        cells = [name, r["step"], r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
+        if ladder:
+            cells += [r["vs_prev"], r["vs_base"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Ratios are median step time before / after with a 95% bootstrap CI; (n.s.) = not significant.")
+    if doc.get("kind") == "ab":
+        lines += ["", f"**Verdict:** {doc['verdict']}"]
+    if doc.get("diagnosis"):
+        d = doc["diagnosis"]
+        lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
+    if doc.get("helpful") is not None:
+        lines += ["", f"**Helpful here:** {', '.join(doc['helpful']) or 'none'}", "", "```python", doc["callbacks_line"], "```"]
+    skipped = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])
+               if s["status"] != "applied"]
+    if skipped:
+        lines += ["", "Not applied:"] + sorted({f"- `{s['name']}` {s['status']}: {s['reason']}" for s in skipped})
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,37 @@
+"""Rich tables for the terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from fastloop.report.format import rows
+
+__all__ = ["print_document"]
+
+
+def print_document(doc: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    env = doc.get("env", {})
+    ladder = doc.get("kind") == "ladder"
+    table = Table(title=f"fastloop {doc.get('kind', 'run')}: {doc.get('target')}  "
+                        f"[{env.get('gpu') or 'CPU'}, torch {env.get('torch')}]")
+    for col in ("configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU"):
+        table.add_column(col)
+    if ladder:
+        table.add_column("vs prev")
+        table.add_column("vs base")
+    for r in rows(doc):
+        cells = [r["name"] + (" (skipped)" if r["status"] == "skipped" else ""), r["step"], r["spread"],
+                 r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
+        if ladder:
+            cells += [r["vs_prev"], r["vs_base"]]
+        table.add_row(*cells)
+    console.print(table)
+    if doc.get("kind") == "ab":
+        console.print(f"verdict: {doc['verdict']}")
+    if doc.get("diagnosis"):
+        d = doc["diagnosis"]
+        console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
+    if doc.get("helpful") is not None:
+        console.print(f"helpful here: {', '.join(doc['helpful']) or 'none'}\n{doc['callbacks_line']}")

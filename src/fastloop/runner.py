@@ -1,0 +1,130 @@
+"""Measure one configuration: a target trained N steps through a Lightning Trainer with
+exactly the given speedups, returned as the JSON contract's "measured configuration".
+
+Example:
+    >>> from fastloop.runner import run_configuration
+    >>> doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=5, warmup=1, device="cpu")  # doctest: +SKIP
+    >>> doc["steps"], doc["speedups"]  # doctest: +SKIP
+    (5, [])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastloop._compat import Trainer
+from fastloop.errors import FastloopError
+from fastloop.lightning import SpeedupCallback, records_of
+from fastloop.loop import resolve_device
+from fastloop.measure.callback import MeasureCallback
+from fastloop.measure.flops import peak_tflops
+from fastloop.speedups.base import resolve
+
+__all__ = ["measured_configuration", "run_configuration"]
+
+
+def _dtype_name(applied: set[str]) -> str:
+    if "bf16" in applied:
+        return "bf16"
+    if "fp16" in applied:
+        return "fp16"
+    return "tf32" if "tf32" in applied else "fp32"
+
+
+def measured_configuration(measure: MeasureCallback, records: list, device: torch.device,
+                           unit: str, extra: dict | None = None) -> dict:
+    """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
+    stats = measure.result()
+    summary = stats.summary()
+    applied = {r.name for r in records if r.status == "applied"}
+    med = summary["median"]
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    dtype = _dtype_name(applied)
+    peak = peak_tflops(gpu, dtype)
+    mfu = None
+    if measure.flops_per_step and peak and med:
+        mfu = measure.flops_per_step / med / (peak * 1e12)
+    losses = measure.loss_values()
+    return {
+        "speedups": [r.to_dict() for r in records],
+        "steps": stats.steps,
+        "warmup_steps": stats.warmup_steps,
+        "step_s": summary,
+        "step_s_all": stats.step_s,
+        "wait_s_all": stats.wait_s,
+        "throughput": {"value": (measure.items_per_step or 0) / med if med else None, "unit": f"{unit}/s"},
+        "items_per_step": measure.items_per_step,
+        "data_wait_frac": stats.data_wait_frac,
+        "peak_mem_bytes": measure.peak_mem_bytes,
+        "compile_s": stats.compile_s if any(n in applied for n in ("compile", "cuda_graph")) else None,
+        "warmup_overhead_s": stats.compile_s,
+        "mfu": mfu,
+        "mfu_detail": {
+            "flops_per_step": measure.flops_per_step,
+            "convention": "flops_per_batch() of the module" if measure.flops_per_step and not measure.count_flops
+            else "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)",
+            "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
+        },
+        "loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None},
+        "losses": losses,
+        "extra": extra or {},
+    }
+
+
+def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
+                      device: str = "auto", target_kwargs: dict[str, Any] | None = None,
+                      quiet: bool = True) -> dict:
+    """Build the target, attach one callback per speedup plus the measurer, train, report."""
+    from fastloop.targets import build_target
+
+    if steps < 1:
+        raise FastloopError(f"--steps must be >= 1, got {steps}")
+    if warmup < 0:
+        raise FastloopError(f"--warmup must be >= 0, got {warmup}")
+    dev = resolve_device(device)
+    chosen = resolve(speedups)
+    module, data = build_target(target, **(target_kwargs or {}))
+    extra: dict = {}
+    if any(s.name == "batch_size" for s in chosen):
+        from fastloop.batch_size import search_batch_size
+
+        found = search_batch_size(module, data, speedups=[s.name for s in chosen if s.name != "batch_size"], device=str(dev))
+        extra["batch_size_search"] = {k: found[k] for k in ("batch_size", "max_fitting", "search_s")}
+    cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
+    measure = MeasureCallback(warmup=warmup, count_flops=True)
+    trainer = Trainer(
+        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
+        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[*cbs, measure],
+    )
+    ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
+    with ctx, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+        if isinstance(data, DataLoader):
+            trainer.fit(module, train_dataloaders=data)
+        else:
+            trainer.fit(module, datamodule=data)
+    records = records_of(trainer)
+    if any(s.name == "batch_size" for s in chosen):
+        from fastloop.speedups.base import Record
+
+        records.append(Record("batch_size", "applied", f"batch size {extra['batch_size_search']['batch_size']}"))
+    for cb in cbs:
+        if cb.ctx is not None:
+            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str))})
+    if any(r.name == "compile" and r.status == "applied" for r in records):
+        from fastloop.speedups.compile import compile_counters
+
+        extra["compile_counters"] = compile_counters()
+    unit = getattr(module, "throughput_unit", "samples")
+    return measured_configuration(measure, records, dev, unit, extra)

@@ -1,0 +1,94 @@
+"""Load a target: ``FILE.py:FUNCTION``, ``package.module:FUNCTION`` or a recipe's short name.
+
+The function takes keyword arguments (all optional) and returns ``(lightning_module, data)``,
+where data is a ``LightningDataModule`` or a training ``DataLoader``.
+
+Example:
+    >>> load_target("nonexistent.py:make")
+    Traceback (most recent call last):
+    ...
+    fastloop.errors.FastloopError: target file not found: nonexistent.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from fastloop._compat import LightningDataModule, LightningModule
+from fastloop.errors import FastloopError
+
+__all__ = ["RECIPES", "build_target", "load_target"]
+
+RECIPES: dict[str, str] = {
+    "gpt": "recipes.gpt.target:make",
+    "imagenet": "recipes.imagenet.target:make",
+}
+
+
+def load_target(spec: str) -> Callable[..., Any]:
+    """The target's factory function; raises FastloopError with a one-line reason."""
+    spec = RECIPES.get(spec, spec)
+    if spec.count(":") != 1 or not all(spec.split(":")):
+        raise FastloopError(f"malformed target {spec!r}: use FILE.py:FUNCTION, package.module:FUNCTION, "
+                            f"or a recipe name ({', '.join(RECIPES)})")
+    where, func = spec.split(":")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise FastloopError(f"target file not found: {where}")
+        name = f"_fastloop_target_{abs(hash(str(path.resolve())))}"
+        mspec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mspec)  # type: ignore[arg-type]
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            mspec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as err:
+            raise FastloopError(f"importing {where} failed: {type(err).__name__}: {err}") from None
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            raise FastloopError(f"target module {where!r} not found ({err})") from None
+        except Exception as err:
+            raise FastloopError(f"importing {where} failed: {type(err).__name__}: {err}") from None
+    fn = getattr(module, func, None)
+    if fn is None:
+        raise FastloopError(f"{where} has no function {func!r}")
+    if not callable(fn):
+        raise FastloopError(f"{where}:{func} is not callable")
+    return fn
+
+
+def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader]:
+    """Call the target and check what it returned."""
+    fn = load_target(spec)
+    try:
+        out = fn(**kwargs)
+    except TypeError as err:
+        if "unexpected keyword" in str(err):
+            raise FastloopError(f"target {spec} does not accept {err}") from None
+        raise FastloopError(f"target {spec} raised TypeError: {err}") from None
+    except FastloopError:
+        raise
+    except Exception as err:
+        raise FastloopError(f"target {spec} raised {type(err).__name__}: {err}") from None
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise FastloopError(f"target {spec} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
+    module, data = out
+    if not isinstance(module, LightningModule):
+        raise FastloopError(f"target {spec} returned {type(module).__name__} where a LightningModule was expected")
+    if not isinstance(data, (LightningDataModule, DataLoader)):
+        raise FastloopError(f"target {spec} returned {type(data).__name__} where a LightningDataModule or DataLoader was expected")
+    return module, data

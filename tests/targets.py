@@ -1,0 +1,95 @@
+"""Small targets written the ordinary Lightning way (not for fastloop), used by the tests."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from fastloop._compat import LightningDataModule, LightningModule
+
+
+class Classifier(LightningModule):
+    """An MLP or a small conv net with logging, a scheduler and a dict from training_step."""
+
+    def __init__(self, conv: bool = False, width: int = 64, lr: float = 1e-2, batch_size: int = 16) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if conv:
+            self.net = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
+                torch.nn.Flatten(), torch.nn.Linear(8 * 16, 4))
+        else:
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _data(conv: bool, n: int = 256, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 8, 8, generator=g) if conv else torch.randn(n, 16, generator=g)
+    w = torch.randn(x[0].numel(), 4, generator=g)
+    y = (x.flatten(1) @ w).argmax(1)
+    return TensorDataset(x, y)
+
+
+class SleepyDataset(Dataset):
+    """Each sample costs ``delay`` seconds of (simulated) decoding."""
+
+    def __init__(self, n: int = 512, delay: float = 0.002) -> None:
+        self.base = _data(False, n)
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return self.base[i]
+
+
+class SleepyData(LightningDataModule):
+    def __init__(self, batch_size: int = 16, delay: float = 0.002) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.delay = delay
+
+    def train_dataloader(self):
+        return DataLoader(SleepyDataset(delay=self.delay), batch_size=self.batch_size, shuffle=False)
+
+
+def tiny_mlp(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return Classifier(batch_size=batch_size), DataLoader(_data(False), batch_size=batch_size, shuffle=False)
+
+
+def tiny_conv(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return Classifier(conv=True, batch_size=batch_size), DataLoader(_data(True), batch_size=batch_size, shuffle=False)
+
+
+def sleepy(batch_size: int = 16, delay: float = 0.002, seed: int = 0):
+    """Data-bound: 16 samples x 2 ms of 'decoding' per batch vs a sub-millisecond step."""
+    torch.manual_seed(seed)
+    return Classifier(batch_size=batch_size), SleepyData(batch_size=batch_size, delay=delay)
+
+
+def raises():
+    raise RuntimeError("dataset folder /data/x is empty")
+
+
+def wrong_type():
+    return 42
