@@ -1,5 +1,5 @@
 """A/B: two configurations interleaved (A B A B ...), each run a fresh process; the ratio of
-median step times with a bootstrap CI over repeats and steps, and an honest verdict.
+mean step times (1 / throughput) with a bootstrap CI over repeats and steps, and an honest verdict.
 
 Example:
     >>> fake = lambda t, s, **k: {"step_s_all": [0.010 if s == "none" else 0.005] * 5, "speedups": []}
@@ -36,13 +36,13 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = 3, steps: int = 30, wa
                 progress(f"repeat {rep + 1}/{repeats}: {side.upper()} = {spec}")
             runs[side].append(measure(target, spec, steps=steps, warmup=warmup, device=device))
     ci = bootstrap_ratio_ci([], [], groups_a=[r["step_s_all"] for r in runs["a"]],
-                            groups_b=[r["step_s_all"] for r in runs["b"]])
+                            groups_b=[r["step_s_all"] for r in runs["b"]], statistic="mean")
     sides = {}
     for side in ("a", "b"):
         doc = dict(runs[side][-1])
         doc["step_s"] = summarize([x for r in runs[side] for x in r["step_s_all"]])
         if doc.get("throughput", {}).get("value"):
-            doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["median"], "unit": doc["throughput"]["unit"]}
+            doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["mean"], "unit": doc["throughput"]["unit"]}
         doc["repeats"] = len(runs[side])
         sides[side] = doc
     return {"kind": "ab", "a_spec": a, "b_spec": b, "a": sides["a"], "b": sides["b"], "repeats": repeats,

@@ -139,7 +139,7 @@ def _dispatch(args: argparse.Namespace) -> dict:
                 from fastloop.ladder import run_ladder
                 from fastloop.speedups.base import resolve
 
-                rungs = [s.name for s in resolve(args.rungs)] if args.rungs is not None else None
+                rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
                 doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
                                  device=device, progress=update)
                 doc["diagnosis"] = diagnose(doc["rungs"][0])

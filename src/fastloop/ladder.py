@@ -31,7 +31,8 @@ def default_rungs(device: str) -> list[str]:
 
 
 def _ratio(a: dict, b: dict) -> dict:
-    return bootstrap_ratio_ci([], [], groups_a=a["_groups"], groups_b=b["_groups"]).to_dict()
+    # mean step time = 1 / throughput: the honest basis for "how much faster" (see stats)
+    return bootstrap_ratio_ci([], [], groups_a=a["_groups"], groups_b=b["_groups"], statistic="mean").to_dict()
 
 
 def helpful_speedups(doc: dict) -> list[str]:
@@ -51,17 +52,17 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     from fastloop.subproc import run_in_subprocess
 
     measure = measure or run_in_subprocess
-    names = [s.name for s in resolve(rungs if rungs is not None else default_rungs(device))]
+    chosen = resolve(rungs if rungs is not None else default_rungs(device))
     ctx = Context(torch.device(device))
     plan: list[tuple[str, str, str, str]] = [("baseline", "none", "applied", "")]
     active: list[str] = []
-    for name in names:
-        reason = resolve([name])[0].why_not(ctx)
+    for s in chosen:
+        reason = s.why_not(ctx)
         if reason:
-            plan.append((f"+{name}", ",".join(active) or "none", "skipped", reason))
+            plan.append((f"+{s.spec}", ",".join(active) or "none", "skipped", reason))
             continue
-        active.append(name)
-        plan.append((f"+{name}", ",".join(active), "applied", ""))
+        active.append(s.spec)
+        plan.append((f"+{s.spec}", ",".join(active), "applied", ""))
     results: dict[str, list[dict]] = {spec: [] for _, spec, st, _ in plan if st == "applied"}
     for rep in range(repeats):
         for label, spec, status, _ in plan:
@@ -79,10 +80,10 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         steps_all = [x for r in runs for x in r["step_s_all"]]
         doc["step_s"] = summarize(steps_all)
         if doc["throughput"]["value"]:
-            doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["median"], "unit": doc["throughput"]["unit"]}
+            doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["mean"], "unit": doc["throughput"]["unit"]}
         doc["data_wait_frac"] = sum(r["data_wait_frac"] for r in runs) / len(runs)
         # the newest speedup's own record (a rung can apply but its speedup still be skipped inside)
-        own = next((s for s in doc["speedups"] if "+" + s["name"] == label), None)
+        own = next((s for s in doc["speedups"] if "+" + s["name"] == label.split(":")[0]), None)
         if own and own["status"] != "applied" and status == "applied":
             doc["rung_status"], doc["rung_reason"] = own["status"], own["reason"]
         rung_docs.append(doc)

@@ -45,12 +45,13 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     summary = stats.summary()
     applied = {r.name for r in records if r.status == "applied"}
     med = summary["median"]
+    mean = summary["mean"]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     dtype = _dtype_name(applied)
     peak = peak_tflops(gpu, dtype)
     mfu = None
     if measure.flops_per_step and peak and med:
-        mfu = measure.flops_per_step / med / (peak * 1e12)
+        mfu = measure.flops_per_step / mean / (peak * 1e12)
     losses = measure.loss_values()
     return {
         "speedups": [r.to_dict() for r in records],
@@ -59,7 +60,8 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,
-        "throughput": {"value": (measure.items_per_step or 0) / med if med else None, "unit": f"{unit}/s"},
+        "throughput": {"value": (measure.items_per_step or 0) / mean if mean else None, "unit": f"{unit}/s",
+                       "basis": "items per step / mean step time"},
         "items_per_step": measure.items_per_step,
         "data_wait_frac": stats.data_wait_frac,
         "peak_mem_bytes": measure.peak_mem_bytes,
@@ -97,6 +99,8 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
 
         found = search_batch_size(module, data, speedups=[s.name for s in chosen if s.name != "batch_size"], device=str(dev))
         extra["batch_size_search"] = {k: found[k] for k in ("batch_size", "max_fitting", "search_s")}
+    for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
     measure = MeasureCallback(warmup=warmup, count_flops=True)
     trainer = Trainer(
@@ -108,8 +112,6 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     with ctx, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         if isinstance(data, DataLoader):
             trainer.fit(module, train_dataloaders=data)
         else:

@@ -105,5 +105,5 @@ img.plot{{max-width:100%}}</style></head><body>
 <h1>fastloop {e(doc.get('kind', 'run'))}: <code>{e(str(doc.get('target')))}</code></h1>
 <p class="stamp">{stamp}</p>
 <table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
-<p>Ratios: median step time before / after, 95% bootstrap CI; (n.s.) = not significant.</p>
+<p>Throughput and ratios use mean step time (before / after), 95% bootstrap CI; (n.s.) = not significant.</p>
 {''.join(notes)}{imgs}</body></html>"""

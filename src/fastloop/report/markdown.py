@@ -25,7 +25,7 @@ def render_markdown(doc: dict) -> str:
             cells += [r["vs_prev"], r["vs_base"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Ratios are median step time before / after with a 95% bootstrap CI; (n.s.) = not significant.")
+    lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); ratio = before / after with a 95% bootstrap CI over repeats and steps; (n.s.) = not significant.")
     if doc.get("kind") == "ab":
         lines += ["", f"**Verdict:** {doc['verdict']}"]
     if doc.get("diagnosis"):

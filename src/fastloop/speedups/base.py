@@ -135,6 +135,12 @@ class Speedup:
 
         return callback_for(self)
 
+    @property
+    def spec(self) -> str:
+        """The name with its option, as typed: ``compile:max-autotune``, ``workers:8``."""
+        mode = self.options.get("mode")
+        return f"{self.name}:{mode}" if mode else self.name
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options or ''})"
 

@@ -1,0 +1,28 @@
+"""``fastloop run gpt``: the GPT recipe as a fastloop target.
+
+Defaults: on CUDA, GPT-2 124M at T=1024, B=16 on the embedded byte corpus (vocab padded to
+50304 so the model is GPT-2-sized); on CPU the tiny config. ``data_dir`` points at real
+nanoGPT token files (train.bin / val.bin).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from recipes.gpt.data import TokenData
+from recipes.gpt.module import GPTModule
+
+__all__ = ["make"]
+
+
+def make(preset: str | None = None, batch_size: int | None = None, data_dir: str | None = None,
+         block_size: int | None = None, num_workers: int = 0, seed: int = 0):
+    preset = preset or os.environ.get("FASTLOOP_GPT_PRESET") or ("gpt2" if torch.cuda.is_available() else "tiny")
+    batch_size = batch_size or int(os.environ.get("FASTLOOP_GPT_BATCH", 16 if preset == "gpt2" else 16))
+    torch.manual_seed(seed)
+    module = GPTModule(preset=preset, batch_size=batch_size, **({"block_size": block_size} if block_size else {}))
+    data = TokenData(data_dir, block_size=module.cfg.block_size, batch_size=batch_size,
+                     vocab_size=module.cfg.vocab_size, num_workers=num_workers, seed=seed)
+    return module, data

@@ -1,0 +1,121 @@
+"""GPU tests: run on the device with `pytest -m gpu`. Each compares a speedup's loss trajectory
+against eager fp32 on the same data and initial weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastloop.loop import FastLoop
+
+pytestmark = pytest.mark.gpu
+
+
+def _conv_setup(n: int = 256, bs: int = 32):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
+                                torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    g = torch.Generator().manual_seed(1)
+    ds = TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+    return model, DataLoader(ds, batch_size=bs)
+
+
+def _losses(speedups: str, steps: int = 12) -> tuple[list[float], FastLoop]:
+    model, loader = _conv_setup()
+    model = model.cuda()
+    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader,
+                    loss_fn=torch.nn.functional.cross_entropy, speedups=speedups, device="cuda")
+    return loop.train(steps=steps).losses, loop
+
+
+def _close(a, b, rtol):
+    diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(a, b))
+    assert diff <= rtol, f"max relative loss difference {diff:.2e} > {rtol}"
+
+
+@pytest.mark.parametrize("speedups,rtol", [
+    ("pin_memory", 0.0), ("prefetch", 0.0), ("pin_memory,prefetch", 0.0),  # math unchanged: exact
+    ("tf32", 2e-2), ("bf16", 5e-2), ("fp16", 3e-2), ("channels_last", 1e-4), ("compile", 1e-4),
+    ("cuda_graph", 1e-4), ("bf16,cuda_graph", 5e-2), ("fused_optimizer", 1e-4),
+])
+def test_equivalence_vs_eager_fp32(speedups, rtol):
+    torch.backends.cudnn.deterministic = True
+    base, _ = _losses("none")
+    got, loop = _losses(speedups)
+    assert all(r.status == "applied" for r in loop.records), loop.records
+    _close(base, got, rtol)
+
+
+def test_cuda_graph_falls_back_on_item():
+    model, loader = _conv_setup()
+    model = model.cuda()
+
+    def step(m, batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        if loss.item() > 100:  # a host sync inside the step
+            print("large loss")
+        return loss
+
+    loop = FastLoop(model, torch.optim.AdamW(model.parameters()), loader, step_fn=step, speedups="cuda_graph", device="cuda")
+    res = loop.train(steps=5)
+    rec = res.records[0]
+    assert rec.status == "fallback" and "synchroniz" in rec.reason, rec
+    base, _ = _losses("none", steps=5)
+    _close(base, res.losses, 1e-5)  # the failed capture left the weights as they were
+
+
+def test_cuda_graph_short_last_batch():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2).cuda()
+    ds = TensorDataset(torch.randn(70, 8), torch.randint(0, 2, (70,)))
+    loop = FastLoop(model, torch.optim.AdamW(model.parameters()), DataLoader(ds, batch_size=32),
+                    loss_fn=torch.nn.functional.cross_entropy, speedups="cuda_graph", device="cuda")
+    res = loop.train(steps=9)  # 3 epochs of 32, 32, 6
+    assert res.records[0].status == "applied"
+    assert all(torch.isfinite(torch.tensor(res.losses)))
+
+
+def test_fp16_overflow_steps_skipped_and_counted():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2).cuda()
+    ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    sched_calls = []
+
+    def step(m, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(m(x), y) * 6e4  # fp16 gradients overflow at scale 65536
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (sched_calls.append(s), 1.0)[1])
+    loop = FastLoop(model, opt, DataLoader(ds, batch_size=16), step_fn=step, speedups="fp16", device="cuda", scheduler=sched)
+    res = loop.train(steps=20)
+    skipped = res.extra["fp16_skipped_steps"]
+    assert skipped >= 1
+    assert len(sched_calls) - 1 == 20 - skipped  # LambdaLR calls once at construction
+
+
+def test_h2d_prefetch_moves_nested_batches():
+    from dataclasses import dataclass
+
+    from fastloop.data import CUDAPrefetcher
+
+    @dataclass
+    class B:
+        x: torch.Tensor
+        meta: dict
+
+    batches = [B(torch.full((4,), float(i)).pin_memory(), {"y": (torch.tensor([i]).pin_memory(),)}) for i in range(5)]
+    out = list(CUDAPrefetcher(batches, "cuda"))
+    assert [int(b.x[0].item()) for b in out] == list(range(5))
+    assert all(b.x.is_cuda and b.meta["y"][0].is_cuda for b in out)
+
+
+def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:tiny_conv", "pin_memory,prefetch,bf16,channels_last", steps=10, warmup=3, device="cuda")
+    assert doc["peak_mem_bytes"] > 0
+    assert all(s["status"] == "applied" for s in doc["speedups"]), doc["speedups"]
+    assert doc["mfu"] is not None and 0 < doc["mfu"] < 1

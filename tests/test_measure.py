@@ -1,0 +1,127 @@
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fastloop.measure.flops import count_train_flops, mfu, peak_tflops
+from fastloop.measure.stats import bootstrap_ratio_ci, summarize, verdict
+from fastloop.measure.timer import StepTimer
+
+
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_injected_step_cost_measured_within_5_percent():
+    t = StepTimer("cpu", warmup=2)
+    for _ in range(30):
+        with t.fetching():
+            pass
+        busy(0.010)
+        t.step_end()
+    r = t.result()
+    assert abs(summarize(r.step_s)["median"] - 0.010) / 0.010 < 0.05
+
+
+def test_sleepy_loader_data_wait_fraction():
+    def loader():
+        while True:
+            time.sleep(0.006)  # 6 ms to produce each batch
+            yield 1
+
+    t = StepTimer("cpu", warmup=1)
+    for i, _ in enumerate(t.wrap(loader())):
+        busy(0.004)  # 4 ms of compute
+        t.step_end()
+        if i == 25:
+            break
+    r = t.result()
+    assert abs(r.data_wait_frac - 0.6) < 0.05, r.data_wait_frac
+
+
+def test_warmup_steps_excluded_and_counted():
+    t = StepTimer("cpu", warmup=3)
+    for i in range(10):
+        with t.fetching():
+            pass
+        busy(0.05 if i < 3 else 0.002)  # slow "compile" steps first
+        t.step_end()
+    r = t.result()
+    assert r.warmup_steps == 3 and r.steps == 7
+    assert max(r.step_s) < 0.02
+
+
+def test_timer_requires_fetch_marks():
+    t = StepTimer("cpu")
+    t.step_end()
+    with pytest.raises(RuntimeError):
+        t.result()
+
+
+@pytest.mark.parametrize("true_ratio", [1.5, 2.0, 0.5])
+def test_bootstrap_ci_contains_known_ratio(true_ratio):
+    rng = np.random.default_rng(1)
+    a = 0.010 * (1 + 0.05 * rng.standard_normal(200))
+    b = 0.010 / true_ratio * (1 + 0.05 * rng.standard_normal(200))
+    ci = bootstrap_ratio_ci(a, b)
+    assert ci.ci_low <= true_ratio <= ci.ci_high
+    assert ci.significant
+    assert ("B is" in verdict(ci)) == (true_ratio > 1)
+
+
+def test_a_vs_a_is_not_significant():
+    rng = np.random.default_rng(2)
+    a = 0.010 * (1 + 0.05 * rng.standard_normal(100))
+    b = 0.010 * (1 + 0.05 * rng.standard_normal(100))
+    ci = bootstrap_ratio_ci(a, b)
+    assert not ci.significant
+    assert verdict(ci).startswith("no significant difference")
+
+
+def test_grouped_bootstrap_is_wider_when_repeats_disagree():
+    rng = np.random.default_rng(3)
+    ga = [0.010 * s * (1 + 0.01 * rng.standard_normal(50)) for s in (0.9, 1.1, 1.0)]
+    gb = [0.010 * (1 + 0.01 * rng.standard_normal(50)) for _ in range(3)]
+    flat = bootstrap_ratio_ci(np.concatenate(ga), np.concatenate(gb))
+    grouped = bootstrap_ratio_ci([], [], groups_a=ga, groups_b=gb)
+    assert grouped.ci_high - grouped.ci_low > flat.ci_high - flat.ci_low
+
+
+def test_mean_statistic_sees_bursty_arrivals():
+    steps = [0.001, 0.001, 0.001, 0.037] * 10  # 4 batches arrive together every 40 ms
+    base = [0.040] * 40
+    med = bootstrap_ratio_ci(base, steps)
+    mean = bootstrap_ratio_ci(base, steps, statistic="mean")
+    assert med.ratio == pytest.approx(40.0)
+    assert mean.ratio == pytest.approx(4.0)
+
+
+def test_flops_of_a_known_model_and_mfu():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 10, bias=False))
+    x = torch.randn(32, 64)
+    fwd = 2 * 32 * (64 * 128 + 128 * 10)
+    # backward: grad wrt weights for both layers, grad wrt input only for the second layer
+    bwd = 2 * 32 * (64 * 128 + 128 * 10) + 2 * 32 * 128 * 10
+    assert count_train_flops(model, x) == fwd + bwd
+    assert mfu(fwd + bwd, 1e-3, 10.0) == pytest.approx((fwd + bwd) / 1e-3 / 10e12)
+
+
+def test_peak_table_recognises_devices():
+    assert peak_tflops("NVIDIA H200", "bf16") == 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
+    assert peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert peak_tflops("Tesla T4", "fp16") == 65.0
+    assert peak_tflops("Some Unknown GPU", "bf16") is None
+
+
+def test_env_stamp_has_contract_keys():
+    from fastloop.measure.env import env_stamp
+
+    env = env_stamp()
+    for k in ("gpu", "driver", "cuda", "torch", "lightning", "python", "platform", "commit", "date"):
+        assert k in env
+    assert env["torch"] == torch.__version__
