@@ -8,4 +8,4 @@ python3 -m fastloop.cli doctor --json $OUT/doctor.json 2>&1 | tail -20
 python3 benchmarks/timer_overhead.py > /dev/null 2>$OUT/timer.err; python3 -c "import json;d=json.load(open('$OUT/timer_overhead.json'));print('timer overhead', d['overhead_frac'], d['step_ms_plain'])"
 python3 benchmarks/h2d_feed.py > /dev/null 2>$OUT/h2d.err; python3 -c "import json;d=json.load(open('$OUT/h2d_feed.json'));print('h2d', d['gbs'])"
 python3 benchmarks/launch_bound.py > /dev/null 2>$OUT/launch.err; python3 -c "import json;d=json.load(open('$OUT/launch_bound.json'));print('launch', {k:v for k,v in d.items() if k not in ('env',)})"
-tail -3 $OUT/*.err
+for f in $OUT/*.err; do tail -n 3 $f; done

@@ -123,7 +123,7 @@ def _progress(args: argparse.Namespace):
 def _dispatch(args: argparse.Namespace) -> dict:
     from fastloop.loop import resolve_device
 
-    device = str(resolve_device(args.device))
+    device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
     if args.cmd == "run":
         from fastloop.runner import run_configuration
 
