@@ -15,6 +15,7 @@ __all__ = ["GPTModule"]
 
 class GPTModule(LightningModule):
     throughput_unit = "tokens"
+    flops_convention = "6N + 12*L*d*T per token (nanoGPT/PaLM; N = non-embedding parameters)"
 
     def __init__(self, preset: str = "tiny", lr: float = 6e-4, weight_decay: float = 0.1, warmup_steps: int = 100,
                  max_steps: int = 5000, min_lr_ratio: float = 0.1, batch_size: int = 16, **overrides) -> None:

@@ -70,8 +70,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "mfu": mfu,
         "mfu_detail": {
             "flops_per_step": measure.flops_per_step,
-            "convention": "flops_per_batch() of the module" if measure.flops_per_step and not measure.count_flops
-            else "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)",
+            "convention": measure.flops_convention if measure.flops_per_step else None,
             "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
         },
         "loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None},
@@ -94,14 +93,9 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     chosen = resolve(speedups)
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}
-    if any(s.name == "batch_size" for s in chosen):
-        from fastloop.batch_size import search_batch_size
-
-        found = search_batch_size(module, data, speedups=[s.name for s in chosen if s.name != "batch_size"], device=str(dev))
-        extra["batch_size_search"] = {k: found[k] for k in ("batch_size", "max_fitting", "search_s")}
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
+    cbs = [SpeedupCallback(s) for s in chosen]
     measure = MeasureCallback(warmup=warmup, count_flops=True)
     trainer = Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
@@ -117,10 +111,6 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         else:
             trainer.fit(module, datamodule=data)
     records = records_of(trainer)
-    if any(s.name == "batch_size" for s in chosen):
-        from fastloop.speedups.base import Record
-
-        records.append(Record("batch_size", "applied", f"batch size {extra['batch_size_search']['batch_size']}"))
     for cb in cbs:
         if cb.ctx is not None:
             extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str))})

@@ -37,6 +37,7 @@ class MeasureCallback(Callback):
         self.losses: list[torch.Tensor] = []
         self.items_per_step: int | None = None
         self.flops_per_step: float | None = None
+        self.flops_convention: str | None = None
         self.peak_mem_bytes: int | None = None
         self._flop_mode = None
         self._t0 = 0.0
@@ -65,9 +66,11 @@ class MeasureCallback(Callback):
             fpb = getattr(pl_module, "flops_per_batch", None)
             if callable(fpb):
                 self.flops_per_step = float(fpb(batch))
+                self.flops_convention = getattr(pl_module, "flops_convention", "flops_per_batch() of the module")
             elif self.count_flops and not getattr(pl_module, "_fastloop_compiled", False):
                 from torch.utils.flop_counter import FlopCounterMode
 
+                self.flops_convention = "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)"
                 self._flop_mode = FlopCounterMode(display=False)
                 self._flop_mode.__enter__()
 

@@ -1,4 +1,5 @@
-"""``batch_size``: use the batch size found by :mod:`fastloop.batch_size` (search, then train).
+"""``batch_size``: train at a searched batch size. Registered so the name is reserved; the search
+itself is not built yet, so it is always recorded as skipped with that reason.
 
 Card:
 - Helps: steps too small to fill the GPU; the search measures samples/s per size and keeps
@@ -10,7 +11,7 @@ Changes the data pipeline (the target's ``batch_size``). Applied by the runner b
 
 from __future__ import annotations
 
-from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["BatchSize"]
 
@@ -21,3 +22,6 @@ class BatchSize(Speedup):
     name = "batch_size"
     changes = "data"
     order = 70
+
+    def why_not(self, ctx: Context) -> str | None:
+        return "batch-size search is not implemented yet (tracked in issue 5)"

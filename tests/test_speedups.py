@@ -1,0 +1,169 @@
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastloop import FastloopError
+from fastloop._compat import Trainer
+from fastloop.lightning import callbacks, records_of
+from fastloop.loop import FastLoop
+from fastloop.speedups import REGISTRY, resolve, speedup_names
+from tests.targets import tiny_conv, tiny_mlp
+
+
+def _setup(conv=False, workers=0, bs=16, n=128):
+    torch.manual_seed(0)
+    if conv:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
+                                    torch.nn.Flatten(), torch.nn.Linear(32, 4))
+        x = torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 4, (n,), generator=torch.Generator().manual_seed(2))
+    return model, DataLoader(TensorDataset(x, y), batch_size=bs, num_workers=workers)
+
+
+def _losses(speedups, conv=False, steps=12):
+    model, loader = _setup(conv)
+    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader,
+                    loss_fn=torch.nn.functional.cross_entropy, speedups=speedups, device="cpu")
+    return loop.train(steps=steps).losses, loop
+
+
+def test_registry_has_the_design_names():
+    for name in ("tf32", "workers", "pin_memory", "prefetch", "bf16", "fp16", "channels_last", "compile",
+                 "cuda_graph", "fused_optimizer", "batch_size"):
+        assert name in REGISTRY
+        assert REGISTRY[name].__doc__ and "Card" in REGISTRY[name].__doc__ or "Helps" in REGISTRY[name].__doc__
+        assert REGISTRY[name].changes in ("model", "optimizer", "data", "step")
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("bf16,warp_drive", "unknown speedup 'warp_drive'; valid names: workers"),
+    ("bf16,fp16", "cannot be combined"),
+    ("bf16,bf16", "speedup given twice: bf16"),
+    ("bf16,,compile", "malformed speedup list"),
+    ("none,bf16", "'none' means the baseline"),
+])
+def test_bad_speedup_lists(spec, msg):
+    with pytest.raises(FastloopError, match=msg):
+        resolve(spec)
+
+
+def test_resolve_orders_like_the_ladder():
+    assert [s.name for s in resolve("compile,bf16,workers")] == ["workers", "bf16", "compile"]
+    assert resolve("none") == [] and speedup_names()[0] == "workers"
+
+
+def test_workers_exact_equivalence():
+    base, _ = _losses("none")
+    model, loader = _setup(workers=0)
+    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader,
+                    loss_fn=torch.nn.functional.cross_entropy, speedups="workers:2", device="cpu")
+    assert loop.loader.num_workers == 2 and loop.loader.persistent_workers
+    assert loop.train(steps=12).losses == base  # same batches, same order: bitwise equal
+
+
+@pytest.mark.parametrize("name", ["pin_memory", "prefetch", "cuda_graph", "tf32", "fp16"])
+def test_cuda_only_speedups_skip_on_cpu_and_run_goes_on(name):
+    base, _ = _losses("none")
+    got, loop = _losses(name)
+    rec = loop.records[0]
+    assert rec.status == "skipped" and rec.reason.startswith("no CUDA")
+    assert got == base
+
+
+@pytest.mark.parametrize("spec,conv,rtol", [
+    ("fused_optimizer", False, 1e-5),   # same math, fused kernel: rounding only
+    ("bf16", False, 5e-2),              # bf16 rounding in matmuls
+    ("channels_last", True, 1e-5),      # same math, other memory layout
+])
+def test_equivalence_within_tolerance(spec, conv, rtol):
+    base, _ = _losses("none", conv=conv)
+    got, loop = _losses(spec, conv=conv)
+    assert loop.records[0].status == "applied"
+    diff = max(abs(a - b) / abs(a) for a, b in zip(base, got))
+    assert diff <= rtol, diff
+    assert got != [] and len(got) == len(base)
+
+
+@pytest.mark.slow
+def test_compile_equivalence_cpu():
+    base, _ = _losses("none")
+    got, loop = _losses("compile")
+    assert loop.records[0].status == "applied"
+    assert max(abs(a - b) / abs(a) for a, b in zip(base, got)) <= 1e-4
+
+
+def test_channels_last_skipped_without_conv():
+    _, loop = _losses("channels_last")
+    assert loop.records[0].status == "skipped" and "no Conv2d" in loop.records[0].reason
+
+
+def test_fused_optimizer_keeps_state_and_scheduler():
+    model, loader = _setup()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    loop = FastLoop(model, opt, loader, loss_fn=torch.nn.functional.cross_entropy, speedups="fused_optimizer",
+                    device="cpu", scheduler=sched)
+    assert loop.optimizer is opt and opt.param_groups[0]["fused"] is True
+    loop.train(steps=4)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_fused_optimizer_skips_unfusable():
+    model, loader = _setup()
+    loop = FastLoop(model, torch.optim.RMSprop(model.parameters()), loader,
+                    loss_fn=torch.nn.functional.cross_entropy, speedups="fused_optimizer", device="cpu")
+    assert loop.records[0].status == "skipped" and "RMSprop" in loop.records[0].reason
+
+
+def test_lightning_drop_in_with_all_cpu_speedups():
+    """An ordinary LightningModule (logging, scheduler, dict from training_step) + callbacks."""
+    module, loader = tiny_conv()
+    cbs = callbacks("workers:2,pin_memory,prefetch,bf16,fused_optimizer,channels_last,cuda_graph")
+    trainer = Trainer(max_steps=8, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+    trainer.fit(module, train_dataloaders=loader)
+    recs = {r.name: r for r in records_of(trainer)}
+    assert {n for n, r in recs.items() if r.status == "applied"} == {"workers", "bf16", "fused_optimizer", "channels_last"}
+    assert recs["prefetch"].reason == "no CUDA" and recs["cuda_graph"].reason == "no CUDA"
+    assert trainer.global_step == 8
+    assert trainer.optimizers[0].param_groups[0]["fused"] is True
+    assert next(module.net[0].parameters()).is_contiguous(memory_format=torch.channels_last)
+    assert torch.isfinite(trainer.callback_metrics["train_loss"])
+
+
+def test_lightning_callbacks_match_plain_lightning_losses():
+    from fastloop.runner import run_configuration
+
+    a = run_configuration("tests/targets.py:tiny_mlp", "none", steps=8, warmup=0, device="cpu")
+    b = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=8, warmup=0, device="cpu")
+    assert a["losses"] == b["losses"]
+
+
+def test_plain_loop_rejects_bad_arguments():
+    model, loader = _setup()
+    with pytest.raises(ValueError, match="exactly one of loss_fn"):
+        FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, device="cpu")
+    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                    loss_fn=torch.nn.functional.cross_entropy, device="cpu")
+    with pytest.raises(FastloopError, match="steps must be >= 1"):
+        loop.train(steps=0)
+    with pytest.raises(FastloopError, match="no CUDA device"):
+        FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
+                 loss_fn=torch.nn.functional.cross_entropy, device="cuda")
+
+
+def test_nested_batches_moved_and_mapped():
+    from dataclasses import dataclass
+
+    from fastloop.data import map_tensors
+
+    @dataclass
+    class B:
+        x: torch.Tensor
+        tags: list
+
+    out = map_tensors(lambda t: t * 2, {"a": (torch.ones(2), [B(torch.ones(1), ["s"])])})
+    assert out["a"][0].sum() == 4 and out["a"][1][0].x.item() == 2 and out["a"][1][0].tags == ["s"]
