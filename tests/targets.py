@@ -93,3 +93,8 @@ def raises():
 
 def wrong_type():
     return 42
+
+
+def sleepy_3ms(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return Classifier(batch_size=batch_size), SleepyData(batch_size=batch_size, delay=0.003)

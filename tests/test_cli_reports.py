@@ -1,0 +1,148 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fastloop.cli import main
+
+CONTRACT = {"speedups": list, "steps": int, "warmup_steps": int, "step_s": dict, "throughput": dict,
+            "data_wait_frac": float, "loss": dict}
+NULLABLE = ("peak_mem_bytes", "compile_s", "mfu")
+
+
+def _check_config(c):
+    for k, t in CONTRACT.items():
+        assert isinstance(c[k], t), (k, type(c[k]))
+    for k in NULLABLE:
+        assert k in c
+    assert set(c["step_s"]) >= {"median", "p25", "p75"} and c["step_s"]["p25"] <= c["step_s"]["median"] <= c["step_s"]["p75"]
+    assert set(c["throughput"]) >= {"value", "unit"}
+    for s in c["speedups"]:
+        assert s["status"] in ("applied", "skipped", "fallback") and isinstance(s["reason"], str)
+
+
+def test_run_writes_the_contract(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,prefetch", "--steps", "6", "--warmup", "2",
+                 "--device", "cpu", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    for k in ("fastloop_version", "env", "target", "device"):
+        assert k in doc
+    for k in ("gpu", "driver", "cuda", "torch", "lightning", "python", "platform", "commit", "date"):
+        assert k in doc["env"]
+    _check_config(doc)
+    assert doc["steps"] == 6 and doc["warmup_steps"] == 2
+    assert {s["name"]: s["status"] for s in doc["speedups"]} == {"prefetch": "skipped", "bf16": "applied"}
+    assert doc["mfu"] is None  # no peak is known for a CPU
+    assert doc["mfu_detail"]["flops_per_step"] > 0  # counted with torch.utils.flop_counter
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["run", "tests/targets.py:tiny_mlp", "--bogus"], "unrecognized arguments"),
+    (["run", "tests/targets.py"], "malformed target"),
+    (["run", "missing.py:make"], "target file not found"),
+    (["run", "tests/targets.py:nope"], "has no function 'nope'"),
+    (["run", "tests/targets.py:raises"], "raised RuntimeError: dataset folder /data/x is empty"),
+    (["run", "tests/targets.py:wrong_type"], "must return (LightningModule"),
+    (["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,,x"], "malformed speedup list"),
+    (["run", "tests/targets.py:tiny_mlp", "--speedups", "turbo"], "unknown speedup 'turbo'"),
+    (["run", "tests/targets.py:tiny_mlp", "--steps", "-3"], "--steps must be >= 1"),
+    (["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "bf16", "--repeats", "0"], "--repeats must be >= 1"),
+    (["doctor", "--json", "/nonexistent/dir/x.json"], "cannot write there"),
+    (["doctor", "--device", "cuda"], "no CUDA device"),
+])
+def test_bad_input_exits_2_with_one_line(argv, msg, capsys):
+    if "--device" in argv and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_out_that_is_a_file(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["doctor", "--quick", "--out", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_cli_subprocess_has_no_traceback_and_console_script():
+    exe = shutil.which("fastloop") or sys.executable
+    cmd = [exe, "run", "x.py:f"] if exe.endswith("fastloop") else [exe, "-m", "fastloop.cli", "run", "x.py:f"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "target file not found" in p.stderr
+
+
+def test_doctor_on_cpu_measures_what_it_can(tmp_path):
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--quick", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    ceil = doc["ceilings"]
+    if not __import__("torch").cuda.is_available():
+        assert ceil["measured"]["cpu_matmul_fp32_tflops"]["value"] > 0
+        assert set(ceil["not_measured"]) == {"gpu_matmul", "device_copy", "host_to_device", "launch_overhead"}
+
+
+def test_a_vs_a_not_significant(tmp_path):
+    out = tmp_path / "ab.json"
+    assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "2", "--steps", "30",
+                 "--warmup", "3", "--device", "cpu", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["speedup"]["significant"] is False and doc["verdict"].startswith("no significant difference")
+    _check_config(doc["a"])
+    _check_config(doc["b"])
+
+
+def test_ladder_data_bound_workers_ci_contains_true_ratio(tmp_path):
+    """Each batch costs 16 x 3 ms of 'decoding'; 4 workers deliver 4x as many batches/s, so the
+    true speedup is baseline / (48 ms / 4): compute is far below 12 ms, so workers are the limit."""
+    from fastloop.ladder import run_ladder
+    from fastloop.doctor import diagnose
+
+    target = "tests/targets.py:sleepy_3ms"
+    doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, repeats=2, device="cpu")
+    base, workers, prefetch = doc["rungs"]
+    assert diagnose(base)["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.8
+    true_ratio = base["step_s"]["mean"] / (16 * 0.003 / 4)
+    v = workers["speedup_vs_baseline"]
+    assert v["significant"] and v["ci_low"] <= true_ratio <= v["ci_high"], (v, true_ratio)
+    assert prefetch["rung_status"] == "skipped" and prefetch["rung_reason"] == "no CUDA"
+    assert doc["helpful"] == ["workers:4"]
+    # every rung carries the measured-configuration contract
+    for r in doc["rungs"]:
+        _check_config(r)
+        assert set(r["speedup_vs_prev"] or {"ratio": 1, "ci_low": 1, "ci_high": 1, "significant": 0}) >= {"ratio", "ci_low", "ci_high", "significant"}
+    # markdown agrees with the JSON
+    from fastloop.report import write_reports
+
+    write_reports({"kind": "ladder", "target": target, "env": {}, **doc}, str(tmp_path / "rep"), None)
+    md = (tmp_path / "rep" / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| +workers:4"))
+    assert f"{v['ratio']:.2f}x [{v['ci_low']:.2f}, {v['ci_high']:.2f}]" in row
+    assert f"{workers['throughput']['value']:,.0f} samples/s" in row
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert html.count('<img class="plot"') == 3
+    _screenshot(tmp_path / "rep" / "report.html", tmp_path / "shot.png")
+
+
+def _screenshot(page, png):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (the .ci/run installs it)")
+    p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--screenshot={png}",
+                        "--window-size=1200,1800", f"file://{page}"], capture_output=True, text=True, timeout=120)
+    assert png.exists() and png.stat().st_size > 10_000, p.stderr[-500:]
+    from matplotlib.image import imread
+
+    img = imread(str(png))
+    # plots put colour on the page: count strongly coloured pixels (the table is black on white)
+    rgb = img[..., :3]
+    colourful = ((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.3).mean()
+    assert colourful > 0.01, colourful
