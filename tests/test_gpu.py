@@ -119,3 +119,38 @@ def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
     assert doc["peak_mem_bytes"] > 0
     assert all(s["status"] == "applied" for s in doc["speedups"]), doc["speedups"]
     assert doc["mfu"] is not None and 0 < doc["mfu"] < 1
+
+
+def test_batch_size_search_real_oom_and_memory_restored():
+    from fastloop._compat import LightningModule
+    from fastloop.batch_size import search_batch_size
+
+    class Wide(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 65536), torch.nn.GELU(), torch.nn.Linear(65536, 10))
+            self.batch_size = 256
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters())
+
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(8 * 2**30 / total)  # an 8 GiB GPU
+    try:
+        m = Wide().cuda()
+        ds = TensorDataset(torch.randn(40000, 64), torch.randint(0, 10, (40000,)))
+        mem0 = torch.cuda.memory_allocated()
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        doc = search_batch_size(m, DataLoader(ds, batch_size=256), device="cuda", max_size=32768)
+        mem1 = torch.cuda.memory_allocated()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert any(not t["ok"] for t in doc["trials"]), "no trial ran out of memory"
+    assert doc["restored"] and all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    assert abs(mem1 - mem0) <= 0.01 * mem0, (mem0, mem1)
+    assert doc["batch_size"] <= 0.9 * doc["max_fitting"]

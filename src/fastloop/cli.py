@@ -1,4 +1,4 @@
-"""The ``fastloop`` command: run, ladder, ab, doctor (batch-size search is not built yet).
+"""The ``fastloop`` command: run, ladder, ab, batch-size, doctor.
 
 Exit status 0 on success, 2 on bad input with a one-line reason (never a traceback).
 
@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--b", required=True)
     sp.add_argument("--repeats", type=_positive("--repeats"), default=3)
     steps(sp)
+    common(sp)
+    sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
+    sp.add_argument("target")
+    sp.add_argument("--speedups", default="none")
+    sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
+    sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
+    sp.add_argument("--margin", type=float, default=0.9, help="use at most this fraction of the largest fitting size")
     common(sp)
     sp = sub.add_parser("doctor", help="machine ceilings; with a target, its bottleneck")
     sp.add_argument("target", nargs="?")
@@ -148,6 +155,14 @@ def _dispatch(args: argparse.Namespace) -> dict:
             if prog:
                 prog.stop()
         return _stamp(doc, args, device)
+    if args.cmd == "batch-size":
+        from fastloop.batch_size import search_batch_size
+        from fastloop.targets import build_target
+
+        module, data = build_target(args.target)
+        doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
+                                objective=args.objective, margin=args.margin)
+        return _stamp({"kind": "batch-size", **doc}, args, device)
     if args.cmd == "doctor":
         from fastloop.doctor import diagnose, machine_ceilings
 
@@ -182,6 +197,17 @@ def _print(doc: dict) -> None:
         if doc.get("diagnosis"):
             d = doc["diagnosis"]
             console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
+        return
+    if doc["kind"] == "batch-size":
+        t = Table(title=f"batch-size search: chose {doc['batch_size']} (largest fitting {doc['max_fitting']}, "
+                        f"margin {doc['margin']}, {doc['search_s']:.1f} s, state restored: {doc['restored']})")
+        for c in ("batch size", "fits", "step", "throughput"):
+            t.add_column(c)
+        for tr in doc["trials"]:
+            t.add_row(str(tr["batch_size"]), "yes" if tr["ok"] else "OOM",
+                      f"{1e3 * tr['step_s']:.2f} ms" if tr["step_s"] else "-",
+                      f"{tr['throughput']:,.0f}/s" if tr["throughput"] else "-")
+        console.print(t)
         return
     from fastloop.report.terminal import print_document
 

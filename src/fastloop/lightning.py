@@ -25,7 +25,7 @@ from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 
-__all__ = ["SpeedupCallback", "callback_for", "callbacks", "records_of"]
+__all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
 
 
 def _wrap_train_loader(trainer: Trainer, fn) -> None:
@@ -176,3 +176,43 @@ def callbacks(spec: str | list[str]) -> list[SpeedupCallback]:
 def records_of(trainer: Trainer) -> list[Record]:
     """The outcome of every fastloop speedup callback attached to ``trainer``."""
     return [c.record for c in trainer.callbacks if isinstance(c, SpeedupCallback)]
+
+
+class BatchSizeSearch(Callback):
+    """Search the batch size at the start of ``fit`` (see :mod:`fastloop.batch_size`).
+
+    The Trainer's optimizers, schedulers and loop counters are untouched; the chosen size is
+    written to the DataModule's or LightningModule's ``batch_size`` before the loaders are built.
+    The result document is in :attr:`result`.
+
+    Args:
+        objective: ``"throughput"`` (fastest that fits under the margin) or ``"max"``.
+        margin: use at most this fraction of the largest fitting size.
+        max_size: never try above this.
+    """
+
+    def __init__(self, objective: str = "throughput", margin: float = 0.9, max_size: int = 4096,
+                 speedups: str | None = None) -> None:
+        if objective not in ("max", "throughput"):
+            raise ValueError(f"objective must be 'max' or 'throughput', got {objective!r}")
+        if not 0 < margin <= 1:
+            raise ValueError(f"margin must be in (0, 1], got {margin}")
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        self.objective, self.margin, self.max_size, self.speedups = objective, margin, max_size, speedups
+        self.result: dict | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        from fastloop.batch_size import search_batch_size
+
+        src = trainer.fit_loop._data_source.instance
+        data = trainer.datamodule if trainer.datamodule is not None else src
+        if data is pl_module:
+            data = pl_module.train_dataloader()
+        self.result = search_batch_size(pl_module, data, speedups=self.speedups, device=str(trainer.strategy.root_device),
+                                        max_size=self.max_size, objective=self.objective, margin=self.margin,
+                                        trainer_optimizers=trainer.optimizers)
+        if isinstance(src, DataLoader) and "nowhere" in self.result["written_to"]:
+            from fastloop.data import rebuild_loader
+
+            trainer.fit_loop._data_source.instance = rebuild_loader(src, batch_size=self.result["batch_size"])

@@ -93,9 +93,20 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     chosen = resolve(speedups)
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}
+    search = None
+    if any(s.name == "batch_size" for s in chosen):
+        from fastloop.batch_size import search_batch_size
+
+        others = [s.spec for s in chosen if s.name != "batch_size"]
+        search = search_batch_size(module, data, speedups=others, device=str(dev))
+        extra["batch_size_search"] = {k: search[k] for k in ("batch_size", "max_fitting", "search_s", "restored")}
+        if isinstance(data, DataLoader) and "nowhere" in search["written_to"]:
+            from fastloop.data import rebuild_loader
+
+            data = rebuild_loader(data, batch_size=search["batch_size"])
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    cbs = [SpeedupCallback(s) for s in chosen]
+    cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
     measure = MeasureCallback(warmup=warmup, count_flops=True)
     trainer = Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
@@ -111,6 +122,11 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         else:
             trainer.fit(module, datamodule=data)
     records = records_of(trainer)
+    if search is not None:
+        from fastloop.speedups.base import Record
+
+        records.append(Record("batch_size", "applied", f"batch size {search['batch_size']} "
+                                                       f"(largest fitting {search['max_fitting']}, search {search['search_s']:.1f} s)"))
     for cb in cbs:
         if cb.ctx is not None:
             extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str))})

@@ -1,5 +1,4 @@
-"""``batch_size``: train at a searched batch size. Registered so the name is reserved; the search
-itself is not built yet, so it is always recorded as skipped with that reason.
+"""``batch_size``: search the batch size (:mod:`fastloop.batch_size`), then train at it.
 
 Card:
 - Helps: steps too small to fill the GPU; the search measures samples/s per size and keeps
@@ -11,7 +10,7 @@ Changes the data pipeline (the target's ``batch_size``). Applied by the runner b
 
 from __future__ import annotations
 
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Speedup, register
 
 __all__ = ["BatchSize"]
 
@@ -22,6 +21,3 @@ class BatchSize(Speedup):
     name = "batch_size"
     changes = "data"
     order = 70
-
-    def why_not(self, ctx: Context) -> str | None:
-        return "batch-size search is not implemented yet (tracked in issue 5)"
