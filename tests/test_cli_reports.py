@@ -108,7 +108,7 @@ def test_ladder_data_bound_workers_ci_contains_true_ratio(tmp_path):
     target = "tests/targets.py:sleepy_3ms"
     doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, repeats=2, device="cpu")
     base, workers, prefetch = doc["rungs"]
-    assert diagnose(base)["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.8
+    assert diagnose(base)["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.6
     true_ratio = base["step_s"]["mean"] / (16 * 0.003 / 4)
     v = workers["speedup_vs_baseline"]
     assert v["significant"] and v["ci_low"] <= true_ratio <= v["ci_high"], (v, true_ratio)
