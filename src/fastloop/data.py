@@ -85,7 +85,11 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         kw.pop("in_order")
     if kw.get("pin_memory_device") in ("", None):
         kw.pop("pin_memory_device", None)
-    return DataLoader(loader.dataset, **kw)
+    new = DataLoader(loader.dataset, **kw)
+    for attr in ("fastloop_dali",):  # recipe hooks travel with the loader (see speedups/dali.py)
+        if hasattr(loader, attr):
+            setattr(new, attr, getattr(loader, attr))
+    return new
 
 
 class CUDAPrefetcher:

@@ -24,10 +24,13 @@ DEFAULT_RUNGS = ["workers", "pin_memory", "prefetch", "tf32", "bf16", "fused_opt
                  "compile", "cuda_graph"]
 
 
-def default_rungs(device: str) -> list[str]:
-    """The default ladder for a device: rungs that cannot apply there are left out."""
+def default_rungs(device: str, target: str | None = None) -> list[str]:
+    """The default ladder for a device (and recipe): rungs that cannot apply there are left out."""
+    from fastloop.targets import RECIPE_RUNGS
+
     ctx = Context(torch.device(device))
-    return [s.name for s in resolve(DEFAULT_RUNGS) if s.why_not(ctx) is None]
+    names = DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
+    return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
 def _ratio(a: dict, b: dict) -> dict:
@@ -52,7 +55,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     from fastloop.subproc import run_in_subprocess
 
     measure = measure or run_in_subprocess
-    chosen = resolve(rungs if rungs is not None else default_rungs(device))
+    chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
     ctx = Context(torch.device(device))
     plan: list[tuple[str, str, str, str]] = [("baseline", "none", "applied", "")]
     active: list[str] = []

@@ -24,12 +24,15 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningDataModule, LightningModule
 from fastloop.errors import FastloopError
 
-__all__ = ["RECIPES", "build_target", "load_target"]
+__all__ = ["RECIPES", "RECIPE_RUNGS", "build_target", "load_target"]
 
 RECIPES: dict[str, str] = {
     "gpt": "recipes.gpt.target:make",
     "imagenet": "recipes.imagenet.target:make",
 }
+
+# recipe-level speedups a recipe's default ladder adds to the generic ones
+RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["dali"]}
 
 
 def load_target(spec: str) -> Callable[..., Any]:

@@ -5,6 +5,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     channels_last,
     compile,
     cuda_graph,
+    dali,
     fused_optimizer,
     pin_memory,
     precision,

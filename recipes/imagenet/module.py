@@ -1,0 +1,63 @@
+"""ResNet-50 (or any torchvision classifier by name) for the ImageNet recipe: label smoothing,
+SGD with Nesterov momentum, linear warm-up then cosine, top-1/top-5 on validation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torchvision
+
+from fastloop._compat import LightningModule
+from fastloop.errors import FastloopError
+
+__all__ = ["ImageClassifier"]
+
+
+class ImageClassifier(LightningModule):
+    throughput_unit = "images"
+
+    def __init__(self, arch: str = "resnet50", num_classes: int = 1000, lr: float = 0.1, batch_size: int = 64,
+                 momentum: float = 0.9, weight_decay: float = 5e-5, label_smoothing: float = 0.1,
+                 warmup_steps: int = 50, max_steps: int = 1000) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        builder = getattr(torchvision.models, arch, None)
+        if builder is None or not callable(builder):
+            raise FastloopError(f"torchvision has no model {arch!r} (e.g. resnet18, resnet50, convnext_tiny)")
+        self.model = builder(weights=None, num_classes=num_classes)  # never downloads weights
+        self.batch_size = batch_size
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = self.criterion(self.model(x), y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x)
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        self.log("val_loss", self.criterion(logits, y), prog_bar=True)
+        self.log("val_top1", (top5[:, 0] == y).float().mean(), prog_bar=True)
+        self.log("val_top5", (top5 == y[:, None]).any(1).float().mean())
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        decay = [p for p in self.parameters() if p.dim() > 1]
+        no_decay = [p for p in self.parameters() if p.dim() <= 1]
+        opt = torch.optim.SGD([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                              lr=hp.lr * hp.batch_size / 256, momentum=hp.momentum, nesterov=True)
+
+        def lr_lambda(step: int) -> float:
+            if step < hp.warmup_steps:
+                return (step + 1) / hp.warmup_steps
+            t = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
+            return 0.5 * (1 + math.cos(math.pi * t))
+
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
+                                                   "interval": "step"}}

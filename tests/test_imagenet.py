@@ -1,0 +1,103 @@
+import shutil
+
+import pytest
+import torch
+
+from fastloop import FastloopError
+from fastloop._compat import Trainer
+from recipes.imagenet.data import ImageData, dali_available, scan_images
+from recipes.imagenet.generate import default_dataset, generate
+from recipes.imagenet.module import ImageClassifier
+
+needs_dali = pytest.mark.skipif(dali_available() is not None, reason="NVIDIA DALI not installed")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return generate(tmp_path_factory.mktemp("img"), classes=3, train=8, val=2, workers=2)
+
+
+def test_generated_files_are_imagenet_like(small):
+    files, labels, classes = scan_images(small / "train")
+    assert len(files) == 24 and sorted(set(labels)) == [0, 1, 2] and len(classes) == 3
+    mean = int((small / "MANIFEST").read_text().split("mean_bytes=")[1])
+    assert 70_000 <= mean <= 120_000, mean
+    from PIL import Image
+
+    w, h = Image.open(files[0]).size
+    assert 300 <= h <= 420 and 360 <= w <= 500
+
+
+@pytest.mark.parametrize("loader", ["torchvision", pytest.param("dali", marks=needs_dali), "synthetic"])
+def test_loaders_agree_on_shapes_dtypes_and_labels(small, loader):
+    d = ImageData(str(small), loader=loader, batch_size=4, crop=96)
+    x, y = next(iter(d.train_dataloader()))
+    assert x.shape == (4, 3, 96, 96) and x.dtype == torch.float32
+    assert y.shape == (4,) and y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 3
+    if loader != "synthetic":
+        assert -3 < float(x.mean()) < 3 and 0.2 < float(x.std()) < 3  # normalised pixels
+    assert len(d.train_dataloader()) == (6 if loader != "synthetic" else 1000)
+
+
+@needs_dali
+def test_dali_cpu_pipeline_epoch_and_validation(small):
+    d = ImageData(str(small), loader="dali", batch_size=5, crop=64)
+    batches = list(d.train_dataloader())
+    assert len(batches) == 24 // 5  # last partial batch dropped in training
+    val = list(d.val_dataloader())
+    assert sum(len(b[1]) for b in val) == 6  # every validation image, partial batch kept
+
+
+def test_corrupt_file_named_or_skipped(small, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(small, root)
+    bad = root / "train" / "class_0001" / "broken.jpg"
+    good = next((root / "train" / "class_0001").glob("0*.jpg")).read_bytes()
+    bad.write_bytes(good[: len(good) // 2])  # truncated JPEG
+    (root / "train" / "class_0002" / "notes.txt").write_text("not an image")
+    with pytest.raises(FastloopError, match="broken.jpg is not a valid JPEG file"):
+        ImageData(str(root))
+    with pytest.warns(UserWarning, match="skipping 2 file"):
+        d = ImageData(str(root), on_bad="skip", batch_size=4, crop=64)
+    assert len(d.files) == 24
+    x, _ = next(iter(d.train_dataloader()))
+    assert x.shape[0] == 4
+
+
+def test_missing_or_empty_folders(tmp_path):
+    with pytest.raises(FastloopError, match="image folder not found"):
+        ImageData(str(tmp_path / "nope"))
+    (tmp_path / "train").mkdir()
+    with pytest.raises(FastloopError, match="has no class folders"):
+        ImageData(str(tmp_path))
+    (tmp_path / "train" / "cat").mkdir()
+    with pytest.raises(FastloopError, match="holds no JPEG images"):
+        ImageData(str(tmp_path))
+
+
+def test_unknown_arch_and_loader(small):
+    with pytest.raises(FastloopError, match="torchvision has no model 'resnet51'"):
+        ImageClassifier(arch="resnet51")
+    with pytest.raises(FastloopError, match="unknown loader 'ffcv'"):
+        ImageData(str(small), loader="ffcv")
+
+
+def test_short_run_learns_above_chance():
+    torch.manual_seed(0)
+    d = ImageData(str(default_dataset()), batch_size=32, crop=64)
+    m = ImageClassifier(arch="resnet18", num_classes=d.num_classes, batch_size=32, lr=0.4, warmup_steps=10, max_steps=60)
+    t = Trainer(max_steps=60, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, limit_val_batches=10, check_val_every_n_epoch=None, val_check_interval=60,
+                num_sanity_val_steps=0)
+    t.fit(m, datamodule=d)
+    assert float(t.callback_metrics["val_top1"]) > 0.3  # chance is 0.1 with 10 classes
+
+
+@needs_dali
+def test_dali_speedup_swaps_the_loader_in_a_run():
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("imagenet", "dali", steps=2, warmup=1, device="cpu")
+    assert doc["speedups"] == [{"name": "dali", "status": "applied", "reason": ""}]
+    doc = run_configuration("tests/targets.py:tiny_mlp", "dali", steps=2, warmup=0, device="cpu")
+    assert doc["speedups"][0]["status"] == "skipped" and "no DALI pipeline" in doc["speedups"][0]["reason"]
