@@ -1,0 +1,72 @@
+"""Where the time of a compiled bf16 GPT-2 124M step goes: GPU time per kernel family from
+torch.profiler (plain PyTorch loop, fused AdamW, B16 x T1024), to say what limits tokens/s."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from benchmarks._common import emit
+from recipes.gpt.model import GPT, GPTConfig
+
+
+def family(name: str) -> str:
+    n = name.lower()
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention (flash/SDPA)"
+    if "gemm" in n or "cutlass" in n or "nvjet" in n or "sm90" in n or "wgmma" in n or "cublas" in n:
+        return "matmul (cuBLAS/CUTLASS)"
+    if "adam" in n or "multi_tensor" in n or "fused_adam" in n:
+        return "optimizer"
+    if "triton" in n:
+        return "fused elementwise/norm (Triton)"
+    if "memcpy" in n or "memset" in n:
+        return "memcpy/memset"
+    if "nll" in n or "softmax" in n or "cross_entropy" in n or "log_softmax" in n:
+        return "loss"
+    return "other"
+
+
+def main(batch: int = 16, steps: int = 10) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("gpt2")).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
+    model.compile()
+    x = torch.randint(0, 50257, (batch, 1024), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(8):
+        step()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(steps):
+        step()
+    e.record()
+    e.synchronize()
+    step_ms = s.elapsed_time(e) / steps
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    fam: dict[str, float] = collections.defaultdict(float)
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if ev.key and t and not ev.key.startswith("ProfilerStep"):
+            fam[family(ev.key)] += t / 1e3 / steps
+    busy = sum(fam.values())
+    emit("gpt_profile", {"batch": batch, "step_ms": step_ms, "tokens_per_s": batch * 1024 / step_ms * 1e3,
+                         "gpu_busy_ms": busy, "ms_per_family": dict(sorted(fam.items(), key=lambda kv: -kv[1])),
+                         "note": "device time summed per family over kernels; busy < step means idle gaps"})
+
+
+if __name__ == "__main__":
+    main()
