@@ -144,13 +144,13 @@ def test_batch_size_search_real_oom_and_memory_restored():
     try:
         m = Wide().cuda()
         ds = TensorDataset(torch.randn(40000, 64), torch.randint(0, 10, (40000,)))
+        before = {k: v.cpu().clone() for k, v in m.state_dict().items()}  # host copies: not counted below
         mem0 = torch.cuda.memory_allocated()
-        before = {k: v.clone() for k, v in m.state_dict().items()}
         doc = search_batch_size(m, DataLoader(ds, batch_size=256), device="cuda", max_size=32768)
         mem1 = torch.cuda.memory_allocated()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert any(not t["ok"] for t in doc["trials"]), "no trial ran out of memory"
-    assert doc["restored"] and all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    assert doc["restored"] and all(torch.equal(v, m.state_dict()[k].cpu()) for k, v in before.items())
     assert abs(mem1 - mem0) <= 0.01 * mem0, (mem0, mem1)
     assert doc["batch_size"] <= 0.9 * doc["max_fitting"]
