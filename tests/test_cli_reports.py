@@ -91,7 +91,7 @@ def test_doctor_on_cpu_measures_what_it_can(tmp_path):
 
 def test_a_vs_a_not_significant(tmp_path):
     out = tmp_path / "ab.json"
-    assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "2", "--steps", "30",
+    assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "3", "--steps", "40",
                  "--warmup", "3", "--device", "cpu", "--json", str(out), "--quiet"]) == 0
     doc = json.loads(out.read_text())
     assert doc["speedup"]["significant"] is False and doc["verdict"].startswith("no significant difference")

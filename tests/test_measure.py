@@ -125,3 +125,10 @@ def test_env_stamp_has_contract_keys():
     for k in ("gpu", "driver", "cuda", "torch", "lightning", "python", "platform", "commit", "date"):
         assert k in env
     assert env["torch"] == torch.__version__
+
+
+def test_draining_buffer_is_flagged_not_steady():
+    from fastloop.runner import steadiness_warning
+
+    assert steadiness_warning([0.01] * 10 + [0.05] * 10).startswith("not steady")
+    assert steadiness_warning([0.01, 0.011] * 10) is None

@@ -85,6 +85,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         if doc["throughput"]["value"]:
             doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["mean"], "unit": doc["throughput"]["unit"]}
         doc["data_wait_frac"] = sum(r["data_wait_frac"] for r in runs) / len(runs)
+        doc["warnings"] = sorted({w for r in runs for w in r.get("warnings", [])})
         # the newest speedup's own record (a rung can apply but its speedup still be skipped inside)
         own = next((s for s in doc["speedups"] if "+" + s["name"] == label.split(":")[0]), None)
         if own and own["status"] != "applied" and status == "applied":

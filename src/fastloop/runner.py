@@ -30,16 +30,32 @@ from fastloop.speedups.base import resolve
 __all__ = ["measured_configuration", "run_configuration"]
 
 
-def _dtype_name(applied: set[str]) -> str:
+def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
+    """The dtype whose peak MFU is rated against. cuDNN runs fp32 convolutions in TF32 by
+    default (``torch.backends.cudnn.allow_tf32``), so a conv net's "fp32" is rated as tf32."""
     if "bf16" in applied:
         return "bf16"
     if "fp16" in applied:
         return "fp16"
-    return "tf32" if "tf32" in applied else "fp32"
+    return "tf32" if "tf32" in applied or conv_tf32 else "fp32"
+
+
+def steadiness_warning(step_s: list[float]) -> str | None:
+    """A warning when the second half of the measured steps is clearly slower than the first:
+    a loader's prefetch buffer (workers x prefetch_factor batches filled during warm-up) was
+    still draining, so the run was too short to show the pipeline's steady-state rate."""
+    n = len(step_s) // 2
+    if n < 4:
+        return None
+    first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
+    if second > 1.15 * first:
+        return (f"not steady: the second half of the steps averaged {second / first:.2f}x the first half "
+                f"(a loader buffer filled during warm-up was draining); measure more steps for the steady rate")
+    return None
 
 
 def measured_configuration(measure: MeasureCallback, records: list, device: torch.device,
-                           unit: str, extra: dict | None = None) -> dict:
+                           unit: str, extra: dict | None = None, conv_tf32: bool = False) -> dict:
     """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
     stats = measure.result()
     summary = stats.summary()
@@ -47,7 +63,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     med = summary["median"]
     mean = summary["mean"]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    dtype = _dtype_name(applied)
+    dtype = _dtype_name(applied, conv_tf32)
     peak = peak_tflops(gpu, dtype)
     mfu = None
     if measure.flops_per_step and peak and med:
@@ -76,6 +92,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None},
         "losses": losses,
         "extra": extra or {},
+        "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
     }
 
 
@@ -135,4 +152,6 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
 
         extra["compile_counters"] = compile_counters()
     unit = getattr(module, "throughput_unit", "samples")
-    return measured_configuration(measure, records, dev, unit, extra)
+    conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, torch.nn.modules.conv._ConvNd)
+                                                              for m in module.modules())
+    return measured_configuration(measure, records, dev, unit, extra, conv_tf32)

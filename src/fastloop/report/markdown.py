@@ -33,6 +33,10 @@ def render_markdown(doc: dict) -> str:
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
     if doc.get("helpful") is not None:
         lines += ["", f"**Helpful here:** {', '.join(doc['helpful']) or 'none'}", "", "```python", doc["callbacks_line"], "```"]
+    warns = sorted({f"- {r.get('rung', 'run')}: {w}" for r in (doc.get("rungs") or [doc.get("a"), doc.get("b")] if doc.get("kind") in ("ladder", "ab") else [doc])
+                    if r for w in r.get("warnings", [])})
+    if warns:
+        lines += ["", "Warnings:"] + warns
     skipped = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])
                if s["status"] != "applied"]
     if skipped:

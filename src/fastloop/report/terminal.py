@@ -28,6 +28,10 @@ def print_document(doc: dict, console: Console | None = None) -> None:
             cells += [r["vs_prev"], r["vs_base"]]
         table.add_row(*cells)
     console.print(table)
+    configs = doc.get("rungs") or ([doc.get("a"), doc.get("b")] if doc.get("kind") == "ab" else [doc])
+    for c in configs:
+        for w in (c or {}).get("warnings", []):
+            console.print(f"[yellow]warning[/yellow] ({(c or {}).get('rung', 'run')}): {w}")
     if doc.get("kind") == "ab":
         console.print(f"verdict: {doc['verdict']}")
     if doc.get("diagnosis"):
