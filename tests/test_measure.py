@@ -132,3 +132,15 @@ def test_draining_buffer_is_flagged_not_steady():
 
     assert steadiness_warning([0.01] * 10 + [0.05] * 10).startswith("not steady")
     assert steadiness_warning([0.01, 0.011] * 10) is None
+
+
+def test_measured_ceiling_roundtrip(tmp_path, monkeypatch):
+    from fastloop.measure.flops import load_measured_ceiling, save_measured_ceilings
+
+    monkeypatch.setenv("FASTLOOP_CACHE", str(tmp_path))
+    assert load_measured_ceiling("NVIDIA H200", "bf16") is None
+    save_measured_ceilings("NVIDIA H200", {"bf16": 776.3, "fp32": 50.8})
+    save_measured_ceilings("NVIDIA H200", {"tf32": 392.5})
+    assert load_measured_ceiling("NVIDIA H200", "bf16") == 776.3
+    assert load_measured_ceiling("NVIDIA H200", "tf32") == 392.5
+    assert load_measured_ceiling("NVIDIA L4", "bf16") is None

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "to_device"]
+__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "to_channels_last", "to_device"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -51,6 +51,12 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+
+
+def to_channels_last(batch: Any) -> Any:
+    """Every 4-D floating tensor of ``batch`` in channels_last memory format (images, NCHW)."""
+    return map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
+                       if t.dim() == 4 and t.is_floating_point() else t, batch)
 
 
 _LOADER_KEYS = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",

@@ -63,6 +63,10 @@ def machine_ceilings(quick: bool = False) -> dict:
                                "how": f"{n}^3 fp32 matmul with TF32 allowed"}
     torch.backends.cuda.matmul.allow_tf32 = prev
     del apply
+    from fastloop.measure.flops import save_measured_ceilings
+
+    save_measured_ceilings(torch.cuda.get_device_name(0), {d: m[f"matmul_{d}_tflops"]["value"]
+                                                            for d in ("bf16", "fp16", "fp32", "tf32")})
     nbytes = (1 if quick else 4) * 2**30
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)

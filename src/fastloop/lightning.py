@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningModule, Trainer
-from fastloop.data import map_tensors
+from fastloop.data import to_channels_last
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.tf32 import apply_tf32, restore_tf32
@@ -116,12 +116,10 @@ class SpeedupCallback(Callback):
         if plan.channels_last_inputs:
             original = pl_module.on_after_batch_transfer
 
-            def to_channels_last(batch: Any, dataloader_idx: int) -> Any:
-                batch = original(batch, dataloader_idx)
-                return map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
-                                   if t.dim() == 4 and t.is_floating_point() else t, batch)
+            def after_transfer(batch: Any, dataloader_idx: int) -> Any:
+                return to_channels_last(original(batch, dataloader_idx))
 
-            pl_module.on_after_batch_transfer = to_channels_last  # type: ignore[method-assign]
+            pl_module.on_after_batch_transfer = after_transfer  # type: ignore[method-assign]
         if plan.cuda_graph:
             pl_module._fastloop_compiled = True
             # Lightning owns the optimizer step, so graph forward+backward through compile's

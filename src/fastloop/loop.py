@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fastloop.data import map_tensors, to_device
+from fastloop.data import to_channels_last, to_device
 from fastloop.errors import FastloopError
 from fastloop.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer
@@ -151,8 +151,7 @@ class FastLoop:
         if not self.plan.prefetch:
             batch = to_device(batch, self.device, non_blocking=self.device.type == "cuda")
         if self.plan.channels_last_inputs:
-            batch = map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
-                                if t.dim() == 4 and t.is_floating_point() else t, batch)
+            batch = to_channels_last(batch)
         return batch
 
     def _eager_step(self, batch: Any) -> torch.Tensor:
@@ -229,11 +228,7 @@ class FastLoop:
             if prev_tf32 is not None:
                 restore_tf32(prev_tf32)
         stats = timer.result()
-        wall = time.perf_counter() - t0
-        if warmup and stats.steps:
-            # warm-up cost beyond ordinary steps = compile / capture / allocator warm-up
-            med = sorted(stats.step_s)[len(stats.step_s) // 2]
-            stats.compile_s = max(0.0, wall - sum(stats.step_s) - warmup * med)
+        stats.set_warmup_overhead(time.perf_counter() - t0)
         if self._skipped_dev is not None:
             self.skipped_steps += int(self._skipped_dev.item())
         extra = dict(self.ctx.stats)

@@ -24,7 +24,7 @@ from fastloop.errors import FastloopError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.loop import resolve_device
 from fastloop.measure.callback import MeasureCallback
-from fastloop.measure.flops import peak_tflops
+from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.speedups.base import resolve
 
 __all__ = ["measured_configuration", "run_configuration"]
@@ -65,9 +65,12 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     dtype = _dtype_name(applied, conv_tf32)
     peak = peak_tflops(gpu, dtype)
-    mfu = None
+    ceiling = load_measured_ceiling(gpu, dtype)
+    mfu = mfu_measured = None
     if measure.flops_per_step and peak and med:
         mfu = measure.flops_per_step / mean / (peak * 1e12)
+    if measure.flops_per_step and ceiling and med:
+        mfu_measured = measure.flops_per_step / mean / (ceiling * 1e12)
     losses = measure.loss_values()
     return {
         "speedups": [r.to_dict() for r in records],
@@ -88,6 +91,9 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
             "flops_per_step": measure.flops_per_step,
             "convention": measure.flops_convention if measure.flops_per_step else None,
             "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
+            "measured_ceiling_tflops": ceiling, "mfu_vs_measured_ceiling": mfu_measured,
+            "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device" if ceiling
+            else "none: run `fastloop doctor` once on this machine",
         },
         "loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None},
         "losses": losses,

@@ -97,9 +97,7 @@ class MeasureCallback(Callback):
         if self.timer is None or self.timer.recorded_steps == 0:
             raise RuntimeError("no training step was measured (did the loader yield any batch?)")
         stats = self.timer.result()
-        if stats.steps and self.warmup:
-            med = sorted(stats.step_s)[len(stats.step_s) // 2]
-            stats.compile_s = max(0.0, self.wall_s - sum(stats.step_s) - self.warmup * med)
+        stats.set_warmup_overhead(self.wall_s)
         return stats
 
     def loss_values(self) -> list[float]:

@@ -10,8 +10,8 @@ Conventions (always reported with the number):
 Example:
     >>> import torch
     >>> m = torch.nn.Linear(64, 32, bias=False)
-    >>> count_train_flops(m, torch.randn(8, 64))  # fwd 2*8*64*32, bwd twice that
-    98304
+    >>> count_train_flops(m, torch.randn(8, 64))  # fwd 2*8*64*32; bwd: weight grad only (input needs none)
+    65536
     >>> round(mfu(1e12, 1.0, 10.0), 2)  # 1 TFLOP per step at 1 step/s on a 10 TFLOP/s device
     0.1
 """
@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["PEAK_TFLOPS", "count_train_flops", "measure_matmul_tflops", "mfu", "peak_tflops"]
+__all__ = ["PEAK_TFLOPS", "count_train_flops", "load_measured_ceiling", "measure_matmul_tflops", "mfu", "peak_tflops",
+           "save_measured_ceilings"]
 
 # Dense datasheet rates, TFLOP/s, by device-name family and dtype. Order matters: first match wins
 # (so "H200" and "H100" are tried before a bare "H1").
@@ -47,6 +48,37 @@ def peak_tflops(device_name: str | None, dtype: str) -> float | None:
         if family.upper() in name:
             return rates.get(dtype)
     return None
+
+
+def _ceiling_file():
+    import os
+    from pathlib import Path
+
+    return Path(os.environ.get("FASTLOOP_CACHE", Path.home() / ".cache" / "fastloop")) / "ceilings.json"
+
+
+def save_measured_ceilings(device_name: str, tflops_by_dtype: dict[str, float]) -> None:
+    """Remember this device's measured matmul ceilings (``fastloop doctor`` calls this)."""
+    import json
+
+    path = _ceiling_file()
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[device_name] = {**data.get(device_name, {}), **tflops_by_dtype}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def load_measured_ceiling(device_name: str | None, dtype: str) -> float | None:
+    """The matmul ceiling ``fastloop doctor`` measured on this device, if it has run here."""
+    import json
+
+    path = _ceiling_file()
+    if not device_name or not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text()).get(device_name, {}).get(dtype)
+    except (OSError, ValueError):
+        return None
 
 
 def count_train_flops(model: torch.nn.Module, *inputs, loss_fn: Callable | None = None) -> int:

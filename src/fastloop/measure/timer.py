@@ -57,6 +57,13 @@ class StepStats:
     def summary(self) -> dict:
         return summarize(self.step_s)
 
+    def set_warmup_overhead(self, wall_s: float) -> None:
+        """Set ``compile_s`` from the run's wall time: what the warm-up steps cost beyond
+        ordinary steps (compile, graph capture, allocator and cuDNN warm-up)."""
+        if self.warmup_steps and self.steps:
+            med = sorted(self.step_s)[len(self.step_s) // 2]
+            self.compile_s = max(0.0, wall_s - sum(self.step_s) - self.warmup_steps * med)
+
 
 class StepTimer:
     """Times steps of any loop: call ``fetch_start``/``fetch_end`` around getting a batch and

@@ -1,0 +1,16 @@
+"""The runnable examples in the public modules' docstrings stay true."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["fastloop", "fastloop.loop", "fastloop.data", "fastloop.ab", "fastloop.ladder", "fastloop.doctor",
+           "fastloop.batch_size", "fastloop.targets", "fastloop.lightning", "fastloop.measure.stats",
+           "fastloop.measure.flops", "fastloop.measure.timer", "fastloop.speedups.base"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
