@@ -148,3 +148,12 @@ def test_ddp_one_rank_oom_both_back_off(tmp_path):
     a, b = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
     assert a == b
     assert a["max_fitting"] <= 100
+
+
+def test_run_with_batch_size_trains_at_the_found_size_from_a_plain_loader():
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:tiny_mlp", "batch_size", steps=3, warmup=1, device="cpu")
+    found = doc["extra"]["batch_size_search"]["batch_size"]
+    assert found != 16 and doc["items_per_step"] == found  # tiny_mlp's loader was built with 16
+    assert doc["speedups"][-1]["name"] == "batch_size" and doc["speedups"][-1]["status"] == "applied"

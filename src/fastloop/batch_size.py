@@ -161,7 +161,12 @@ def _trial(module: LightningModule, data: Any, size: int, device: torch.device, 
     times, got = [], size
     try:
         for i in range(steps):
-            batch = to_device(next(it), device)
+            try:
+                host = next(it)
+            except StopIteration:  # fewer batches than trial steps: start the epoch again
+                it = iter(loader)
+                host = next(it)
+            batch = to_device(host, device)
             t = first_tensor(batch)
             got = int(t.shape[0]) if t is not None else size
             if device.type == "cuda":
@@ -245,6 +250,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
     mem0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     t_start = time.perf_counter()
     trials: list[dict] = []
+    limit: list[int | None] = [None]  # the data's own batch limit (a dataset smaller than the batch)
 
     def attempt(size: int) -> bool:
         if progress:
@@ -264,6 +270,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
                        "throughput": got / step_s if ok and step_s > 0 else None, "trial_s": time.perf_counter() - t0})
         if ok and got < size:
             trials[-1]["note"] = f"the data yields only {got} samples per batch"
+            limit[0] = got if limit[0] is None else min(limit[0], got)
         return ok
 
     try:
@@ -275,7 +282,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             lo, hi = 0, start
         else:
             lo, hi = start, None
-            while hi is None:
+            while hi is None and limit[0] is None:
                 nxt = min(lo * 2, max_size)
                 if nxt == lo:
                     break
@@ -294,7 +301,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             lo = 1
             if not attempt(1):
                 raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device")
-        max_fitting = lo
+        max_fitting = lo if limit[0] is None else min(lo, limit[0])
         cap = max(1, int(margin * max_fitting))
         ok = [t for t in trials if t["ok"] and t["batch_size"] <= cap]
         if objective == "throughput" and not any(t["batch_size"] == cap for t in ok) and cap != max_fitting:

@@ -210,7 +210,7 @@ class BatchSizeSearch(Callback):
         self.result = search_batch_size(pl_module, data, speedups=self.speedups, device=str(trainer.strategy.root_device),
                                         max_size=self.max_size, objective=self.objective, margin=self.margin,
                                         trainer_optimizers=trainer.optimizers)
-        if isinstance(src, DataLoader) and "nowhere" in self.result["written_to"]:
+        if isinstance(src, DataLoader) and src.batch_size != self.result["batch_size"]:
             from fastloop.data import rebuild_loader
 
             trainer.fit_loop._data_source.instance = rebuild_loader(src, batch_size=self.result["batch_size"])

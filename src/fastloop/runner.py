@@ -123,7 +123,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         others = [s.spec for s in chosen if s.name != "batch_size"]
         search = search_batch_size(module, data, speedups=others, device=str(dev))
         extra["batch_size_search"] = {k: search[k] for k in ("batch_size", "max_fitting", "search_s", "restored")}
-        if isinstance(data, DataLoader) and "nowhere" in search["written_to"]:
+        if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:  # a loader is fixed at build
             from fastloop.data import rebuild_loader
 
             data = rebuild_loader(data, batch_size=search["batch_size"])
