@@ -178,10 +178,11 @@ def _dispatch(args: argparse.Namespace) -> dict:
 
 
 def _print(doc: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from fastloop.report.terminal import make_console
+
+    console = make_console()
     if doc["kind"] == "doctor":
         env = doc["env"]
         t = Table(title=f"fastloop doctor [{env['gpu'] or 'no GPU'}, driver {env['driver']}, CUDA {env['cuda']}, "

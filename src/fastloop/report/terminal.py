@@ -7,11 +7,17 @@ from rich.table import Table
 
 from fastloop.report.format import rows
 
-__all__ = ["print_document"]
+__all__ = ["make_console", "print_document"]
+
+
+def make_console() -> Console:
+    """A console as wide as the terminal, or 160 columns when output goes to a file or pipe."""
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=160)
 
 
 def print_document(doc: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     env = doc.get("env", {})
     ladder = doc.get("kind") == "ladder"
     table = Table(title=f"fastloop {doc.get('kind', 'run')}: {doc.get('target')}  "
