@@ -26,8 +26,8 @@ class OOMAbove(LightningModule):
         if len(x) > self.limit:
             if self.error == "oom":
                 raise torch.cuda.OutOfMemoryError(
-                    f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB "
-                    f"of which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in use.")
+                    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB "
+                    "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in use.")
             raise ValueError("shape mismatch in layer 3: expected 8 features")
         return torch.nn.functional.cross_entropy(self.net(x), y)
 

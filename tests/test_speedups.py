@@ -7,7 +7,7 @@ from fastloop._compat import Trainer
 from fastloop.lightning import callbacks, records_of
 from fastloop.loop import FastLoop
 from fastloop.speedups import REGISTRY, resolve, speedup_names
-from tests.targets import tiny_conv, tiny_mlp
+from tests.targets import tiny_conv
 
 
 def _setup(conv=False, workers=0, bs=16, n=128):

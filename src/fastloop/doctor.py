@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -57,12 +58,11 @@ def machine_ceilings(quick: bool = False) -> dict:
     for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
         m[f"matmul_{name}_tflops"] = {"value": measure_matmul_tflops(dt, n=n, iters=10 if quick else 20),
                                       "how": f"{n}^3 {name} matmul, random data, median of CUDA-event timings"}
-    prev = apply = torch.backends.cuda.matmul.allow_tf32
+    prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     m["matmul_tf32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=10 if quick else 20),
                                "how": f"{n}^3 fp32 matmul with TF32 allowed"}
     torch.backends.cuda.matmul.allow_tf32 = prev
-    del apply
     from fastloop.measure.flops import save_measured_ceilings
 
     save_measured_ceilings(torch.cuda.get_device_name(0), {d: m[f"matmul_{d}_tflops"]["value"]
@@ -70,15 +70,15 @@ def machine_ceilings(quick: bool = False) -> dict:
     nbytes = (1 if quick else 4) * 2**30
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    t = _events_time(lambda: dst.copy_(src), 10)
+    t = _events_time(functools.partial(dst.copy_, src), 10)
     m["device_copy_tbs"] = {"value": 2 * nbytes / t / 1e12, "how": f"{nbytes >> 20} MiB device copy, bytes read + written"}
-    del src, dst
+    del src, dst  # free 2 x nbytes before the next measurement
     size = 256 * 2**20
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     for label, host in (("pageable", torch.empty(size, dtype=torch.uint8)),
                         ("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True))):
         host.fill_(1)
-        t = _events_time(lambda: dev.copy_(host, non_blocking=True), 10)
+        t = _events_time(functools.partial(dev.copy_, host, non_blocking=True), 10)
         m[f"h2d_{label}_gbs"] = {"value": size / t / 1e9, "how": f"256 MiB host->device copy from {label} memory"}
     x = torch.zeros(1, device="cuda")
     iters = 2000
