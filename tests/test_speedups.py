@@ -167,3 +167,39 @@ def test_nested_batches_moved_and_mapped():
 
     out = map_tensors(lambda t: t * 2, {"a": (torch.ones(2), [B(torch.ones(1), ["s"])])})
     assert out["a"][0].sum() == 4 and out["a"][1][0].x.item() == 2 and out["a"][1][0].tags == ["s"]
+
+
+def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch):
+    """fp16 is a CUDA speedup; its Lightning mechanics (scaler, skip count, scheduler hold) are
+    exercised here on the CPU, where torch's GradScaler and fp16 autocast also run."""
+    from fastloop._compat import LightningModule
+    from fastloop.speedups.precision import FP16
+
+    monkeypatch.setattr(FP16, "why_not", lambda self, ctx: None)
+    calls = []
+
+    class Overflowing(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(16, 4)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y) * 6e4  # fp16 grads overflow at scale 65536
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1e-3)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (calls.append(s), 1.0)[1])
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    _, loader = _setup()
+    cbs = callbacks("fp16")
+    trainer = Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+    trainer.fit(Overflowing(), train_dataloaders=loader)
+    stats = cbs[0].ctx.stats
+    assert cbs[0].record.status == "applied"
+    skipped = stats["fp16_skipped_steps"]
+    assert skipped >= 1
+    assert stats["fp16_scheduler_steps_held"] == skipped
+    assert len(calls) - 1 == 12 - skipped  # LambdaLR calls once at construction

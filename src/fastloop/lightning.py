@@ -138,18 +138,45 @@ class SpeedupCallback(Callback):
                     self._fail("skipped" if self.speedup.changes == "optimizer" else "applied", reason)
                     continue
                 apply_fused_optimizer(opt)
+        if self.plan.grad_scaler:
+            self._hold_schedulers_on_skipped_steps(trainer)
+
+    def _hold_schedulers_on_skipped_steps(self, trainer: Trainer) -> None:
+        """fp16: Lightning steps LR schedulers after every batch; an optimizer step the scaler
+        skipped (inf/NaN gradients) must not advance the schedule. Costs one host read of the
+        scale per scheduler step (only with fp16 and a scheduler)."""
+        for config in trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            original = sched.step
+
+            def step(*args: Any, _original=original, **kwargs: Any) -> Any:
+                if self._last_step_skipped(trainer):
+                    assert self.ctx is not None
+                    self.ctx.stats["fp16_scheduler_steps_held"] = self.ctx.stats.get("fp16_scheduler_steps_held", 0) + 1
+                    return None
+                return _original(*args, **kwargs)
+
+            sched.step = step  # type: ignore[method-assign]
+
+    def _last_step_skipped(self, trainer: Trainer) -> bool:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is None or getattr(scaler, "_scale", None) is None or self._scale_before is None:
+            return False
+        return bool((scaler._scale < self._scale_before).item())
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self.plan.grad_scaler or (self.plan.autocast_dtype == torch.float16 and scaler is not None):
             if scaler is not None and getattr(scaler, "_scale", None) is not None:
                 self._scale_before = scaler._scale.detach().clone()
+            elif scaler is not None:  # the scale is created lazily at the first step: its initial value
+                self._scale_before = torch.tensor(float(scaler._init_scale))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self._scale_before is not None and scaler is not None and scaler._scale is not None:
             # the scale backs off exactly when the step was skipped (inf/NaN gradients); no sync
-            skipped = (scaler._scale < self._scale_before).int()
+            skipped = (scaler._scale < self._scale_before.to(scaler._scale.device)).int()
             self._skipped = skipped if self._skipped is None else self._skipped + skipped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
