@@ -8,7 +8,7 @@ Card (bf16):
 Card (fp16):
 - Helps: GPUs without bf16 (V100, T4).
 - Hurts: overflow: a GradScaler skips steps whose gradients are inf/NaN; fastloop counts
-  them, and the plain loop does not advance the LR scheduler on a skipped step.
+  them and does not advance the LR scheduler on a skipped step (plain loop and Lightning).
 - Costs: the scaler's unscale pass per step.
 Both change the train step; they cannot be combined.
 """
