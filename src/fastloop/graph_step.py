@@ -10,6 +10,7 @@ state the eager loop would have started from.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -108,11 +109,9 @@ class GraphedStep:
         Raises GraphIneligible (state restored, nothing captured) if the step synchronizes with
         the host or cannot be captured.
         """
-        import time
-
         t0 = time.perf_counter()
         self._make_capturable()
-        params = [t for t in list(self.model.parameters()) + list(self.model.buffers())]
+        params = [*self.model.parameters(), *self.model.buffers()]
         saved_params = [t.detach().clone() for t in params]
         before = {id(t): t.detach().clone() for t in _state_tensors(self.optimizer)}
         self.static_batch = map_tensors(lambda t: t.clone(), batch)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,7 +43,6 @@ class StepStats:
     """Steps run before measurement started (excluded from the statistics)."""
     compile_s: float | None = None
     """One-off compile / graph-capture time, reported on its own line."""
-    extra: dict = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -83,7 +82,6 @@ class StepTimer:
         self._fetch_start: list = []
         self._fetch_end: list = []
         self._step_end: list = []
-        self.compile_s: float | None = None
 
     def _mark(self):
         if self.cuda:
@@ -106,10 +104,6 @@ class StepTimer:
         self.fetch_start()
         yield
         self.fetch_end()
-
-    def add_compile_time(self, seconds: float) -> None:
-        """Record one-off compile/capture cost (never mixed into step statistics)."""
-        self.compile_s = (self.compile_s or 0.0) + seconds
 
     def wrap(self, iterable) -> Iterator:
         """Iterate ``iterable`` with fetch marks around each ``next``; call ``step_end`` yourself."""
@@ -147,4 +141,4 @@ class StepTimer:
             start = self._step_end[i - 1] if i > 0 else self._fetch_start[i]
             step_s.append(self._elapsed(start, self._step_end[i]))
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
-        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n), compile_s=self.compile_s)
+        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n))
