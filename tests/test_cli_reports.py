@@ -102,8 +102,8 @@ def test_a_vs_a_not_significant(tmp_path):
 def test_ladder_data_bound_workers_ci_contains_true_ratio(tmp_path):
     """Each batch costs 16 x 3 ms of 'decoding'; 4 workers deliver 4x as many batches/s, so the
     true speedup is baseline / (48 ms / 4): compute is far below 12 ms, so workers are the limit."""
-    from fastloop.ladder import run_ladder
     from fastloop.doctor import diagnose
+    from fastloop.ladder import run_ladder
 
     target = "tests/targets.py:sleepy_3ms"
     doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, repeats=2, device="cpu")

@@ -38,6 +38,7 @@ def _close(a, b, rtol):
     ("pin_memory", 0.0), ("prefetch", 0.0), ("pin_memory,prefetch", 0.0),  # math unchanged: exact
     ("tf32", 2e-2), ("bf16", 5e-2), ("fp16", 3e-2), ("channels_last", 1e-4), ("compile", 1e-4),
     ("cuda_graph", 1e-4), ("bf16,cuda_graph", 5e-2), ("fused_optimizer", 1e-4),
+    ("cudnn_benchmark", 2e-2), ("bf16,channels_last,cudnn_benchmark", 5e-2),  # another conv algorithm: rounding
 ])
 def test_equivalence_vs_eager_fp32(speedups, rtol):
     torch.backends.cudnn.deterministic = True
@@ -161,3 +162,34 @@ def test_batch_size_search_real_oom_and_memory_restored():
     print("trials", [(t["batch_size"], t["ok"]) for t in doc["trials"]], "mem", mem0, mem1)
     assert abs(mem1 - mem0) <= 0.01 * mem0, (mem0, mem1)
     assert doc["batch_size"] <= 0.9 * doc["max_fitting"]
+
+
+def test_cudnn_benchmark_restored_and_skipped_without_conv():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.backends.cudnn.benchmark = False
+    _, loop = _losses("cudnn_benchmark", steps=3)
+    assert loop.records[0].status == "applied" and torch.backends.cudnn.benchmark is False  # restored
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 4)).cuda()
+    ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
+    loop = FastLoop(mlp, torch.optim.SGD(mlp.parameters(), lr=0.1), DataLoader(ds, batch_size=16),
+                    loss_fn=torch.nn.functional.cross_entropy, speedups="cudnn_benchmark", device="cuda")
+    assert loop.records[0].status == "skipped" and "no convolution" in loop.records[0].reason
+
+
+def test_dali_gpu_pipeline_batches_on_the_device(tmp_path):
+    from recipes.imagenet.data import DaliLoader, dali_available, scan_images
+    from recipes.imagenet.generate import generate
+
+    if dali_available():
+        pytest.skip(dali_available())
+    root = generate(tmp_path / "img", classes=3, train=12, val=2, workers=4)
+    files, labels, _ = scan_images(root / "train")
+    x, y = next(iter(DaliLoader(files, labels, 8, device_id=0, crop=64)))
+    assert x.is_cuda and y.is_cuda and x.shape == (8, 3, 64, 64) and x.dtype == torch.float32
+    assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 3
+    x16, _ = next(iter(DaliLoader(files, labels, 8, device_id=0, crop=64, channels_last=True, dtype=torch.float16,
+                                  hw_decoder_load=0.99)))
+    assert x16.shape == (8, 3, 64, 64) and x16.dtype == torch.float16
+    assert x16.is_contiguous(memory_format=torch.channels_last)
+    assert -3 < float(x16.float().mean()) < 3

@@ -97,7 +97,35 @@ def test_short_run_learns_above_chance():
 def test_dali_speedup_swaps_the_loader_in_a_run():
     from fastloop.runner import run_configuration
 
-    doc = run_configuration("imagenet", "dali", steps=2, warmup=1, device="cpu")
-    assert doc["speedups"] == [{"name": "dali", "status": "applied", "reason": ""}]
+    doc = run_configuration("imagenet", "workers:2,dali", steps=2, warmup=1, device="cpu")
+    rec = {r["name"]: r for r in doc["speedups"]}
+    assert rec["dali"]["status"] == "applied" and "replaces the training loader" in rec["dali"]["reason"]
+    assert rec["workers"]["status"] == "applied"
     doc = run_configuration("tests/targets.py:tiny_mlp", "dali", steps=2, warmup=0, device="cpu")
     assert doc["speedups"][0]["status"] == "skipped" and "no DALI pipeline" in doc["speedups"][0]["reason"]
+
+
+def test_dali_options_are_checked_and_parsed(small):
+    from recipes.imagenet.target import parse_options
+
+    assert parse_options("num_threads=12, hw_decoder_load=0.99,dtype=float16,affine=false") == {
+        "num_threads": 12, "hw_decoder_load": 0.99, "dtype": torch.float16, "affine": False}
+    with pytest.raises(FastloopError, match="not key=value"):
+        parse_options("num_threads")
+    with pytest.raises(FastloopError, match="cannot read option value 'fast'"):
+        parse_options("dtype=fast")
+    with pytest.raises(FastloopError, match="unknown DALI option.*threads.*valid: num_threads"):
+        ImageData(str(small), loader="dali", dali_options={"threads": 4})
+
+
+@needs_dali
+def test_dali_cpu_pipeline_options(small):
+    from recipes.imagenet.data import DaliLoader
+
+    files, labels, _ = scan_images(small / "train")
+    x, y = next(iter(DaliLoader(files, labels, 4, crop=64, channels_last=True, dtype=torch.float16, num_threads=2)))
+    assert x.shape == (4, 3, 64, 64) and x.dtype == torch.float16 and x.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(FastloopError, match="float32 or float16"):
+        DaliLoader(files, labels, 4, dtype=torch.bfloat16)
+    with pytest.raises(FastloopError, match="fraction in"):
+        DaliLoader(files, labels, 4, hw_decoder_load=1.5)

@@ -64,7 +64,7 @@ def test_workers_exact_equivalence():
     assert loop.train(steps=12).losses == base  # same batches, same order: bitwise equal
 
 
-@pytest.mark.parametrize("name", ["pin_memory", "prefetch", "cuda_graph", "tf32", "fp16"])
+@pytest.mark.parametrize("name", ["pin_memory", "prefetch", "cuda_graph", "tf32", "fp16", "cudnn_benchmark"])
 def test_cuda_only_speedups_skip_on_cpu_and_run_goes_on(name):
     base, _ = _losses("none")
     got, loop = _losses(name)

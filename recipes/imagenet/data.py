@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningDataModule
 from fastloop.errors import FastloopError
 
-__all__ = ["DaliLoader", "ImageData", "SyntheticLoader", "dali_available", "scan_images"]
+__all__ = ["DaliLoader", "ImageData", "SyntheticLoader", "check_dali_options", "dali_available", "scan_images"]
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -105,7 +105,8 @@ class DaliLoader:
 
     def __init__(self, files: list[str], labels: list[int], batch_size: int, *, train: bool = True, crop: int = 224,
                  device_id: int | None = None, num_threads: int | None = None, seed: int = 0,
-                 channels_last: bool = False) -> None:
+                 channels_last: bool = False, dtype: torch.dtype = torch.float32, hw_decoder_load: float = 0.65,
+                 prefetch_queue_depth: int = 2, gpu_labels: bool = True, affine: bool = True) -> None:
         reason = dali_available()
         if reason:
             raise FastloopError(reason)
@@ -113,29 +114,40 @@ class DaliLoader:
 
         self.shard, self.num_shards = _rank_world()
         self.batch_size, self.train, self.n = batch_size, train, len(files)
+        if dtype not in (torch.float32, torch.float16):
+            raise FastloopError(f"DALI images can be float32 or float16, got {dtype}")
+        if not 0.0 <= hw_decoder_load <= 1.0:
+            raise FastloopError(f"hw_decoder_load is a fraction in [0, 1], got {hw_decoder_load}")
         gpu = device_id is not None
         layout = "HWC" if channels_last else "CHW"
+        out_type = types.FLOAT if dtype == torch.float32 else types.FLOAT16
+        # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a
+        # large image does not trigger a reallocation mid-epoch, and size the hardware decoder's.
+        dec = dict(device="mixed", hw_decoder_load=hw_decoder_load, affine=affine,
+                   device_memory_padding=211025920, host_memory_padding=140544512,
+                   preallocate_width_hint=5980, preallocate_height_hint=6430) if gpu else dict(device="cpu")
 
         @pipeline_def
         def pipe():
             jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=train, shard_id=self.shard,
                                          num_shards=self.num_shards, pad_last_batch=not train, name="Reader", seed=seed)
             if train:
-                images = fn.decoders.image_random_crop(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                                       random_aspect_ratio=[0.75, 4 / 3], random_area=[0.08, 1.0],
-                                                       num_attempts=100)
+                images = fn.decoders.image_random_crop(jpegs, output_type=types.RGB, random_aspect_ratio=[0.75, 4 / 3],
+                                                       random_area=[0.08, 1.0], num_attempts=100, **dec)
                 images = fn.resize(images, resize_x=crop, resize_y=crop)
                 mirror = fn.random.coin_flip(probability=0.5)
             else:
-                images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+                images = fn.decoders.image(jpegs, output_type=types.RGB, **dec)
                 images = fn.resize(images, resize_shorter=int(crop / 0.875))
                 mirror = 0
-            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout=layout, crop=(crop, crop),
+            images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=(crop, crop),
                                               mean=[255 * m for m in MEAN], std=[255 * s for s in STD], mirror=mirror)
-            return images, lab
+            # labels on the GPU too: a pageable host->device copy of CPU labels would make the
+            # host wait for the GPU to drain every step (cudaMemcpy from pageable memory syncs)
+            return images, (lab.gpu() if gpu and gpu_labels else lab)
 
         self.pipe = pipe(batch_size=batch_size, num_threads=num_threads or min(8, os.cpu_count() or 1),
-                         device_id=device_id, seed=seed, prefetch_queue_depth=2)
+                         device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
         self.pipe.build()
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -154,6 +166,15 @@ class DaliLoader:
             if self.channels_last:  # HWC from DALI, viewed as NCHW in channels_last memory format
                 images = images.permute(0, 3, 1, 2)
             yield images, d["labels"].squeeze(-1).long()
+
+
+def check_dali_options(options: dict) -> dict:
+    """``options`` if every key is a tunable :class:`DaliLoader` argument, else a clear error."""
+    tunable = ("num_threads", "channels_last", "dtype", "hw_decoder_load", "prefetch_queue_depth", "gpu_labels", "affine")
+    unknown = sorted(set(options) - set(tunable))
+    if unknown:
+        raise FastloopError(f"unknown DALI option(s) {', '.join(unknown)}; valid: {', '.join(tunable)}")
+    return dict(options)
 
 
 class SyntheticLoader:
@@ -181,10 +202,11 @@ class ImageData(LightningDataModule):
         root: folder with ``train/`` and ``val/`` (default: the generated dataset).
         loader: ``torchvision``, ``dali`` or ``synthetic``.
         on_bad: what to do with corrupt files: ``error`` or ``skip``.
+        dali_options: extra keyword arguments for :class:`DaliLoader` (threads, hw_decoder_load, ...).
     """
 
     def __init__(self, root: str | None = None, loader: str = "torchvision", batch_size: int = 64, crop: int = 224,
-                 num_workers: int = 0, on_bad: str = "error", seed: int = 0) -> None:
+                 num_workers: int = 0, on_bad: str = "error", seed: int = 0, dali_options: dict | None = None) -> None:
         super().__init__()
         if loader not in ("torchvision", "dali", "synthetic"):
             raise FastloopError(f"unknown loader {loader!r}; valid: torchvision, dali, synthetic")
@@ -194,6 +216,7 @@ class ImageData(LightningDataModule):
             root = str(default_dataset())
         self.root, self.loader, self.batch_size, self.crop = Path(root), loader, batch_size, crop
         self.num_workers, self.on_bad, self.seed = num_workers, on_bad, seed
+        self.dali_options = check_dali_options(dali_options or {})
         self.files, self.labels, self.classes = scan_images(self.root / "train", on_bad)
         self.num_classes = len(self.classes)
 
@@ -209,7 +232,7 @@ class ImageData(LightningDataModule):
         else:
             files, labels, _ = scan_images(self.root / "val", self.on_bad)
         return DaliLoader(files, labels, self.batch_size, train=train, crop=self.crop, device_id=self._device_id(),
-                          seed=self.seed)
+                          seed=self.seed, **self.dali_options)
 
     def torchvision_loader(self, train: bool = True) -> DataLoader:
         from torchvision import datasets, transforms

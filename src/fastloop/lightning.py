@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.data import to_channels_last
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 
@@ -56,6 +57,7 @@ class SpeedupCallback(Callback):
         self.ctx: Context | None = None
         self.plan = StepPlan()
         self._tf32_prev: dict | None = None
+        self._cudnn_prev: bool | None = None
         self._scale_before: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None
 
@@ -106,6 +108,11 @@ class SpeedupCallback(Callback):
         plan = self.plan
         if plan.tf32:
             self._tf32_prev = apply_tf32(True)
+        if plan.cudnn_benchmark:
+            if not has_conv(pl_module):
+                ctx.record(self.speedup.name, "skipped", "model has no convolution layers: nothing for cuDNN to tune")
+            else:
+                self._cudnn_prev = apply_cudnn_benchmark(True)
         if plan.autocast_dtype is not None:
             try:
                 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -187,6 +194,9 @@ class SpeedupCallback(Callback):
         if self._tf32_prev is not None:
             restore_tf32(self._tf32_prev)
             self._tf32_prev = None
+        if self._cudnn_prev is not None:
+            apply_cudnn_benchmark(self._cudnn_prev)
+            self._cudnn_prev = None
 
 
 def callback_for(speedup: Speedup) -> SpeedupCallback:

@@ -31,6 +31,7 @@ from fastloop.errors import FastloopError
 from fastloop.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
 from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 
 __all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
@@ -137,6 +138,9 @@ class FastLoop:
         if self.plan.cuda_graph and self.plan.grad_scaler:
             self.plan.cuda_graph = False
             self.ctx.record("cuda_graph", "fallback", "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
+        if self.plan.cudnn_benchmark and not has_conv(self.model):
+            self.plan.cudnn_benchmark = False
+            self.ctx.record("cudnn_benchmark", "skipped", "model has no convolution layers: nothing for cuDNN to tune")
 
     @property
     def records(self) -> list[Record]:
@@ -214,6 +218,7 @@ class FastLoop:
         losses: list[torch.Tensor] = []
         it = self.batches()
         prev_tf32 = apply_tf32(True) if self.plan.tf32 else None
+        prev_cudnn = apply_cudnn_benchmark(True) if self.plan.cudnn_benchmark else None
         t0 = time.perf_counter()
         try:
             for i in range(warmup + steps):
@@ -227,6 +232,8 @@ class FastLoop:
         finally:
             if prev_tf32 is not None:
                 restore_tf32(prev_tf32)
+            if prev_cudnn is not None:
+                apply_cudnn_benchmark(prev_cudnn)
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
         if self._skipped_dev is not None:

@@ -32,7 +32,7 @@ RECIPES: dict[str, str] = {
 }
 
 # recipe-level speedups a recipe's default ladder adds to the generic ones
-RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["dali"]}
+RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["cudnn_benchmark", "dali"]}
 
 
 def load_target(spec: str) -> Callable[..., Any]:

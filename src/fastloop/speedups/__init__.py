@@ -5,6 +5,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     channels_last,
     compile,
     cuda_graph,
+    cudnn_benchmark,
     dali,
     fused_optimizer,
     pin_memory,
@@ -13,6 +14,15 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     tf32,
     workers,
 )
-from fastloop.speedups.base import REGISTRY, Context, Record, Speedup, StepPlan, register, resolve, speedup_names
+from fastloop.speedups.base import (
+    REGISTRY,
+    Context,
+    Record,
+    Speedup,
+    StepPlan,
+    register,
+    resolve,
+    speedup_names,
+)
 
 __all__ = ["REGISTRY", "Context", "Record", "Speedup", "StepPlan", "register", "resolve", "speedup_names"]

@@ -92,6 +92,8 @@ class StepPlan:
     """Capture forward + backward + optimizer step as one CUDA graph."""
     tf32: bool = False
     """Allow TF32 matmuls/convolutions while the loop trains (restored afterwards)."""
+    cudnn_benchmark: bool = False
+    """Let cuDNN benchmark convolution algorithms while the loop trains (restored afterwards)."""
 
 
 class Speedup:

@@ -9,6 +9,12 @@ Card:
 Changes the data pipeline. Applies to loaders that offer a DALI equivalent (the imagenet
 recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason.
 Without a GPU the same DALI pipeline runs on the CPU.
+
+Ladder position: last, after the model speedups, because that is where the data bottleneck
+shows: once bf16, channels_last and compile make the step fast, the CPU JPEG pipeline is the
+limit again, and this rung says what moving decoding to the GPU buys. DALI replaces the whole
+torchvision loader, so ``workers``, ``pin_memory`` and ``prefetch`` stop acting once it applies
+(DALI reads with its own threads and keeps batches queued on the GPU).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ class Dali(Speedup):
     __doc__ = __doc__
     name = "dali"
     changes = "data"
-    order = 13
+    order = 65
 
     def why_not(self, ctx: Context) -> str | None:
         try:
@@ -39,4 +45,5 @@ class Dali(Speedup):
         if make is None:
             ctx.record(self.name, "skipped", "the target's loader offers no DALI pipeline (the imagenet recipe's does)")
             return loader
+        ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)")
         return make()

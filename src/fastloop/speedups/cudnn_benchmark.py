@@ -1,0 +1,53 @@
+"""``cudnn_benchmark``: let cuDNN time its convolution algorithms and keep the fastest.
+
+Card:
+- Helps: convolutional networks with fixed input shapes; cuDNN's heuristic choice is not
+  always the fastest algorithm for a given layer, shape, dtype and memory format.
+- Hurts: inputs whose shapes change often (every new shape is benchmarked again; the last
+  short batch of an epoch costs one extra round); results are not bitwise reproducible
+  across runs, since the chosen algorithm may differ.
+- Costs: a few hundred milliseconds of benchmarking on the first step of each shape
+  (counted in warm-up, not in step statistics).
+Changes the train step (``torch.backends.cudnn.benchmark``, restored afterwards); the same
+switch as Lightning's ``Trainer(benchmark=True)``. Models without convolutions are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastloop.speedups.base import Context, Speedup, StepPlan, register
+
+__all__ = ["CudnnBenchmark", "apply_cudnn_benchmark", "has_conv"]
+
+
+def has_conv(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def apply_cudnn_benchmark(enabled: bool = True) -> bool:
+    """Set ``torch.backends.cudnn.benchmark``; returns the previous value for restoring.
+
+    >>> prev = apply_cudnn_benchmark(True)
+    >>> torch.backends.cudnn.benchmark
+    True
+    >>> _ = apply_cudnn_benchmark(prev)
+    """
+    prev = bool(torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = enabled
+    return prev
+
+
+@register
+class CudnnBenchmark(Speedup):
+    __doc__ = __doc__
+    name = "cudnn_benchmark"
+    changes = "step"
+    order = 21
+    needs_cuda = True
+
+    def why_not(self, ctx: Context) -> str | None:
+        return None if ctx.cuda else "no CUDA"
+
+    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
+        plan.cudnn_benchmark = True
