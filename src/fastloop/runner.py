@@ -76,6 +76,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "speedups": [r.to_dict() for r in records],
         "steps": stats.steps,
         "warmup_steps": stats.warmup_steps,
+        "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,

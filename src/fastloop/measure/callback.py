@@ -3,6 +3,13 @@
 Data wait is the time between the end of one ``on_train_batch_end`` and the next
 ``on_train_batch_start``: Lightning fetches the batch and moves it to the device in between.
 Losses are kept on the device and read once at the end (no per-step ``.item()``).
+
+A loader with worker processes fills ``num_workers x prefetch_factor`` batches while the first
+steps run (and while ``torch.compile`` compiles); timing from there would report the buffer,
+not the loader. So the warm-up is extended by twice that many steps (``drain=True``): the
+buffer drains in ``B / (1 - r)`` steps when the loader delivers a fraction ``r`` of what the
+step consumes, so 2B covers loaders down to half the model's pace; the runner's steadiness
+warning flags the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +23,19 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.data import first_tensor
 from fastloop.measure.timer import StepStats, StepTimer
 
-__all__ = ["MeasureCallback"]
+__all__ = ["MeasureCallback", "prefetch_buffer"]
+
+
+def prefetch_buffer(loader: Any) -> int:
+    """Batches a worker-backed DataLoader can hold ready (``num_workers x prefetch_factor``);
+    0 for loaders without workers. Wrappers that keep the loader as ``.loader`` are looked into."""
+    from torch.utils.data import DataLoader
+
+    for _ in range(4):
+        if isinstance(loader, DataLoader):
+            return loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers > 0 else 0
+        loader = getattr(loader, "loader", None)
+    return 0
 
 
 class MeasureCallback(Callback):
@@ -28,10 +47,13 @@ class MeasureCallback(Callback):
             module does not define ``flops_per_batch(batch)``.
     """
 
-    def __init__(self, warmup: int = 5, count_flops: bool = True) -> None:
+    def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = warmup
+        self.drain = drain
+        self.drain_steps = 0
+        """Warm-up steps added to drain the loader's prefetch buffer (0 without workers)."""
         self.count_flops = count_flops
         self.timer: StepTimer | None = None
         self.losses: list[torch.Tensor] = []
@@ -45,6 +67,11 @@ class MeasureCallback(Callback):
         self._pending_fetch = False
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.drain and not self.drain_steps:
+            self.drain_steps = 2 * prefetch_buffer(trainer.train_dataloader)
+            if self.drain_steps and trainer.fit_loop.epoch_loop.max_steps > 0:
+                self.warmup += self.drain_steps
+                trainer.fit_loop.epoch_loop.max_steps += self.drain_steps
         self.timer = StepTimer(trainer.strategy.root_device, warmup=self.warmup)
         if self.timer.cuda:
             torch.cuda.reset_peak_memory_stats(self.timer.device)

@@ -31,7 +31,7 @@ def default_num_workers() -> int:
     return max(1, min(16, n - 1))
 
 
-def apply_workers(loader: DataLoader, num_workers: int | None = None, prefetch_factor: int = 4) -> DataLoader:
+def apply_workers(loader: DataLoader, num_workers: int | None = None, prefetch_factor: int = 2) -> DataLoader:
     """The same loader with ``num_workers`` workers (default: from the CPU count), persistent."""
     n = default_num_workers() if num_workers is None else num_workers
     if n < 1:
