@@ -129,3 +129,13 @@ def test_dali_cpu_pipeline_options(small):
         DaliLoader(files, labels, 4, dtype=torch.bfloat16)
     with pytest.raises(FastloopError, match="fraction in"):
         DaliLoader(files, labels, 4, hw_decoder_load=1.5)
+
+
+def test_hw_decoder_share_defaults_by_gpu(monkeypatch):
+    from recipes.imagenet.data import default_hw_decoder_load
+
+    assert default_hw_decoder_load(None) == 0.65  # CPU pipeline: no hardware decoder
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cap, want in (((9, 0), 0.99), ((8, 0), 0.65), ((10, 0), 0.65)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=cap: c)
+        assert default_hw_decoder_load(0) == want, cap
