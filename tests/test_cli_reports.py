@@ -146,3 +146,17 @@ def _screenshot(page, png):
     rgb = img[..., :3]
     colourful = ((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.3).mean()
     assert colourful > 0.01, colourful
+
+
+def test_data_bound_recommendation_names_the_next_fix():
+    from fastloop.doctor import diagnose
+
+    def cfg(*names):
+        return {"data_wait_frac": 0.5, "step_s": {"median": 0.05},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names]}
+
+    assert diagnose(cfg())["recommendation"].startswith("workers, pin_memory, prefetch")
+    assert diagnose(cfg("workers"))["recommendation"].startswith("pin_memory, prefetch")
+    rec = diagnose(cfg("workers", "pin_memory", "prefetch", "bf16"))["recommendation"]
+    assert "at its limit" in rec and "dali" in rec
+    assert diagnose(cfg("dali", "bf16"))["recommendation"].startswith("DALI itself is the limit")

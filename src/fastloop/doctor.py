@@ -93,6 +93,19 @@ def machine_ceilings(quick: bool = False) -> dict:
     return out
 
 
+def _data_fix(applied: set[str]) -> str:
+    """The next data-pipeline fix, given what is already applied."""
+    if "dali" in applied:
+        return ("DALI itself is the limit: give it more CPU threads (FASTLOOP_IMAGENET_DALI=num_threads=N), "
+                "a larger hardware-decoder share (hw_decoder_load), or a deeper prefetch queue; or lighter augmentation.")
+    todo = [n for n in ("workers", "pin_memory", "prefetch") if n not in applied]
+    if todo:
+        return (f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); "
+                "for JPEG data, decode on the GPU (dali).")
+    return ("the CPU pipeline is at its limit with workers, pinned memory and prefetch: decode on the GPU "
+            "(dali, for JPEG data), cache decoded data, or make per-sample work cheaper.")
+
+
 def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     """Name the bottleneck of a measured configuration and the next fix to try."""
     wait = cfg.get("data_wait_frac") or 0.0
@@ -100,10 +113,11 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     mem = cfg.get("peak_mem_bytes")
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     mfu = cfg.get("mfu")
+    applied = {x["name"] for x in cfg.get("speedups", []) if x.get("status") == "applied"}
     if wait >= 0.2:
         return {"bottleneck": "data-bound",
                 "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time.",
-                "recommendation": "more loader workers (workers), pinned memory + prefetch; decode on the GPU (DALI) for JPEGs."}
+                "recommendation": _data_fix(applied)}
     if mem and total and mem > 0.9 * total:
         return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
                 "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}
@@ -111,7 +125,6 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
                 "recommendation": "cuda_graph (whole-step capture) or compile; a larger batch."}
-    applied = {x["name"] for x in cfg.get("speedups", []) if x.get("status") == "applied"}
     if torch.cuda.is_available() and not applied & {"tf32", "bf16", "fp16"}:
         return {"bottleneck": "compute-bound (fp32)",
                 "evidence": f"data wait {100 * wait:.0f}%; matmuls run in plain fp32, the slowest path on this GPU.",
