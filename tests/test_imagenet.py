@@ -139,3 +139,11 @@ def test_hw_decoder_share_defaults_by_gpu(monkeypatch):
     for cap, want in (((9, 0), 0.99), ((8, 0), 0.65), ((10, 0), 0.65)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=cap: c)
         assert default_hw_decoder_load(0) == want, cap
+
+
+def test_flops_per_batch_counts_resnet50_and_scales_with_batch_and_size():
+    m = ImageClassifier("resnet50", num_classes=1000)
+    per_image = m.flops_per_batch((torch.zeros(1, 3, 224, 224), None)) / 3
+    assert abs(per_image - 2 * 4.09e9) / (2 * 4.09e9) < 0.02  # ResNet-50: 4.09 GMACs forward at 224 px
+    assert m.flops_per_batch((torch.zeros(8, 3, 224, 224), None)) == 8 * 3 * per_image
+    assert m.flops_per_batch((torch.zeros(1, 3, 112, 112), None)) / 3 < per_image / 3.5  # ~1/4 the pixels
