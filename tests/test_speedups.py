@@ -205,3 +205,15 @@ def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch
     assert skipped >= 1
     assert stats["fp16_scheduler_steps_held"] == skipped
     assert len(calls) - 1 == 12 - skipped  # LambdaLR calls once at construction
+
+
+def test_default_ladders_per_recipe_and_device():
+    from fastloop.ladder import DEFAULT_RUNGS, default_rungs
+    from fastloop.targets import RECIPE_RUNGS
+
+    cpu = default_rungs("cpu", "imagenet")
+    assert cpu[-1] == "dali" and "cudnn_benchmark" not in cpu and "pin_memory" not in cpu  # CUDA-only left out
+    assert "dali" not in default_rungs("cpu", "gpt") and "cudnn_benchmark" not in default_rungs("cpu", "gpt")
+    full = [s.name for s in resolve(DEFAULT_RUNGS + RECIPE_RUNGS["imagenet"])]  # what a GPU machine runs
+    assert full[-1] == "dali" and full[:3] == ["workers", "pin_memory", "prefetch"]
+    assert full.index("tf32") < full.index("cudnn_benchmark") < full.index("bf16") < full.index("compile")
