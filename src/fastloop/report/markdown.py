@@ -25,6 +25,13 @@ def render_markdown(doc: dict) -> str:
             cells += [r["vs_prev"], r["vs_base"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    configs = {"ladder": lambda: [(r.get("rung"), r) for r in doc.get("rungs", [])],
+               "ab": lambda: [("A", doc.get("a") or {}), ("B", doc.get("b") or {})]}.get(doc.get("kind"), lambda: [("run", doc)])()
+    steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
+    if steps:
+        lines.append("Measured " + "; ".join(f"{n} steps after {w} warm-up" for n, w in steps) + "."
+                     + "".join(f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
+                               for name, c in configs if c.get("warmup_drain_steps")))
     lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); ratio = before / after with a 95% bootstrap CI over repeats and steps; (n.s.) = not significant.")
     if doc.get("kind") == "ab":
         lines += ["", f"**Verdict:** {doc['verdict']}"]
