@@ -160,3 +160,13 @@ def test_data_bound_recommendation_names_the_next_fix():
     rec = diagnose(cfg("workers", "pin_memory", "prefetch", "bf16"))["recommendation"]
     assert "at its limit" in rec and "dali" in rec
     assert diagnose(cfg("dali", "bf16"))["recommendation"].startswith("DALI itself is the limit")
+
+
+def test_markdown_says_how_much_warmup_drained_the_loader():
+    from fastloop.report.markdown import render_markdown
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=4, warmup=1, device="cpu")
+    text = render_markdown(doc)
+    assert "Measured 4 steps after 9 warm-up." in text
+    assert "run: 8 of its warm-up steps drained the loader's prefetch buffer." in text
