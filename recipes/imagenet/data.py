@@ -125,7 +125,7 @@ class DaliLoader:
         hw_decoder_load: share of JPEGs for the hardware decoder (NVJPG); default
             :func:`default_hw_decoder_load` (0.99 on Hopper, DALI's 0.65 elsewhere).
         prefetch_queue_depth: batches DALI prepares ahead.
-        gpu_labels: hand out labels on the GPU (a pageable host->device copy per step otherwise).
+        gpu_labels: hand out labels on the GPU (otherwise on the CPU, copied by the training step).
         affine: pin DALI's decoder threads to CPU cores.
     """
 
@@ -170,8 +170,8 @@ class DaliLoader:
                 mirror = 0
             images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=(crop, crop),
                                               mean=[255 * m for m in MEAN], std=[255 * s for s in STD], mirror=mirror)
-            # labels on the GPU too: a pageable host->device copy of CPU labels would make the
-            # host wait for the GPU to drain every step (cudaMemcpy from pageable memory syncs)
+            # labels on the GPU too, so no step copies from pageable host memory (on our H200
+            # this made no measurable difference to throughput; see benchmarks/RESULTS.md)
             return images, (lab.gpu() if gpu and gpu_labels else lab)
 
         self.pipe = pipe(batch_size=batch_size, num_threads=num_threads or min(8, os.cpu_count() or 1),

@@ -8,8 +8,8 @@ A loader with worker processes fills ``num_workers x prefetch_factor`` batches w
 steps run (and while ``torch.compile`` compiles); timing from there would report the buffer,
 not the loader. So the warm-up is extended by twice that many steps (``drain=True``): the
 buffer drains in ``B / (1 - r)`` steps when the loader delivers a fraction ``r`` of what the
-step consumes, so 2B covers loaders down to half the model's pace; the runner's steadiness
-warning flags the rest.
+step consumes, so 2B suffices while the loader delivers at most half of that; one that nearly
+keeps up drains more slowly, and the runner's steadiness warning flags what is left.
 """
 
 from __future__ import annotations

@@ -25,8 +25,12 @@ def render_markdown(doc: dict) -> str:
             cells += [r["vs_prev"], r["vs_base"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    configs = {"ladder": lambda: [(r.get("rung"), r) for r in doc.get("rungs", [])],
-               "ab": lambda: [("A", doc.get("a") or {}), ("B", doc.get("b") or {})]}.get(doc.get("kind"), lambda: [("run", doc)])()
+    if ladder:
+        configs = [(r.get("rung"), r) for r in doc.get("rungs", [])]
+    elif doc.get("kind") == "ab":
+        configs = [("A", doc.get("a") or {}), ("B", doc.get("b") or {})]
+    else:
+        configs = [("run", doc)]
     steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
     if steps:
         lines.append("Measured " + "; ".join(f"{n} steps after {w} warm-up" for n, w in steps) + "."
