@@ -44,13 +44,12 @@ def test_run_writes_the_contract(tmp_path):
     (["run", "tests/targets.py"], "malformed target"),
     (["run", "missing.py:make"], "target file not found"),
     (["run", "tests/targets.py:nope"], "has no function 'nope'"),
-    (["run", "tests/targets.py:raises"], "raised RuntimeError: dataset folder /data/x is empty"),
     (["run", "tests/targets.py:wrong_type"], "must return (LightningModule"),
     (["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,,x"], "malformed speedup list"),
     (["run", "tests/targets.py:tiny_mlp", "--speedups", "turbo"], "unknown speedup 'turbo'"),
-    (["run", "tests/targets.py:tiny_mlp", "--steps", "-3"], "--steps must be >= 1"),
-    (["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "bf16", "--repeats", "0"], "--repeats must be >= 1"),
-    (["doctor", "--json", "/nonexistent/dir/x.json"], "cannot write there"),
+    (["run", "tests/targets.py:tiny_mlp", "--steps", "-3"], "--steps must be an integer from 1"),
+    (["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "bf16", "--repeats", "0"], "--repeats must be an integer from 1"),
+    (["doctor", "--json", "/nonexistent/dir/x.json"], "does not exist"),
     (["doctor", "--device", "cuda"], "no CUDA device"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, msg, capsys):
@@ -99,25 +98,26 @@ def test_a_vs_a_not_significant(tmp_path):
     _check_config(doc["b"])
 
 
-def test_ladder_data_bound_workers_ci_contains_true_ratio(tmp_path):
-    """Each batch costs 16 x 3 ms of 'decoding'; 4 workers deliver 4x as many batches/s, so the
-    true speedup is baseline / (48 ms / 4): compute is far below 12 ms, so workers are the limit."""
-    from fastloop.doctor import diagnose
+def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
+    """Each batch costs 16 x 3 ms of sleeping 'decoding' against a sub-millisecond step: 4 loader
+    workers overlap that sleep even on 2 busy cores. The expectation comes from this run's own
+    measurement (no assumed core count): the workers rung is kept, significant and faster, the
+    final selected rung is measured against the baseline, and the callbacks line names it."""
     from fastloop.ladder import run_ladder
 
     target = "tests/targets.py:sleepy_3ms"
-    doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, repeats=2, device="cpu")
-    base, workers, prefetch = doc["rungs"]
-    assert diagnose(base)["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.6
-    true_ratio = base["step_s"]["mean"] / (16 * 0.003 / 4)
-    v = workers["speedup_vs_baseline"]
-    assert v["significant"] and v["ci_low"] <= true_ratio <= v["ci_high"], (v, true_ratio)
+    doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, max_repeats=3, device="cpu")
+    base, workers, prefetch, final = doc["rungs"]
+    assert base["bottleneck"]["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.6
+    v = workers["speedup_vs_prev"]
+    assert v["significant"] and v["ratio"] > 1.5 and v["ci_low"] <= v["ratio"] <= v["ci_high"], v
     assert prefetch["rung_status"] == "skipped" and prefetch["rung_reason"] == "no CUDA"
-    assert doc["helpful"] == ["workers:4"]
-    # every rung carries the measured-configuration contract
-    for r in doc["rungs"]:
+    assert "speedup_vs_prev" not in prefetch and "step_s" not in prefetch  # not measured, no ratio
+    assert doc["selected"] == ["workers:4"] and final["spec"] == "workers:4"
+    assert final["speedup_vs_baseline"]["significant"]
+    assert 'callbacks("workers:4")' in doc["callbacks_line"]
+    for r in (base, workers, final):
         _check_config(r)
-        assert set(r["speedup_vs_prev"] or {"ratio": 1, "ci_low": 1, "ci_high": 1, "significant": 0}) >= {"ratio", "ci_low", "ci_high", "significant"}
     # markdown agrees with the JSON
     from fastloop.report import write_reports
 

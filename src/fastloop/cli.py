@@ -1,6 +1,9 @@
 """The ``fastloop`` command: run, ladder, ab, batch-size, doctor.
 
-Exit status 0 on success, 2 on bad input with a one-line reason (never a traceback).
+Exit status: 0 on success; 2 on bad input to fastloop, with one line saying what was wrong and
+what is accepted; 1 when the user's own code raised (their frames only, and a last line naming
+their function); 130 on Ctrl-C, with the finished configurations written. Arguments and output
+paths are checked before torch is imported.
 
 Example:
     $ fastloop doctor --json ceilings.json
@@ -10,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -25,16 +27,37 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(name: str, allow_zero: bool = False):
+def _positive(name: str, allow_zero: bool = False, most: int = 1_000_000):
     def conv(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if v < 0 or (v == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}, got {v}")
+        low = 0 if allow_zero else 1
+        if not low <= v <= most:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer from {low} to {most:,}, got {v}")
         return v
     return conv
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--margin must be a number in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"--margin must be a number in (0, 1], got {text}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget must be seconds (a number > 0), got {text!r}") from None
+    if not 0 < v < 1e6:
+        raise argparse.ArgumentTypeError(f"--budget must be seconds between 0 and 1e6, got {text}")
+    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
         sp.add_argument("--steps", type=_positive("--steps"), default=default_steps, help="measured steps")
-        sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True), default=5,
+        sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
                         help="steps before measuring (compile and capture happen here)")
 
     sp = sub.add_parser("run", help="measure one configuration")
@@ -60,15 +83,21 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
     sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
-    sp.add_argument("--repeats", type=_positive("--repeats"), default=2)
-    sp.add_argument("--keep-helpful", action="store_true", help="end with the speedups that helped and the callbacks line")
+    sp.add_argument("--max-repeats", type=_positive("--max-repeats", most=100), default=5,
+                    help="most runs a side per comparison (3 first; more only while the answer is unclear)")
+    sp.add_argument("--budget", type=_seconds, default=None,
+                    help="seconds: stop adding runs to a comparison once the ladder has run this long")
+    sp.add_argument("--cumulative", action="store_true",
+                    help="add every rung on top of all before it (the story), instead of selecting")
+    sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
     steps(sp)
     common(sp)
     sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
     sp.add_argument("target")
     sp.add_argument("--a", required=True)
     sp.add_argument("--b", required=True)
-    sp.add_argument("--repeats", type=_positive("--repeats"), default=3)
+    sp.add_argument("--repeats", type=_positive("--repeats", most=1000), default=5,
+                    help="runs a side, interleaved (fewer than 3: too few runs to tell)")
     steps(sp)
     common(sp)
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
@@ -76,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--speedups", default="none")
     sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
     sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
-    sp.add_argument("--margin", type=float, default=0.9, help="use at most this fraction of the largest fitting size")
+    sp.add_argument("--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size")
     common(sp)
     sp = sub.add_parser("doctor", help="machine ceilings; with a target, its bottleneck")
     sp.add_argument("target", nargs="?")
@@ -86,20 +115,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """Files this run reads: the target's file (a report must never land on it)."""
+    target = getattr(args, "target", None) or ""
+    where = target.rsplit(":", 1)[0]
+    return [where] if where.endswith(".py") else []
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
-    if args.json:
-        parent = Path(args.json).resolve().parent
-        if Path(args.json).is_dir():
-            raise FastloopError(f"--json {args.json} is a directory; give a file path")
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise FastloopError(f"--json {args.json}: cannot write there (folder missing or not writable)")
-    if args.out:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise FastloopError(f"--out {args.out} is a file; give a directory")
-        probe = out if out.exists() else next((p for p in out.resolve().parents if p.exists()), Path("/"))
-        if not os.access(probe, os.W_OK):
-            raise FastloopError(f"--out {args.out}: cannot write there")
+    from fastloop.report.files import check_json_path, check_out_dir
+
+    if args.json is not None:
+        check_json_path(args.json, _inputs(args))
+    if args.out is not None:
+        check_out_dir(args.out, _inputs(args))
+    if args.json is not None and args.out is not None and Path(args.json).resolve().parent == Path(args.out).resolve():
+        raise FastloopError("--json must not point into the --out folder (it already gets report.json)")
 
 
 def _stamp(doc: dict, args: argparse.Namespace, device: str) -> dict:
@@ -131,26 +162,29 @@ def _dispatch(args: argparse.Namespace) -> dict:
                                                          warmup=args.warmup, device=device)}, args, device)
     if args.cmd in ("ladder", "ab"):
         prog, update = _progress(args)
+        from fastloop.report import write_reports
+
+        def partial(doc: dict) -> None:  # every finished run lands in the reports at once
+            write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json)
+
         try:
             if prog:
                 prog.start()
             if args.cmd == "ladder":
-                from fastloop.doctor import diagnose
                 from fastloop.ladder import run_ladder
                 from fastloop.speedups.base import resolve
 
                 rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
-                doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                                 device=device, progress=update)
-                doc["diagnosis"] = diagnose(doc["rungs"][0])
-                if not args.keep_helpful:
-                    doc.pop("callbacks_line")
-                    doc.pop("helpful")
+                doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
+                                 budget=args.budget, mode="cumulative" if args.cumulative else "select",
+                                 device=device, progress=update, on_update=partial)
+                if doc["rungs"]:
+                    doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
             else:
                 from fastloop.ab import run_ab
 
                 doc = run_ab(args.target, args.a, args.b, repeats=args.repeats, steps=args.steps,
-                             warmup=args.warmup, device=device, progress=update)
+                             warmup=args.warmup, device=device, progress=update, on_update=partial)
         finally:
             if prog:
                 prog.stop()
@@ -216,7 +250,13 @@ def _print(doc: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
+    try:
+        args = _parser().parse_args(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("fastloop: interrupted\n")
+        return 130
+    doc: dict | None = None
     try:
         _check_outputs(args)
         doc = _dispatch(args)
@@ -228,6 +268,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("fastloop: interrupted\n")
+        return 130
+    except SystemExit as err:  # the user's code called sys.exit while fastloop was running it
+        sys.stderr.write(f"fastloop: error in your code: it called sys.exit({err.code}) during the run; "
+                         f"nothing was reported\n")
+        return 1
+    except Exception as err:  # the user's code raised (or, with no frame of theirs, fastloop did)
+        from fastloop.errors import format_user_error
+
+        sys.stderr.write(format_user_error(err))
+        return 1
+    if doc.get("interrupted"):
+        sys.stderr.write("fastloop: interrupted; the finished configurations are in the report\n")
         return 130
     if not args.quiet:
         _print(doc)

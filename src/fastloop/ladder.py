@@ -1,8 +1,18 @@
-"""The ladder: the baseline, then speedups added one at a time, each rung measured.
+"""The ladder: find the fastest *measured* configuration for a model it has never seen.
 
-Each rung runs in a fresh process (by default) and is repeated ``repeats`` times, rung order
-interleaved per repeat so slow drift hits every rung alike. Speedup vs the previous rung and vs
-the baseline come with bootstrap CIs over repeats and steps.
+Selection (the default): each candidate is tried on top of the best configuration so far, the
+two measured interleaved in fresh processes; the candidate is kept only when it is
+significantly faster (the run-level CI lies above 1), otherwise dropped, and the next one
+starts from the previous best. The last rung measures the selected set against the baseline
+again, interleaved, and the callbacks line names exactly that measured set.
+
+Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
+
+Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
+clear, and otherwise adds runs up to ``max_repeats`` while the time ``budget`` allows. Each
+look uses a stricter interval (Bonferroni over the looks) so that looking twice does not
+raise the false-positive rate. Rungs that cannot apply here are not measured and show no
+ratio; neither does one whose speedup skipped itself inside its process.
 
 Example:
     >>> default_rungs("cpu")[:3]
@@ -11,17 +21,21 @@ Example:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 
-from fastloop.measure.stats import bootstrap_ratio_ci, summarize
+from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, merge_runs
+from fastloop.doctor import diagnose
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, resolve
 
-__all__ = ["DEFAULT_RUNGS", "default_rungs", "helpful_speedups", "run_ladder"]
+__all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder"]
 
 DEFAULT_RUNGS = ["workers", "pin_memory", "prefetch", "tf32", "bf16", "fused_optimizer", "channels_last",
                  "compile", "cuda_graph"]
+MIN_REPEATS = 3
 
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
@@ -33,71 +47,251 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
-def _ratio(a: dict, b: dict) -> dict:
-    # mean step time = 1 / throughput: the honest basis for "how much faster" (see stats)
-    return bootstrap_ratio_ci([], [], groups_a=a["_groups"], groups_b=b["_groups"], statistic="mean").to_dict()
+def _own_record(doc: dict, spec: str) -> dict | None:
+    name = spec.split(":")[0]
+    return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
 
 
-def helpful_speedups(doc: dict) -> list[str]:
-    """Speedups whose rung was applied and significantly faster than the rung before."""
-    out = []
-    for r in doc["rungs"][1:]:
-        v = r.get("speedup_vs_prev")
-        if r.get("rung_status") == "applied" and v and v["significant"] and v["ratio"] > 1:
-            out.append(r["rung"].lstrip("+"))
-    return out
+def _join(specs: list[str]) -> str:
+    return ",".join(specs) or "none"
 
 
-def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5, repeats: int = 2,
-               device: str = "cpu", measure: Callable[..., dict] | None = None,
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Measure baseline + cumulative rungs; returns the ladder document (without env stamp)."""
+def _breakdown(doc: dict) -> dict:
+    """Where a rung's mean step goes: waiting for data, and the rest (host + GPU work)."""
+    mean = (doc.get("step_s") or {}).get("mean")
+    wait = doc.get("data_wait_frac")
+    if not mean or wait is None:
+        return {}
+    return {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait),
+            "data_wait_frac": wait}
+
+
+def _feed_line(doc: dict) -> str:
+    """The loader's rate against the step's demand, from one rung's measurement."""
+    mean = (doc.get("step_s") or {}).get("mean")
+    wait = doc.get("data_wait_frac") or 0.0
+    items = doc.get("items_per_step")
+    if not (mean and items):
+        return ""
+    demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
+    return f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
+
+
+class _Ladder:
+    def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
+                 progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
+                 max_repeats: int, budget: float | None, mode: str) -> None:
+        self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
+        self.measure, self.progress, self.on_update = measure, progress, on_update
+        self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
+        self.runs: dict[str, Runs] = {}
+        self.rungs: list[dict] = []
+        self.selected: list[str] = []
+        self.final: dict | None = None
+        self.t0 = time.perf_counter()
+
+    # -- measurement -------------------------------------------------------------------------
+    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs]) -> None:
+        measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
+                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update)
+
+    def _looks(self) -> list[int]:
+        return sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
+
+    def _compare_adaptive(self, base: str, cand: str) -> tuple[dict[str, Runs], dict | None, int]:
+        """Interleaved runs of base and candidate until the answer is clear or the budget is spent."""
+        looks = self._looks()
+        confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
+        fresh: dict[str, Runs] = {}
+        self._pending = (base, cand, fresh)
+        ci = None
+        done = 0
+        for i, n in enumerate(looks):
+            self._measure([base, cand], n - done, fresh)
+            done = n
+            ci = compare(fresh[base], fresh[cand], confidence=confidence)
+            if ci is None or ci["significant"] or i == len(looks) - 1:
+                break
+            if ci["ci_high"] is not None and ci["ci_high"] < 1.0:  # clearly slower: no point measuring more
+                break
+            if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
+                break
+        self._pending = None
+        return fresh, ci, done
+
+    # -- documents -----------------------------------------------------------------------------
+    def _rung_doc(self, label: str, spec: str, runs: Runs | None, status: str, reason: str) -> dict:
+        doc = merge_runs(runs) if runs is not None else {"speedups": [], "repeats": 0}
+        doc.update(rung=label, spec=spec, rung_status=status, rung_reason=reason)
+        if runs is not None and runs.docs:
+            doc["bottleneck"] = diagnose(doc)
+            doc["breakdown"] = _breakdown(doc)
+            feed = _feed_line(doc)
+            if feed:
+                doc["feed"] = feed
+        doc.pop("step_s_all", None)
+        doc.pop("wait_s_all", None)
+        return doc
+
+    def document(self) -> dict:
+        rungs = [dict(r) for r in self.rungs]
+        if self.final is not None:
+            rungs.append(self.final)
+        out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
+               "selected_spec": _join(self.selected), "wall_s": time.perf_counter() - self.t0,
+               "max_repeats": self.max_repeats, "budget_s": self.budget,
+               "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
+                         f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
+                         "confidence (Bonferroni over the looks)"}
+        out["helpful"] = list(self.selected)
+        measured = self.final is not None and self.final.get("rung_status") == "applied"
+        if self.selected and measured:
+            out["callbacks_line"] = f'Trainer(..., callbacks=fastloop.lightning.callbacks("{_join(self.selected)}"))'
+            out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{_join(self.selected)}")'
+        elif self.selected:
+            out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
+        else:
+            out["callbacks_line"] = "# no speedup helped measurably on this model and machine"
+        out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
+        return out
+
+    def _update(self) -> None:
+        if self.on_update:
+            self.on_update(self.document())
+
+    # -- the two modes ----------------------------------------------------------------------------
+    def _baseline(self, runs: Runs) -> None:
+        if not runs.docs:
+            raise _baseline_failed(runs)
+        if not any(r["rung"] == "baseline" for r in self.rungs):
+            self.rungs.insert(0, self._rung_doc("baseline", "none", runs, "applied", ""))
+            self.base_runs = runs
+
+    def run(self, candidates: list) -> dict:
+        ctx = Context(torch.device(self.device))
+        self.base_runs: Runs | None = None
+        prev_bottleneck: str | None = None
+        last_kept: tuple[dict[str, Runs], str] | None = None
+        for s in candidates:
+            label = f"+{s.spec}"
+            reason = s.why_not(ctx)
+            if reason:
+                self.rungs.append(self._rung_doc(label, _join(self.selected + [s.spec]), None, "skipped", reason))
+                self._update()
+                continue
+            base_spec = _join(self.selected)
+            cand_spec = _join(self.selected + [s.spec])
+            fresh, ci, n = self._compare_adaptive(base_spec, cand_spec)
+            if self.base_runs is None:
+                self._baseline(fresh["none"])
+                prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
+            cand = fresh[cand_spec]
+            if not cand.docs:
+                self.rungs.append(self._rung_doc(label, cand_spec, cand, "failed", cand.failures[-1]))
+                self._update()
+                continue
+            own = _own_record(cand.docs[-1], s.spec)
+            doc = self._rung_doc(label, cand_spec, cand, "applied", "")
+            doc["vs_spec"] = base_spec
+            doc["runs_per_side"] = n
+            if own and own["status"] != "applied":
+                doc["rung_status"], doc["rung_reason"] = own["status"], own["reason"]
+                doc["speedup_vs_prev"] = None
+                doc["decision"] = f"dropped: {own['status']} inside its process ({own['reason']})"
+                self.rungs.append(doc)
+                self._update()
+                continue
+            doc["speedup_vs_prev"] = ci
+            keep = self.mode == "cumulative" or bool(ci and ci["significant"] and ci["ratio"] > 1)
+            if self.mode == "cumulative":
+                doc["decision"] = "kept (cumulative ladder)"
+            elif keep:
+                doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}"
+            else:
+                doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
+            if keep:
+                self.selected.append(s.spec)
+                last_kept = (fresh, base_spec)
+                now = doc.get("bottleneck", {}).get("bottleneck")
+                if now and now != prev_bottleneck:
+                    feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
+                    doc["bottleneck_moved"] = (f"after {s.spec}: {now}: {doc['bottleneck']['evidence']}{feed} "
+                                               f"next: {doc['bottleneck']['recommendation']}")
+                    prev_bottleneck = now
+            self.rungs.append(doc)
+            self._update()
+        if self.base_runs is None:  # nothing could be measured on top of it: the baseline alone
+            fresh = {}
+            self._measure(["none"], MIN_REPEATS, fresh)
+            self._baseline(fresh["none"])
+        if len(self.selected) == 1 and last_kept is not None and last_kept[1] == "none":
+            # the one kept speedup was already measured against the baseline, interleaved
+            fresh, _ = last_kept
+            self._final_from(fresh)
+        else:
+            self._final()
+        return self.document()
+
+    def _final_from(self, fresh: dict[str, Runs]) -> None:
+        spec = _join(self.selected)
+        runs = fresh[spec]
+        self.final = self._rung_doc("selected: " + spec, spec, runs, "applied", "")
+        self.final["speedup_vs_baseline"] = compare(fresh["none"], runs)
+        self.final["final"] = True
+
+    def _final(self) -> None:
+        spec = _join(self.selected)
+        label = "selected: " + spec
+        if not self.selected:
+            assert self.base_runs is not None
+            self.final = self._rung_doc(label, "none", self.base_runs, "applied", "nothing was kept: the baseline")
+            self.final["speedup_vs_baseline"] = None
+            self.final["final"] = True
+            return
+        fresh: dict[str, Runs] = {}
+        self._measure(["none", spec], max(MIN_REPEATS, self.max_repeats), fresh)
+        runs = fresh[spec]
+        status = "applied" if runs.docs else "failed"
+        self.final = self._rung_doc(label, spec, runs, status, runs.failures[-1] if runs.failures else "")
+        self.final["speedup_vs_baseline"] = compare(fresh["none"], runs)
+        self.final["final"] = True
+
+
+def _baseline_failed(runs: Runs) -> Exception:
+    from fastloop.errors import UserCodeError
+    from fastloop.subproc import ConfigurationFailed
+
+    rc = runs.returncodes[-1] if runs.returncodes else None
+    message = runs.failures[-1] if runs.failures else "the baseline did not run"
+    if rc == 2:
+        return FastloopError(message.split("failed in its process: ", 1)[-1])
+    if rc == 1:
+        return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
+                             f"{runs.details[-1].strip() if runs.details else message}")
+    return ConfigurationFailed(message, rc)
+
+
+def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
+               max_repeats: int = 5, budget: float | None = None, mode: str = "select", device: str = "cpu",
+               measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
+               on_update: Callable[[dict], None] | None = None) -> dict:
+    """Run the ladder; returns its document (without the env stamp).
+
+    ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
+    document of what finished is returned with ``"interrupted": True``.
+    """
     from fastloop.subproc import run_in_subprocess
 
-    measure = measure or run_in_subprocess
+    if mode not in ("select", "cumulative"):
+        raise FastloopError(f"ladder mode must be 'select' or 'cumulative', got {mode!r}")
+    if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
+        raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
     chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
-    ctx = Context(torch.device(device))
-    plan: list[tuple[str, str, str, str]] = [("baseline", "none", "applied", "")]
-    active: list[str] = []
-    for s in chosen:
-        reason = s.why_not(ctx)
-        if reason:
-            plan.append((f"+{s.spec}", ",".join(active) or "none", "skipped", reason))
-            continue
-        active.append(s.spec)
-        plan.append((f"+{s.spec}", ",".join(active), "applied", ""))
-    results: dict[str, list[dict]] = {spec: [] for _, spec, st, _ in plan if st == "applied"}
-    for rep in range(repeats):
-        for label, spec, status, _ in plan:
-            if status != "applied":
-                continue
-            if progress:
-                progress(f"repeat {rep + 1}/{repeats}: {label}")
-            results[spec].append(measure(target, spec, steps=steps, warmup=warmup, device=device))
-    rung_docs = []
-    for label, spec, status, reason in plan:
-        runs = results[spec]  # a skipped rung re-uses the measurement of the configuration it left unchanged
-        doc = dict(runs[-1])
-        doc.update(rung=label, spec=spec, rung_status=status, rung_reason=reason, repeats=len(runs))
-        doc["_groups"] = [r["step_s_all"] for r in runs]
-        steps_all = [x for r in runs for x in r["step_s_all"]]
-        doc["step_s"] = summarize(steps_all)
-        if doc["throughput"]["value"]:
-            doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["mean"], "unit": doc["throughput"]["unit"]}
-        doc["data_wait_frac"] = sum(r["data_wait_frac"] for r in runs) / len(runs)
-        doc["warnings"] = sorted({w for r in runs for w in r.get("warnings", [])})
-        # the newest speedup's own record (a rung can apply but its speedup still be skipped inside)
-        own = next((s for s in doc["speedups"] if "+" + s["name"] == label.split(":")[0]), None)
-        if own and own["status"] != "applied" and status == "applied":
-            doc["rung_status"], doc["rung_reason"] = own["status"], own["reason"]
-        rung_docs.append(doc)
-    for i, doc in enumerate(rung_docs):
-        doc["speedup_vs_prev"] = _ratio(rung_docs[i - 1], doc) if i else None
-        doc["speedup_vs_baseline"] = _ratio(rung_docs[0], doc) if i else None
-    for doc in rung_docs:
-        doc.pop("_groups")
-    out = {"kind": "ladder", "rungs": rung_docs, "repeats": repeats}
-    out["helpful"] = helpful_speedups(out)
-    out["callbacks_line"] = (f'Trainer(..., callbacks=fastloop.lightning.callbacks("{",".join(out["helpful"])}"))'
-                             if out["helpful"] else "# no speedup helped measurably on this model and machine")
-    return out
+    ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure or run_in_subprocess,
+                     progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode)
+    try:
+        return ladder.run(chosen)
+    except KeyboardInterrupt:
+        doc = ladder.document()
+        doc["interrupted"] = True
+        return doc

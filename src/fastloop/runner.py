@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import warnings
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Trainer
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.loop import resolve_device
 from fastloop.measure.callback import MeasureCallback
@@ -141,10 +142,25 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     with ctx, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if isinstance(data, DataLoader):
-            trainer.fit(module, train_dataloaders=data)
-        else:
-            trainer.fit(module, datamodule=data)
+        try:
+            if isinstance(data, DataLoader):
+                trainer.fit(module, train_dataloaders=data)
+            else:
+                trainer.fit(module, datamodule=data)
+        except SystemExit:
+            # Lightning turns Ctrl-C into a graceful shutdown and then exit(1)
+            if trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        except (FastloopError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            raise UserCodeError(f"training {target} raised") from err
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    if not measure.measured_steps:
+        raise UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
+                            f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)")
     records = records_of(trainer)
     if search is not None:
         from fastloop.speedups.base import Record
@@ -161,4 +177,10 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     unit = getattr(module, "throughput_unit", "samples")
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, torch.nn.modules.conv._ConvNd)
                                                               for m in module.modules())
-    return measured_configuration(measure, records, dev, unit, extra, conv_tf32)
+    doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
+    bad = next((i for i, v in enumerate(doc["losses"]) if not math.isfinite(v)), None)
+    if bad is not None:
+        doc["loss_finite"] = False
+        doc["warnings"].append(f"the loss was not finite ({doc['losses'][bad]}) from step {bad}: "
+                               f"the timings of a diverged run say nothing about a real one")
+    return doc

@@ -22,7 +22,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningDataModule, LightningModule
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, UserCodeError
 
 __all__ = ["RECIPES", "RECIPE_RUNGS", "build_target", "load_target"]
 
@@ -53,8 +53,10 @@ def load_target(spec: str) -> Callable[..., Any]:
         sys.path.insert(0, str(path.resolve().parent))
         try:
             mspec.loader.exec_module(module)  # type: ignore[union-attr]
+        except SystemExit as err:
+            raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise FastloopError(f"importing {where} failed: {type(err).__name__}: {err}") from None
+            raise UserCodeError(f"importing {where} failed") from err
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
@@ -63,9 +65,13 @@ def load_target(spec: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except ModuleNotFoundError as err:
-            raise FastloopError(f"target module {where!r} not found ({err})") from None
+            if err.name and where.startswith(err.name):
+                raise FastloopError(f"target module {where!r} not found ({err})") from None
+            raise UserCodeError(f"importing {where} failed") from err
+        except SystemExit as err:
+            raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise FastloopError(f"importing {where} failed: {type(err).__name__}: {err}") from None
+            raise UserCodeError(f"importing {where} failed") from err
     fn = getattr(module, func, None)
     if fn is None:
         raise FastloopError(f"{where} has no function {func!r}")
@@ -80,13 +86,15 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     try:
         out = fn(**kwargs)
     except TypeError as err:
-        if "unexpected keyword" in str(err):
+        if "unexpected keyword" in str(err) and err.__traceback__ is not None and err.__traceback__.tb_next is None:
             raise FastloopError(f"target {spec} does not accept {err}") from None
-        raise FastloopError(f"target {spec} raised TypeError: {err}") from None
-    except FastloopError:
+        raise UserCodeError(f"target {spec} raised") from err
+    except (FastloopError, UserCodeError, KeyboardInterrupt):
         raise
+    except SystemExit as err:
+        raise UserCodeError(f"target {spec} called sys.exit({err.code}) while being built; nothing was trained") from None
     except Exception as err:
-        raise FastloopError(f"target {spec} raised {type(err).__name__}: {err}") from None
+        raise UserCodeError(f"target {spec} raised") from err
     if not (isinstance(out, tuple) and len(out) == 2):
         raise FastloopError(f"target {spec} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
     module, data = out

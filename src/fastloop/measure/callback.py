@@ -120,6 +120,16 @@ class MeasureCallback(Callback):
             self.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.timer.device))
         self.wall_s = time.perf_counter() - self._t0
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._flop_mode is not None:  # the first step raised while FLOPs were being counted
+            self._flop_mode.__exit__(None, None, None)
+            self._flop_mode = None
+
+    @property
+    def measured_steps(self) -> int:
+        """Steps recorded after the warm-up (0 when the loader yielded nothing)."""
+        return max(0, self.timer.recorded_steps - self.warmup) if self.timer is not None else 0
+
     def result(self) -> StepStats:
         if self.timer is None or self.timer.recorded_steps == 0:
             raise RuntimeError("no training step was measured (did the loader yield any batch?)")

@@ -1,4 +1,12 @@
-"""Statistics for step times: medians with spread, and a bootstrap CI for a ratio of medians.
+"""Statistics for step times: medians with spread, a run-level CI for a speed ratio, and a
+bootstrap CI for a ratio of medians within one run.
+
+Comparisons between configurations (``ab``, the ladder) use :func:`run_ratio_ci`: the run (a
+fresh process) is the unit of evidence, because fresh processes differ from each other by a
+few percent (clocks, allocator, compile luck) far more than steps within a run do. Each run is
+reduced to its mean step time; the interval is a Student-t interval on the log of the ratio
+with ``n - 1`` degrees of freedom (paired when A and B were interleaved run by run). Below
+:data:`MIN_RUNS` runs per side the verdict is "too few runs to tell", never "significant".
 
 Example:
     >>> import numpy as np
@@ -12,12 +20,20 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["RatioCI", "bootstrap_ratio_ci", "summarize", "verdict"]
+__all__ = ["MIN_RUNS", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "run_ratio_ci", "summarize",
+           "t_quantile", "verdict"]
+
+MIN_RUNS = 3
+"""Fewer runs per side than this: no verdict ("too few runs to tell")."""
+MIN_STEPS = 3
+"""Fewer measured steps per run than this: no verdict."""
 
 
 def summarize(samples: Sequence[float]) -> dict:
@@ -41,11 +57,108 @@ class RatioCI:
     ci_high: float
     significant: bool
     confidence: float = 0.95
+    runs: int | None = None
+    """Runs (fresh processes) per side behind the interval; None for a within-run bootstrap."""
+    too_few: bool = False
+    """True when there were too few runs or steps for any verdict (then never significant)."""
+    method: str = "bootstrap"
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("confidence")
         return d
+
+
+def check_times(groups: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
+    """Step times must be finite and positive: raise ValueError naming ``name`` otherwise."""
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+        raise TypeError(f"{name} must be a list of runs, each a list of step times in seconds; got {type(groups).__name__}")
+    out = []
+    for g in groups:
+        try:
+            x = np.asarray(list(g), dtype=float)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: step times must be numbers in seconds, got {g!r:.60}") from None
+        if x.ndim != 1:
+            raise ValueError(f"{name}: each run must be a flat list of step times")
+        if x.size and (not np.all(np.isfinite(x)) or np.any(x <= 0)):
+            bad = x[~np.isfinite(x) | (x <= 0)][0]
+            raise ValueError(f"{name}: step times must be finite and > 0 seconds, got {bad}")
+        if x.size:
+            out.append(x)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:  # Simpson's rule on the density from 0 to |x|
+        n = 2000
+        h = abs(x) / n
+        f = [math.exp(log_norm - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(n + 1)]
+        area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+        return 0.5 + math.copysign(area, x)
+
+    lo, hi = -1e3, 1e3
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], *,
+                 confidence: float = 0.95, min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS) -> RatioCI:
+    """CI for ``mean step time of A / mean step time of B`` with the run as the unit.
+
+    ``groups_a``/``groups_b``: one list of step times (seconds) per run. Runs given in the same
+    order on both sides (A1 B1 A2 B2 ...) with equal counts are paired, so slow drift of the
+    machine cancels; otherwise a Welch interval on the logs is used. ``ratio > 1``: B is faster.
+
+    Example:
+        >>> a = [[0.010, 0.011, 0.010]] * 2 + [[0.012, 0.011, 0.012]] * 2
+        >>> b = [[0.005, 0.0051, 0.005]] * 4
+        >>> ci = run_ratio_ci(a, b)
+        >>> round(ci.ratio, 2), ci.significant, ci.runs
+        (2.18, True, 4)
+        >>> run_ratio_ci(a[:1], b[:1]).too_few
+        True
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    ga, gb = check_times(groups_a, "groups_a"), check_times(groups_b, "groups_b")
+    if not ga or not gb:
+        raise ValueError("run_ratio_ci needs at least one run with step times on each side")
+    la = np.log([g.mean() for g in ga])
+    lb = np.log([g.mean() for g in gb])
+    runs = min(len(la), len(lb))
+    too_few = runs < min_runs or min(len(g) for g in ga + gb) < min_steps
+    if len(la) == len(lb) and len(la) >= 2:
+        d = la - lb
+        centre, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1
+        method = "paired t on log run-mean ratios"
+    elif len(la) >= 2 and len(lb) >= 2:
+        va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
+        centre, se = float(la.mean() - lb.mean()), float(math.sqrt(va + vb))
+        df = max(1, int((va + vb) ** 2 / ((va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1)) or 1e-300)))
+        method = "Welch t on log run means"
+    else:
+        centre, se, df = float(la.mean() - lb.mean()), math.inf, 1
+        method = "one run: no interval"
+    ratio = math.exp(centre)
+    if math.isinf(se):
+        lo, hi = 0.0, math.inf
+    else:
+        half = t_quantile(0.5 + confidence / 2, df) * se
+        lo, hi = math.exp(centre - half), math.exp(centre + half)
+    significant = (not too_few) and (lo > 1.0 or hi < 1.0)
+    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
+                   significant=significant, confidence=confidence, runs=runs, too_few=too_few, method=method)
 
 
 def bootstrap_ratio_ci(
@@ -72,14 +185,17 @@ def bootstrap_ratio_ci(
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if not isinstance(n_boot, int) or n_boot < 100:
+        raise ValueError(f"n_boot must be an integer >= 100, got {n_boot!r}")
     if statistic not in ("median", "mean"):
         raise ValueError(f"statistic must be 'median' or 'mean', got {statistic!r}")
     stat = np.median if statistic == "median" else np.mean
     rng = np.random.default_rng(seed)
-    ga = [np.asarray(g, float) for g in (groups_a or [a]) if len(g)]
-    gb = [np.asarray(g, float) for g in (groups_b or [b]) if len(g)]
+    ga = check_times(groups_a or [a], "groups_a" if groups_a else "a")
+    gb = check_times(groups_b or [b], "groups_b" if groups_b else "b")
     if not ga or not gb:
         raise ValueError("bootstrap_ratio_ci needs at least one sample on each side")
+    too_few = min(sum(len(g) for g in ga), sum(len(g) for g in gb)) < MIN_STEPS
     ratio = float(stat(np.concatenate(ga)) / stat(np.concatenate(gb)))
 
     def resample(groups: list[np.ndarray]) -> float:
@@ -90,12 +206,19 @@ def bootstrap_ratio_ci(
     boots = np.array([resample(ga) / resample(gb) for _ in range(n_boot)])
     lo, hi = np.percentile(boots, [100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2])
     lo, hi = float(min(lo, ratio)), float(max(hi, ratio))
-    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi, significant=bool(lo > 1.0 or hi < 1.0), confidence=confidence)
+    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi, significant=bool(not too_few and (lo > 1.0 or hi < 1.0)),
+                   confidence=confidence, too_few=too_few)
 
 
 def verdict(ci: RatioCI, *, label_a: str = "A", label_b: str = "B") -> str:
     """One honest sentence about a ratio CI."""
+    if ci.too_few:
+        runs = f"{ci.runs} run{'s' if ci.runs != 1 else ''} per side" if ci.runs is not None else "too few steps"
+        return f"too few runs to tell ({runs}; {MIN_RUNS} or more are needed for a verdict; measured {ci.ratio:.3f}x)"
+    if ci.ci_high is None:
+        return f"no interval ({ci.ratio:.3f}x)"
+    pct = f"{100 * ci.confidence:g}%"
     if not ci.significant:
-        return f"no significant difference ({ci.ratio:.3f}x, 95% CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
+        return f"no significant difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
     faster, r = (label_b, ci.ratio) if ci.ratio > 1 else (label_a, 1 / ci.ratio)
-    return f"{faster} is {r:.2f}x faster (95% CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
+    return f"{faster} is {r:.2f}x faster ({pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"

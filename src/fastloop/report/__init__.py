@@ -8,20 +8,29 @@ __all__ = ["print_document", "render_html", "render_markdown", "write_reports"]
 
 
 def write_reports(doc: dict, out_dir: str | None, json_path: str | None) -> list[str]:
-    """Write ``--json FILE`` and/or ``--out DIR`` (report.json, report.md, report.html)."""
-    import json
+    """Write ``--json FILE`` and/or ``--out DIR`` (report.json, report.md, report.html).
+
+    Each file is written atomically (temporary file, then rename); JSON is standard JSON.
+    An OSError becomes a FastloopError naming the file.
+    """
     from pathlib import Path
 
+    from fastloop.errors import FastloopError
+    from fastloop.report.files import atomic_write, to_json
+
     written = []
-    text = json.dumps(doc, indent=2, default=str)
-    if json_path:
-        Path(json_path).write_text(text)
-        written.append(json_path)
-    if out_dir:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(text)
-        (out / "report.md").write_text(render_markdown(doc))
-        (out / "report.html").write_text(render_html(doc))
-        written += [str(out / n) for n in ("report.json", "report.md", "report.html")]
+    text = to_json(doc)
+    try:
+        if json_path:
+            atomic_write(json_path, text)
+            written.append(json_path)
+        if out_dir:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write(out / "report.json", text)
+            atomic_write(out / "report.md", render_markdown(doc))
+            atomic_write(out / "report.html", render_html(doc))
+            written += [str(out / n) for n in ("report.json", "report.md", "report.html")]
+    except OSError as err:
+        raise FastloopError(f"cannot write the report to {err.filename or out_dir or json_path}: {err.strerror or err}") from None
     return written

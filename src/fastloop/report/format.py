@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows"]
+__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows", "selected_line"]
 
 
 def fmt_s(x: float | None) -> str:
@@ -14,8 +14,23 @@ def fmt_s(x: float | None) -> str:
 def fmt_ratio(r: dict | None) -> str:
     if not r:
         return "-"
+    if r.get("too_few"):
+        return f"{r['ratio']:.2f}x (too few runs to tell)"
+    if r.get("ci_high") is None:
+        return f"{r['ratio']:.2f}x (no interval)"
     mark = "" if r["significant"] else " (n.s.)"
     return f"{r['ratio']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]{mark}"
+
+
+def selected_line(doc: dict) -> str | None:
+    """The ladder's answer in one line: the selected set and what it measured against the baseline."""
+    if doc.get("kind") != "ladder" or "selected" not in doc:
+        return None
+    final = next((r for r in doc.get("rungs", []) if r.get("final")), None)
+    vs = fmt_ratio(final.get("speedup_vs_baseline")) if final else "not measured yet"
+    tp = ((final or {}).get("throughput") or {})
+    rate = f", {tp['value']:,.0f} {tp['unit']}" if tp.get("value") else ""
+    return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{rate})"
 
 
 def config_label(cfg: dict) -> str:
@@ -36,6 +51,8 @@ def rows(doc: dict) -> list[dict]:
     for name, c in items:
         tp = c.get("throughput") or {}
         status = c.get("rung_status", "")
+        if c.get("failed"):
+            status = "failed"
         out.append({
             "name": name,
             "status": status,
@@ -49,5 +66,7 @@ def rows(doc: dict) -> list[dict]:
             "mfu": f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-",
             "vs_prev": fmt_ratio(c.get("speedup_vs_prev")),
             "vs_base": fmt_ratio(c.get("speedup_vs_baseline")),
+            "decision": c.get("decision") or (c.get("rung_reason") if status in ("skipped", "failed", "fallback") else ""),
+            "bottleneck": (c.get("bottleneck") or {}).get("bottleneck", ""),
         })
     return out

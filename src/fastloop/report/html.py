@@ -10,7 +10,7 @@ import base64
 import html
 import io
 
-from fastloop.report.format import rows
+from fastloop.report.format import rows, selected_line
 
 __all__ = ["render_html"]
 
@@ -84,26 +84,36 @@ def render_html(doc: dict) -> str:
     e = html.escape
     stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
     head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU",
-            "vs previous", "vs baseline"]
+            "vs previous", "vs baseline", "bottleneck", "decision"]
     body = "".join("<tr>" + "".join(f"<td>{e(str(r[k]))}</td>" for k in
-                   ("name", "step", "spread", "throughput", "wait", "mem", "compile", "mfu", "vs_prev", "vs_base"))
+                   ("name", "step", "spread", "throughput", "wait", "mem", "compile", "mfu", "vs_prev", "vs_base",
+                    "bottleneck", "decision"))
                    + "</tr>" for r in rows(doc))
     imgs = "".join(f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
                    for n, b in _plots(doc))
     notes = []
+    top = ""
+    if doc.get("interrupted") or doc.get("partial"):
+        top += f"<p><b>{'Interrupted' if doc.get('interrupted') else 'In progress'}:</b> the configurations finished so far.</p>"
+    if selected_line(doc):
+        top += f"<h2>{e(selected_line(doc))}</h2>"
+        if doc.get("callbacks_line"):
+            top += f"<pre>{e(doc['callbacks_line'])}" + (f"\n{e(doc['loop_line'])}" if doc.get("loop_line") else "") + "</pre>"
+    for move in doc.get("moves", []):
+        notes.append(f"<p><b>Bottleneck moved</b> {e(move)}</p>")
+    if doc.get("method"):
+        notes.append(f"<p class='stamp'>Method: {e(doc['method'])}.</p>")
     if doc.get("verdict"):
         notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         notes.append(f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>")
-    if doc.get("callbacks_line"):
-        notes.append(f"<pre>{e(doc['callbacks_line'])}</pre>")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>fastloop {e(doc.get('kind', 'run'))}</title>
+    return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get('kind', 'run'))}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
 img.plot{{max-width:100%}}</style></head><body>
 <h1>fastloop {e(doc.get('kind', 'run'))}: <code>{e(str(doc.get('target')))}</code></h1>
 <p class="stamp">{stamp}</p>
-<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
-<p>Throughput and ratios use mean step time (before / after), 95% bootstrap CI; (n.s.) = not significant.</p>
+{top}<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
+<p>Throughput and ratios use mean step time (before / after); (n.s.) = not significant.</p>
 {''.join(notes)}{imgs}</body></html>"""

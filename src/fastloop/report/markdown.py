@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
-from fastloop.report.format import rows
+from fastloop.report.format import rows, selected_line
 
 __all__ = ["render_markdown"]
 
 
 def render_markdown(doc: dict) -> str:
     env = doc.get("env", {})
-    lines = [f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`", "",
+    lines = ["<!-- fastloop-report -->", f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`", "",
              f"{env.get('gpu') or 'CPU'} | torch {env.get('torch')} | {env.get('lightning')} | "
              f"fastloop {doc.get('fastloop_version')} ({env.get('commit') or 'no commit'}) | {env.get('date')}", ""]
     ladder = doc.get("kind") == "ladder"
+    if doc.get("interrupted") or doc.get("partial"):
+        lines += ["**" + ("Interrupted" if doc.get("interrupted") else "In progress") +
+                  ":** this report holds the configurations finished so far.", ""]
+    sel = selected_line(doc)
+    if sel:
+        lines += [f"**{sel}**", ""]
+        if doc.get("callbacks_line"):
+            lines += ["```python", doc["callbacks_line"]] + ([doc["loop_line"]] if doc.get("loop_line") else []) + ["```", ""]
     head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU"]
     if ladder:
-        head += ["vs previous", "vs baseline"]
+        head += ["vs previous", "vs baseline", "bottleneck", "decision"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows(doc):
-        name = r["name"] + (f" (skipped: {r['reason']})" if r["status"] == "skipped" else "")
+        name = r["name"] + (f" ({r['status']}: {r['reason']})" if r["status"] in ("skipped", "failed") else "")
         cells = [name, r["step"], r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
         if ladder:
-            cells += [r["vs_prev"], r["vs_base"]]
+            cells += [r["vs_prev"], r["vs_base"], r["bottleneck"], r["decision"].replace("|", "/")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if ladder:
@@ -36,14 +44,16 @@ def render_markdown(doc: dict) -> str:
         lines.append("Measured " + "; ".join(f"{n} steps after {w} warm-up" for n, w in steps) + "."
                      + "".join(f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
                                for name, c in configs if c.get("warmup_drain_steps")))
-    lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); ratio = before / after with a 95% bootstrap CI over repeats and steps; (n.s.) = not significant.")
+    lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
+                 "ratio = before / after; (n.s.) = not significant. "
+                 + (f"Method: {doc['method']}." if doc.get("method") else "95% bootstrap CI over the steps of one run."))
+    for move in doc.get("moves", []):
+        lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":
         lines += ["", f"**Verdict:** {doc['verdict']}"]
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
-    if doc.get("helpful") is not None:
-        lines += ["", f"**Helpful here:** {', '.join(doc['helpful']) or 'none'}", "", "```python", doc["callbacks_line"], "```"]
     warns = sorted({f"- {r.get('rung', 'run')}: {w}" for r in (doc.get("rungs") or [doc.get("a"), doc.get("b")] if doc.get("kind") in ("ladder", "ab") else [doc])
                     if r for w in r.get("warnings", [])})
     if warns:

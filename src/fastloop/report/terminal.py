@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from fastloop.report.format import rows
+from fastloop.report.format import rows, selected_line
 
 __all__ = ["make_console", "print_document"]
 
@@ -27,11 +27,12 @@ def print_document(doc: dict, console: Console | None = None) -> None:
     if ladder:
         table.add_column("vs prev")
         table.add_column("vs base")
+        table.add_column("decision")
     for r in rows(doc):
-        cells = [r["name"] + (" (skipped)" if r["status"] == "skipped" else ""), r["step"], r["spread"],
-                 r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
+        cells = [r["name"] + (f" ({r['status']})" if r["status"] in ("skipped", "failed") else ""), r["step"],
+                 r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
         if ladder:
-            cells += [r["vs_prev"], r["vs_base"]]
+            cells += [r["vs_prev"], r["vs_base"], r["decision"]]
         table.add_row(*cells)
     console.print(table)
     configs = doc.get("rungs") or ([doc.get("a"), doc.get("b")] if doc.get("kind") == "ab" else [doc])
@@ -43,5 +44,9 @@ def print_document(doc: dict, console: Console | None = None) -> None:
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
-    if doc.get("helpful") is not None:
-        console.print(f"helpful here: {', '.join(doc['helpful']) or 'none'}\n{doc['callbacks_line']}")
+    for move in doc.get("moves", []):
+        console.print(f"bottleneck moved {move}")
+    if selected_line(doc):
+        console.print(f"[bold]{selected_line(doc)}[/bold]\n{doc.get('callbacks_line', '')}")
+        if doc.get("loop_line"):
+            console.print(doc["loop_line"])

@@ -109,8 +109,19 @@ class Speedup:
     needs_cuda: ClassVar[bool] = False
     conflicts: ClassVar[tuple[str, ...]] = ()
 
+    option_help: ClassVar[str | None] = None
+    """What the option after the colon may be (None: the speedup takes no option)."""
+
     def __init__(self, **options: Any) -> None:
         self.options = options
+
+    @classmethod
+    def parse_option(cls, text: str) -> Any:
+        """Check and convert the option typed after the colon; FastloopError says what is accepted.
+
+        Subclasses that take an option override this and set :attr:`option_help`.
+        """
+        raise FastloopError(f"{cls.name!r} takes no option, got {cls.name}:{text}")
 
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""
@@ -169,6 +180,11 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
     if spec is None:
         return []
     items: list[str | Speedup]
+    if not isinstance(spec, (str, list, tuple)):
+        raise TypeError(f"speedups must be a comma-separated string, a list of names or None; got {type(spec).__name__}")
+    if not isinstance(spec, str) and not all(isinstance(i, (str, Speedup)) for i in spec):
+        bad = next(i for i in spec if not isinstance(i, (str, Speedup)))
+        raise TypeError(f"each speedup must be a name or a Speedup object; got {type(bad).__name__} {bad!r}")
     if isinstance(spec, str):
         items = [s.strip() for s in spec.split(",")]
         if any(not s for s in items) and spec.strip() not in ("",):
@@ -189,7 +205,10 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
             raise FastloopError("'none' means the baseline and cannot be combined with other speedups")
         if key not in REGISTRY:
             raise FastloopError(f"unknown speedup {item!r}; valid names: {', '.join(speedup_names())}")
-        out.append(REGISTRY[key](**({"mode": opt} if opt else {})))
+        cls = REGISTRY[key]
+        if ":" in item and not opt.strip():
+            raise FastloopError(f"empty option in {item!r}: {cls.option_help or f'{key} takes no option'}")
+        out.append(cls(**({"mode": cls.parse_option(opt.strip())} if opt else {})))
     names = [s.name for s in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

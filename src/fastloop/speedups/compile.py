@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["Compile", "apply_compile", "compile_counters"]
@@ -47,11 +48,13 @@ class Compile(Speedup):
     changes = "model"
     order = 50
 
-    def why_not(self, ctx: Context) -> str | None:
-        mode = self.options.get("mode") or "default"
-        if mode not in MODES:
-            return f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}"
-        return None
+    option_help = f"compile:MODE with MODE one of {', '.join(MODES)}"
+
+    @classmethod
+    def parse_option(cls, text: str) -> str:
+        if text not in MODES:
+            raise FastloopError(f"unknown compile mode {text!r}; accepted: {', '.join(MODES)}")
+        return text
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
         return apply_compile(model, self.options.get("mode") or "default")

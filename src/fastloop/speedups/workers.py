@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from torch.utils.data import DataLoader
 
 from fastloop.data import rebuild_loader
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["Workers", "apply_workers", "default_num_workers"]
@@ -45,6 +46,18 @@ class Workers(Speedup):
     name = "workers"
     changes = "data"
     order = 10
+
+    option_help = "workers:N with N an integer from 1 to 256 (default: one per core, leaving one)"
+
+    @classmethod
+    def parse_option(cls, text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise FastloopError(f"workers:{text}: the worker count must be an integer from 1 to 256") from None
+        if not 1 <= n <= 256:
+            raise FastloopError(f"workers:{text}: the worker count must be from 1 to 256")
+        return n
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if not isinstance(loader, DataLoader):
