@@ -98,3 +98,78 @@ def wrong_type():
 def sleepy_3ms(batch_size: int = 16, seed: int = 0):
     torch.manual_seed(seed)
     return Classifier(batch_size=batch_size), SleepyData(batch_size=batch_size, delay=0.003)
+
+
+# --- targets that fail in the user's own code (the error policy's tests) ---
+class StepRaises(Classifier):
+    def training_step(self, batch, batch_idx):
+        raise ValueError("shapes do not match in my_loss")
+
+
+def step_raises():
+    return StepRaises(), DataLoader(_data(False), batch_size=16)
+
+
+class NoLoaderData(LightningDataModule):
+    pass
+
+
+def no_train_dataloader():
+    return Classifier(), NoLoaderData()
+
+
+def empty_dataset():
+    return Classifier(), DataLoader(TensorDataset(torch.zeros(0, 16), torch.zeros(0, dtype=torch.long)), batch_size=16)
+
+
+class Strings(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return f"sample {i}"
+
+
+def yields_strings():
+    return Classifier(), DataLoader(Strings(), batch_size=16)
+
+
+class NoParams(LightningModule):
+    def training_step(self, batch, batch_idx):
+        return batch[0].sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def no_parameters():
+    return NoParams(), DataLoader(_data(False), batch_size=16)
+
+
+def exits_0():
+    import sys
+
+    sys.exit(0)
+
+
+def exits_3():
+    import sys
+
+    sys.exit(3)
+
+
+class NanLoss(Classifier):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        return {"loss": out["loss"] * float("nan")}
+
+
+def nan_loss():
+    torch.manual_seed(0)
+    return NanLoss(), DataLoader(_data(False), batch_size=16)
+
+
+def slow_workers(batch_size: int = 16, seed: int = 0):
+    """A loader with workers (each sample sleeps 20 ms): for the interrupt test."""
+    torch.manual_seed(seed)
+    return Classifier(batch_size=batch_size), DataLoader(SleepyDataset(delay=0.02), batch_size=batch_size, num_workers=2)

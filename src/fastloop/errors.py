@@ -66,12 +66,12 @@ def format_user_error(err: BaseException) -> str:
     if frames:
         body = "".join(traceback.format_list(frames))
         last = frames[-1]
-        lead = f"{err}: " if isinstance(err, UserCodeError) else ""
+        lead = f" {err}" if isinstance(err, UserCodeError) else ""
         return (f"Traceback (your code only; fastloop, Lightning and torch frames elided):\n{body}"
-                f"fastloop: error in your code: {lead}{last.name}() at {os.path.basename(last.filename)}:{last.lineno} "
+                f"fastloop: error in your code{lead}: {last.name}() at {os.path.basename(last.filename)}:{last.lineno} "
                 f"raised {what}\n")
     if isinstance(err, UserCodeError):
-        return f"fastloop: error in your code: {err}: {what}\n"
+        return f"fastloop: error in your code {err}: {what}\n"
     body = "".join(traceback.format_exception(type(original), original, original.__traceback__))
     return f"{body}fastloop: internal error (a bug in fastloop, please report it): {what}\n"
 

@@ -89,11 +89,15 @@ class _Ladder:
         self.selected: list[str] = []
         self.final: dict | None = None
         self.t0 = time.perf_counter()
+        self._pending: dict[str, Runs] | None = None
+        self.interrupted = False
 
     # -- measurement -------------------------------------------------------------------------
     def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs]) -> None:
+        self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
                             device=self.device, runs=fresh, progress=self.progress, on_run=self._update)
+        self._pending = None
 
     def _looks(self) -> list[int]:
         return sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
@@ -103,7 +107,6 @@ class _Ladder:
         looks = self._looks()
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         fresh: dict[str, Runs] = {}
-        self._pending = (base, cand, fresh)
         ci = None
         done = 0
         for i, n in enumerate(looks):
@@ -116,7 +119,6 @@ class _Ladder:
                 break
             if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
                 break
-        self._pending = None
         return fresh, ci, done
 
     # -- documents -----------------------------------------------------------------------------
@@ -137,6 +139,11 @@ class _Ladder:
         rungs = [dict(r) for r in self.rungs]
         if self.final is not None:
             rungs.append(self.final)
+        for spec, runs in (self._pending or {}).items():  # the comparison under way
+            if runs.docs:
+                state = "interrupted" if self.interrupted else "in progress"
+                rungs.append(self._rung_doc(f"{state}: {spec}", spec, runs, state,
+                                            f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
                "selected_spec": _join(self.selected), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget,
@@ -292,6 +299,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     try:
         return ladder.run(chosen)
     except KeyboardInterrupt:
+        ladder.interrupted = True
         doc = ladder.document()
         doc["interrupted"] = True
         return doc

@@ -50,6 +50,9 @@ class SpeedupCallback(Callback):
     """
 
     def __init__(self, speedup: str | Speedup) -> None:
+        if not isinstance(speedup, (str, Speedup)):
+            raise TypeError(f"SpeedupCallback takes one speedup name (e.g. 'bf16') or a Speedup object, "
+                            f"got {type(speedup).__name__}")
         found = resolve([speedup])
         if len(found) != 1:
             raise ValueError(f"SpeedupCallback takes one speedup, got {speedup!r}")
@@ -205,6 +208,8 @@ def callback_for(speedup: Speedup) -> SpeedupCallback:
 
 def callbacks(spec: str | list[str]) -> list[SpeedupCallback]:
     """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError)."""
+    if not isinstance(spec, (str, list, tuple)):
+        raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
     return [SpeedupCallback(s) for s in resolve(spec)]
 
 
@@ -230,10 +235,12 @@ class BatchSizeSearch(Callback):
                  speedups: str | None = None) -> None:
         if objective not in ("max", "throughput"):
             raise ValueError(f"objective must be 'max' or 'throughput', got {objective!r}")
-        if not 0 < margin <= 1:
-            raise ValueError(f"margin must be in (0, 1], got {margin}")
-        if max_size < 1:
-            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
+            raise ValueError(f"margin must be a number in (0, 1], got {margin!r}")
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be an integer >= 1, got {max_size!r}")
+        if speedups is not None:
+            resolve(speedups)  # unknown names fail here, not at fit
         self.objective, self.margin, self.max_size, self.speedups = objective, margin, max_size, speedups
         self.result: dict | None = None
 

@@ -114,6 +114,15 @@ class FastLoop:
                  loss_fn: Callable | None = None, *, step_fn: Callable | None = None,
                  speedups: str | list | None = None, device: str | torch.device = "auto",
                  scheduler: Any = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if loader is None or isinstance(loader, (str, bytes)) or not hasattr(loader, "__iter__"):
+            raise TypeError(f"loader must be an iterable of batches (a DataLoader, for example), got {type(loader).__name__}")
+        for name, fn in (("loss_fn", loss_fn), ("step_fn", step_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         if (loss_fn is None) == (step_fn is None):
             raise ValueError("give exactly one of loss_fn (for (inputs, targets) batches) or step_fn(model, batch)")
         if step_fn is None:
@@ -211,6 +220,8 @@ class FastLoop:
 
     def train(self, steps: int, warmup: int = 0, timer: StepTimer | None = None) -> LoopResult:
         """Run ``warmup + steps`` steps; the first ``warmup`` are excluded from the statistics."""
+        if not isinstance(steps, int) or not isinstance(warmup, int) or isinstance(steps, bool):
+            raise TypeError(f"steps and warmup must be integers, got {steps!r} and {warmup!r}")
         if steps < 1 or warmup < 0:
             raise FastloopError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
         timer = timer or StepTimer(self.device, warmup=warmup)

@@ -155,7 +155,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         except (FastloopError, KeyboardInterrupt):
             raise
         except Exception as err:
-            raise UserCodeError(f"training {target} raised") from err
+            raise UserCodeError(f"while training {target}") from err
     if trainer.interrupted:
         raise KeyboardInterrupt
     if not measure.measured_steps:

@@ -56,7 +56,7 @@ def load_target(spec: str) -> Callable[..., Any]:
         except SystemExit as err:
             raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise UserCodeError(f"importing {where} failed") from err
+            raise UserCodeError(f"while importing {where}") from err
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
@@ -67,11 +67,11 @@ def load_target(spec: str) -> Callable[..., Any]:
         except ModuleNotFoundError as err:
             if err.name and where.startswith(err.name):
                 raise FastloopError(f"target module {where!r} not found ({err})") from None
-            raise UserCodeError(f"importing {where} failed") from err
+            raise UserCodeError(f"while importing {where}") from err
         except SystemExit as err:
             raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise UserCodeError(f"importing {where} failed") from err
+            raise UserCodeError(f"while importing {where}") from err
     fn = getattr(module, func, None)
     if fn is None:
         raise FastloopError(f"{where} has no function {func!r}")
@@ -88,13 +88,13 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     except TypeError as err:
         if "unexpected keyword" in str(err) and err.__traceback__ is not None and err.__traceback__.tb_next is None:
             raise FastloopError(f"target {spec} does not accept {err}") from None
-        raise UserCodeError(f"target {spec} raised") from err
+        raise UserCodeError(f"while building target {spec}") from err
     except (FastloopError, UserCodeError, KeyboardInterrupt):
         raise
     except SystemExit as err:
         raise UserCodeError(f"target {spec} called sys.exit({err.code}) while being built; nothing was trained") from None
     except Exception as err:
-        raise UserCodeError(f"target {spec} raised") from err
+        raise UserCodeError(f"while building target {spec}") from err
     if not (isinstance(out, tuple) and len(out) == 2):
         raise FastloopError(f"target {spec} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
     module, data = out

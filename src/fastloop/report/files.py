@@ -93,7 +93,7 @@ def check_json_path(path: str, inputs: list[str] = ()) -> None:  # type: ignore[
         if not _ours(p):
             raise FastloopError(f"--json {shown} exists and was not written by fastloop; refusing to overwrite it "
                                 f"(choose a new file, or delete it)")
-        if not os.access(p, os.W_OK):
+        if not os.access(p, os.W_OK) or not p.stat().st_mode & 0o222:  # root passes os.access
             raise FastloopError(f"--json {shown} is read-only; choose another file")
     _check_writable_dir(p.resolve().parent if p.parent.exists() else p.parent, "--json", shown)
 

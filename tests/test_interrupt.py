@@ -1,0 +1,99 @@
+"""Ctrl-C to a ladder whose configuration runs loader workers: exit 130 within 2 s, no process
+of it left 1 s later, and report.json valid with the finished runs, marked interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _processes_with(mark: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if mark.encode() in (d / "environ").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _start(tmp_path: Path, cmd: str) -> tuple[subprocess.Popen, str, Path]:
+    mark = f"FASTLOOP_TEST_MARK={uuid.uuid4().hex}"
+    env = dict(os.environ, FASTLOOP_TEST_MARK=mark.split("=", 1)[1])
+    out = tmp_path / "rep"
+    proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", cmd, "tests/targets.py:slow_workers",
+                             "--device", "cpu", "--steps", "200", "--warmup", "2", "--out", str(out), "--quiet",
+                             *(["--rungs", "fused_optimizer"] if cmd == "ladder" else ["--a", "none", "--b", "fused_optimizer"])],
+                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    return proc, mark, out
+
+
+def _wait_for_a_finished_run(out: Path, proc: subprocess.Popen, limit: float = 240) -> None:
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if (out / "report.json").exists():
+            doc = json.loads((out / "report.json").read_text())
+            rungs = doc.get("rungs") or [doc.get("a", {})]
+            if any(r.get("repeats") for r in rungs):
+                return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    raise AssertionError("no run finished in time")
+
+
+def test_ctrl_c_to_a_ladder_with_loader_workers(tmp_path):
+    proc, mark, out = _start(tmp_path, "ladder")
+    try:
+        _wait_for_a_finished_run(out, proc)
+        deadline = time.time() + 60  # wait until the next configuration's loader workers run
+        while len(_processes_with(mark)) < 3 and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(_processes_with(mark)) >= 3, "expected the leader, a child and its workers"
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert rc == 130, err
+    assert took < 2.0, took
+    assert "Traceback" not in err
+    time.sleep(1.0)
+    assert _processes_with(mark) == []
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["interrupted"] is True
+    assert any(r.get("repeats") for r in doc["rungs"])  # the finished runs are kept
+    assert "Interrupted" in (out / "report.md").read_text()
+    assert not list(out.glob(".fastloop-*"))  # no temporary file left behind
+
+
+def test_a_killed_leader_takes_its_children_along(tmp_path):
+    proc, mark, out = _start(tmp_path, "ab")
+    try:
+        _wait_for_a_finished_run(out, proc)
+        deadline = time.time() + 60
+        while len(_processes_with(mark)) < 3 and time.time() < deadline:
+            time.sleep(0.2)
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.time() + 5
+    while _processes_with(mark) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(mark) == []
+    json.loads((out / "report.json").read_text())  # what was written is whole

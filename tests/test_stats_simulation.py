@@ -1,0 +1,60 @@
+"""The verdict's error rates under a realistic noise model (1,000 simulated experiments each):
+every fresh process runs 3% faster or slower (normal, sd 3%), every step jitters by 1%, 30 steps
+a run. At the defaults (5 interleaved runs a side, 97% intervals) A vs A must be called
+significant in at most 5% of experiments and a true 10% speed-up detected in at least 80%."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastloop.ab import DEFAULT_REPEATS, run_ab
+from fastloop.compare import VERDICT_CONFIDENCE
+from fastloop.measure.stats import run_ratio_ci
+
+
+def _experiment(rng, effect: float, runs: int, steps: int = 30):
+    def side(mean):
+        return [mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(steps))
+                for _ in range(runs)]
+    return side(0.010), side(0.010 / effect)
+
+
+@pytest.mark.parametrize("effect,bound", [(1.0, 0.05), (1.10, 0.80)])
+def test_error_rates_at_the_defaults(effect, bound):
+    rng = np.random.default_rng(12345)
+    hits = 0
+    for _ in range(1000):
+        a, b = _experiment(rng, effect, DEFAULT_REPEATS)
+        ci = run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE)
+        hits += ci.significant and (effect == 1.0 or ci.ratio > 1)
+    rate = hits / 1000
+    if effect == 1.0:
+        assert rate <= bound, f"A vs A called significant in {rate:.1%}"
+    else:
+        assert rate >= bound, f"a true 10% speed-up detected in only {rate:.1%}"
+
+
+def test_the_old_few_run_failure_is_gone():
+    """With 1 or 2 runs (the old ladder default) A vs A was 'significant' 33-93% of the time."""
+    rng = np.random.default_rng(7)
+    for runs in (1, 2):
+        sig = sum(run_ratio_ci(*_experiment(rng, 1.0, runs)).significant for _ in range(300))
+        assert sig == 0  # below three runs: "too few runs to tell", never significant
+
+
+def test_run_ab_uses_the_run_as_the_unit():
+    """Through run_ab with a fake measure drawing from the noise model: A vs A is not called."""
+    rng = np.random.default_rng(3)
+    calls = 0
+
+    def fake(target, spec, **kw):
+        nonlocal calls
+        calls += 1
+        return {"step_s_all": list(0.01 * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
+                "speedups": [], "items_per_step": 16, "throughput": {"value": 1.0, "unit": "samples/s"},
+                "data_wait_frac": 0.0}
+
+    sig = sum(run_ab("x", "none", "none", measure=fake)["speedup"]["significant"] for _ in range(100))
+    assert calls == 100 * 2 * DEFAULT_REPEATS
+    assert sig <= 10  # ~3% expected; 10 of 100 is far outside chance
