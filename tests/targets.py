@@ -173,3 +173,17 @@ def slow_workers(batch_size: int = 16, seed: int = 0):
     """A loader with workers (each sample sleeps 20 ms): for the interrupt test."""
     torch.manual_seed(seed)
     return Classifier(batch_size=batch_size), DataLoader(SleepyDataset(delay=0.02), batch_size=batch_size, num_workers=2)
+
+
+def dies_fourth(batch_size: int = 16, seed: int = 0):
+    """Counts its builds in $FASTLOOP_TEST_COUNTER; the fourth process kills itself (SIGKILL)."""
+    import os
+    import signal
+
+    path = os.environ["FASTLOOP_TEST_COUNTER"]
+    n = int(open(path).read() or 0) + 1 if os.path.exists(path) else 1
+    with open(path, "w") as f:
+        f.write(str(n))
+    if n == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return tiny_mlp(batch_size, seed)

@@ -97,3 +97,24 @@ def test_a_killed_leader_takes_its_children_along(tmp_path):
         time.sleep(0.2)
     assert _processes_with(mark) == []
     json.loads((out / "report.json").read_text())  # what was written is whole
+
+
+def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
+    """The fourth process (the first candidate's second run; rungs run in ladder order, bf16 first)
+    is killed: that rung is 'failed' with its reason; the baseline, the next rung and the final
+    measurement are in report.json/md/html."""
+    env = dict(os.environ, FASTLOOP_TEST_COUNTER=str(tmp_path / "count"))
+    out = tmp_path / "rep"
+    p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:dies_fourth", "--device", "cpu",
+                        "--rungs", "fused_optimizer,bf16", "--max-repeats", "3", "--steps", "5", "--warmup", "1",
+                        "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "report.json").read_text())
+    by = {r["rung"]: r for r in doc["rungs"]}
+    assert by["+bf16"]["rung_status"] == "failed"
+    assert "failed in its process" in by["+bf16"]["rung_reason"] and "-9" in by["+bf16"]["rung_reason"]
+    assert by["baseline"]["repeats"] >= 1 and by["+fused_optimizer"]["repeats"] == 3
+    assert by["+fused_optimizer"]["speedup_vs_prev"]["runs"] == 3
+    assert doc["rungs"][-1].get("final")
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "+bf16 (failed" in md and "+fused_optimizer" in md and "+fused_optimizer" in html

@@ -192,9 +192,10 @@ class _Ladder:
             if self.base_runs is None:
                 self._baseline(fresh["none"])
                 prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
-            cand = fresh[cand_spec]
-            if not cand.docs:
-                self.rungs.append(self._rung_doc(label, cand_spec, cand, "failed", cand.failures[-1]))
+            cand, base = fresh[cand_spec], fresh[base_spec]
+            if cand.failures or base.failures:  # a process died: no verdict, the ladder goes on
+                why = cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
+                self.rungs.append(self._rung_doc(label, cand_spec, cand, "failed", why))
                 self._update()
                 continue
             own = _own_record(cand.docs[-1], s.spec)

@@ -1,0 +1,107 @@
+"""The selecting ladder on fakes with known effects: what hurts is dropped, what helps is kept,
+the final measured set's CI holds the true combined ratio, the callbacks line is that set, and
+the report says where the bottleneck went."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastloop.ladder import run_ladder
+
+# true effect of each speedup on the mean step (multiplicative), and on data wait
+EFFECT = {"workers": 0.8, "bf16": 1.25, "fused_optimizer": 1.0, "channels_last": 1.0}
+
+
+def _fake(effects=EFFECT, base_s=0.010, wait=None, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else [s.split(":")[0] for s in spec.split(",")]
+        mean = base_s / np.prod([effects[n] for n in names]) if names else base_s
+        steps = list(mean * (1 + 0.02 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30)))
+        frac = wait(names) if wait else 0.0
+        status = {n: "applied" for n in names}
+        if "channels_last" in names:
+            status["channels_last"] = "skipped"
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": frac, "speedups": [{"name": n, "status": status[n],
+                                                      "reason": "model has no Conv2d layers" if status[n] == "skipped" else ""}
+                                                     for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+    return measure
+
+
+def test_hurting_dropped_helping_kept_and_final_measured():
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "channels_last"], measure=_fake(), device="cpu")
+    by = {r["rung"]: r for r in doc["rungs"]}
+    assert by["+workers"]["decision"].startswith("dropped")
+    assert by["+bf16"]["decision"].startswith("kept") and by["+bf16"]["vs_spec"] == "none"
+    assert by["+fused_optimizer"]["vs_spec"] == "bf16"  # tried on top of the best so far
+    assert by["+fused_optimizer"]["decision"].startswith("dropped")
+    cl = by["+channels_last"]  # skipped inside its process: no ratio, dropped
+    assert cl["rung_status"] == "skipped" and cl["speedup_vs_prev"] is None
+    assert doc["selected"] == ["bf16"]
+    final = doc["rungs"][-1]
+    assert final["final"] and final["spec"] == "bf16"
+    ci = final["speedup_vs_baseline"]
+    assert ci["ci_low"] <= 1.25 <= ci["ci_high"] and ci["significant"]
+    assert doc["callbacks_line"] == 'Trainer(..., callbacks=fastloop.lightning.callbacks("bf16"))'
+
+
+def test_two_kept_speedups_are_measured_together_against_the_baseline():
+    effects = {"workers": 1.3, "bf16": 1.25, "fused_optimizer": 1.0}
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu")
+    assert doc["selected"] == ["workers", "bf16"]
+    final = doc["rungs"][-1]
+    assert final["spec"] == "workers,bf16" and final["repeats"] == 5
+    ci = final["speedup_vs_baseline"]
+    assert ci["ci_low"] <= 1.3 * 1.25 <= ci["ci_high"]
+    assert 'callbacks("workers,bf16")' in doc["callbacks_line"]
+
+
+def test_the_report_says_when_the_bottleneck_moves():
+    # bf16 makes compute 2x faster; the loader stays the same, so the step becomes data-bound
+    def wait(names):
+        return 0.6 if "bf16" in names else 0.05
+
+    effects = {"bf16": 1.5, "fused_optimizer": 1.0}
+    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects, wait=wait), device="cpu")
+    base, bf16 = doc["rungs"][0], doc["rungs"][1]
+    assert base["bottleneck"]["bottleneck"] != "data-bound"
+    assert bf16["bottleneck"]["bottleneck"] == "data-bound"
+    move = bf16["bottleneck_moved"]
+    assert move.startswith("after bf16: data-bound") and "loader delivers" in move
+    assert doc["moves"] == [move]
+    from fastloop.report.markdown import render_markdown
+
+    md = render_markdown({"kind": "ladder", "target": "x", "env": {}, **doc})
+    assert "Bottleneck moved" in md and "data-bound" in md
+
+
+def test_cumulative_mode_keeps_everything():
+    doc = run_ladder("x", ["workers", "bf16"], measure=_fake(), device="cpu", mode="cumulative", max_repeats=3)
+    assert doc["selected"] == ["workers", "bf16"]
+    assert doc["rungs"][-1]["spec"] == "workers,bf16"
+
+
+def test_a_failed_configuration_keeps_the_others(tmp_path):
+    from fastloop.subproc import ConfigurationFailed
+
+    inner = _fake()
+    updates = []
+
+    def measure(target, spec, **kw):
+        if "fused_optimizer" in spec:
+            raise ConfigurationFailed(f"configuration {spec!r} failed in its process: killed", -9)
+        return inner(target, spec, **kw)
+
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], measure=measure, device="cpu", on_update=updates.append)
+    by = {r["rung"]: r for r in doc["rungs"]}
+    assert by["+fused_optimizer"]["rung_status"] == "failed" and "killed" in by["+fused_optimizer"]["rung_reason"]
+    assert by["+bf16"]["decision"].startswith("kept") and by["+workers"]["decision"].startswith("dropped")
+    assert len(updates) > 10  # a document after every run
+    # every partial document renders
+    from fastloop.report import write_reports
+
+    for i, u in enumerate(updates[::7]):
+        write_reports({"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t", **u}, str(tmp_path / "r"), None)
