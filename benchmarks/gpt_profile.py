@@ -8,7 +8,7 @@ import collections
 import torch
 
 from benchmarks._common import emit
-from recipes.gpt.model import GPT, GPTConfig
+from fastloop.recipes.gpt.model import GPT, GPTConfig
 
 
 def family(name: str) -> str:

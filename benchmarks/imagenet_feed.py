@@ -24,7 +24,7 @@ import torch
 import torchvision
 
 from benchmarks._common import emit
-from recipes.imagenet.data import DaliLoader, ImageData
+from fastloop.recipes.imagenet.data import DaliLoader, ImageData
 
 # name -> DaliLoader options; "base" is the recipe's pipeline as it was first measured
 DALI_CONFIGS: dict[str, dict] = {

@@ -7,7 +7,7 @@ set -u
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1 FASTLOOP_IMAGENET_ROOT=/tmp/imnet
 export FASTLOOP_IMAGENET_DALI="${FASTLOOP_IMAGENET_DALI:-}"
 COMMON="${COMMON:-bf16,channels_last,cudnn_benchmark,fused_optimizer,compile}"
-[ -f /tmp/imnet/MANIFEST ] || python3 -m recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
+[ -f /tmp/imnet/MANIFEST ] || python3 -m fastloop.recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
 python3 -m fastloop.cli ab imagenet --a workers,pin_memory,prefetch,$COMMON --b workers,pin_memory,prefetch,$COMMON,dali \
   --repeats 1 --steps "${STEPS:-250}" --warmup 10 --out $OUT/imagenet_ab --quiet 2>&1 | tail -4
 python3 - <<'PY'

@@ -6,7 +6,7 @@
 set -u
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
 export FASTLOOP_IMAGENET_ROOT=/tmp/imnet
-[ -f /tmp/imnet/MANIFEST ] || python3 -m recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 100 --val 2
+[ -f /tmp/imnet/MANIFEST ] || python3 -m fastloop.recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 100 --val 2
 python3 -m fastloop.cli ladder imagenet --rungs "${RUNGS:-workers,pin_memory,prefetch,bf16,channels_last,cudnn_benchmark,compile,dali}" \
   --steps "${STEPS:-30}" --warmup 8 --repeats 1 --keep-helpful --out $OUT/imagenet_ladder --quiet 2>&1 | tail -5
 python3 -c "

@@ -5,7 +5,7 @@
 # (imagenet_final.sh) with the faster mode. DALI must be in /tmp/site.
 set -u
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1 FASTLOOP_IMAGENET_ROOT=/tmp/imnet
-[ -f /tmp/imnet/MANIFEST ] || python3 -m recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
+[ -f /tmp/imnet/MANIFEST ] || python3 -m fastloop.recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
 mkdir -p $OUT/pick
 B=bf16,channels_last,cudnn_benchmark,fused_optimizer
 for mode in compile:reduce-overhead compile; do

@@ -4,7 +4,7 @@
 # Needs DALI in /tmp/site (../shared/gpu/dali_chunks.sh). JSON per run under $OUT.
 set -u
 export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1 FASTLOOP_IMAGENET_ROOT=/tmp/imnet
-[ -f /tmp/imnet/MANIFEST ] || python3 -m recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
+[ -f /tmp/imnet/MANIFEST ] || python3 -m fastloop.recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 200 --val 2
 F=benchmarks/imagenet_feed.py
 run() { name=$1; shift; echo "== $name $*"; python3 $F --name $name "$@" 2>$OUT/$name.err | grep -E "img/s|failed"; tail -n 2 $OUT/$name.err; }
 run rn50_eager --compile none

@@ -12,7 +12,7 @@ import time
 import torch
 
 from benchmarks._common import emit
-from recipes.imagenet.data import ImageData
+from fastloop.recipes.imagenet.data import ImageData
 
 
 def rate(loader, batches: int = 20, warm: int = 3) -> float:

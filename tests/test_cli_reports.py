@@ -152,7 +152,7 @@ def test_data_bound_recommendation_names_the_next_fix():
     from fastloop.doctor import diagnose
 
     def cfg(*names):
-        return {"data_wait_frac": 0.5, "step_s": {"median": 0.05},
+        return {"data_wait_frac": 0.5, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30,  # measured on a GPU
                 "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names]}
 
     assert diagnose(cfg())["recommendation"].startswith("workers, pin_memory, prefetch")
@@ -160,6 +160,10 @@ def test_data_bound_recommendation_names_the_next_fix():
     rec = diagnose(cfg("workers", "pin_memory", "prefetch", "bf16"))["recommendation"]
     assert "at its limit" in rec and "dali" in rec
     assert diagnose(cfg("dali", "bf16"))["recommendation"].startswith("DALI itself is the limit")
+    if not __import__("torch").cuda.is_available():  # a CPU run: no pinned memory, prefetch or DALI to offer
+        cpu = {**cfg(), "peak_mem_bytes": None}
+        assert diagnose(cpu)["recommendation"].startswith("workers")
+        assert "pin_memory" not in diagnose({**cfg("workers"), "peak_mem_bytes": None})["recommendation"]
 
 
 def test_markdown_says_how_much_warmup_drained_the_loader():

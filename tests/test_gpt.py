@@ -4,9 +4,9 @@ import torch
 
 from fastloop import FastloopError
 from fastloop._compat import Trainer
-from recipes.gpt.data import TokenData, TokenWindows, default_corpus, open_tokens
-from recipes.gpt.model import GPT, GPTConfig
-from recipes.gpt.module import GPTModule
+from fastloop.recipes.gpt.data import TokenData, TokenWindows, default_corpus, open_tokens
+from fastloop.recipes.gpt.model import GPT, GPTConfig
+from fastloop.recipes.gpt.module import GPTModule
 
 
 def _trainer(steps, **kw):

@@ -178,8 +178,8 @@ def test_cudnn_benchmark_restored_and_skipped_without_conv():
 
 
 def test_dali_gpu_pipeline_batches_on_the_device(tmp_path):
-    from recipes.imagenet.data import DaliLoader, dali_available, scan_images
-    from recipes.imagenet.generate import generate
+    from fastloop.recipes.imagenet.data import DaliLoader, dali_available, scan_images
+    from fastloop.recipes.imagenet.generate import generate
 
     if dali_available():
         pytest.skip(dali_available())

@@ -5,9 +5,9 @@ import torch
 
 from fastloop import FastloopError
 from fastloop._compat import Trainer
-from recipes.imagenet.data import ImageData, dali_available, scan_images
-from recipes.imagenet.generate import default_dataset, generate
-from recipes.imagenet.module import ImageClassifier
+from fastloop.recipes.imagenet.data import ImageData, dali_available, scan_images
+from fastloop.recipes.imagenet.generate import default_dataset, generate
+from fastloop.recipes.imagenet.module import ImageClassifier
 
 needs_dali = pytest.mark.skipif(dali_available() is not None, reason="NVIDIA DALI not installed")
 
@@ -106,7 +106,7 @@ def test_dali_speedup_swaps_the_loader_in_a_run():
 
 
 def test_dali_options_are_checked_and_parsed(small):
-    from recipes.imagenet.target import parse_options
+    from fastloop.recipes.imagenet.target import parse_options
 
     assert parse_options("num_threads=12, hw_decoder_load=0.99,dtype=float16,affine=false") == {
         "num_threads": 12, "hw_decoder_load": 0.99, "dtype": torch.float16, "affine": False}
@@ -120,7 +120,7 @@ def test_dali_options_are_checked_and_parsed(small):
 
 @needs_dali
 def test_dali_cpu_pipeline_options(small):
-    from recipes.imagenet.data import DaliLoader
+    from fastloop.recipes.imagenet.data import DaliLoader
 
     files, labels, _ = scan_images(small / "train")
     x, y = next(iter(DaliLoader(files, labels, 4, crop=64, channels_last=True, dtype=torch.float16, num_threads=2)))
@@ -132,7 +132,7 @@ def test_dali_cpu_pipeline_options(small):
 
 
 def test_hw_decoder_share_defaults_by_gpu(monkeypatch):
-    from recipes.imagenet.data import default_hw_decoder_load
+    from fastloop.recipes.imagenet.data import default_hw_decoder_load
 
     assert default_hw_decoder_load(None) == 0.65  # CPU pipeline: no hardware decoder
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

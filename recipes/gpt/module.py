@@ -8,7 +8,7 @@ import math
 import torch
 
 from fastloop._compat import LightningModule
-from recipes.gpt.model import GPT, GPTConfig
+from fastloop.recipes.gpt.model import GPT, GPTConfig
 
 __all__ = ["GPTModule"]
 

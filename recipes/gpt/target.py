@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from recipes.gpt.data import TokenData
-from recipes.gpt.module import GPTModule
+from fastloop.recipes.gpt.data import TokenData
+from fastloop.recipes.gpt.module import GPTModule
 
 __all__ = ["make"]
 

@@ -1,7 +1,7 @@
 """Train the GPT recipe with a plain Lightning Trainer and fastloop's callbacks.
 
-    python -m recipes.gpt.train --preset tiny --steps 300 --speedups bf16,fused_optimizer
-    python -m recipes.gpt.train --preset gpt2 --data-dir /data/openwebtext --speedups tf32,bf16,fused_optimizer,compile
+    python -m fastloop.recipes.gpt.train --preset tiny --steps 300 --speedups bf16,fused_optimizer
+    python -m fastloop.recipes.gpt.train --preset gpt2 --data-dir /data/openwebtext --speedups tf32,bf16,fused_optimizer,compile
 
 Checkpoints (``--ckpt-dir``) resume exactly: weights, optimizer, LR schedule and data position.
 """
@@ -12,8 +12,8 @@ import argparse
 
 from fastloop._compat import Trainer
 from fastloop.lightning import callbacks
-from recipes.gpt.data import TokenData
-from recipes.gpt.module import GPTModule
+from fastloop.recipes.gpt.data import TokenData
+from fastloop.recipes.gpt.module import GPTModule
 
 
 def main(argv: list[str] | None = None) -> None:

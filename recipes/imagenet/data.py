@@ -240,7 +240,7 @@ class ImageData(LightningDataModule):
         if loader not in ("torchvision", "dali", "synthetic"):
             raise FastloopError(f"unknown loader {loader!r}; valid: torchvision, dali, synthetic")
         if root is None:
-            from recipes.imagenet.generate import default_dataset
+            from fastloop.recipes.imagenet.generate import default_dataset
 
             root = str(default_dataset())
         self.root, self.loader, self.batch_size, self.crop = Path(root), loader, batch_size, crop

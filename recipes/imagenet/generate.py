@@ -5,7 +5,7 @@ learnable: each class has its own stripe orientation, frequency and colour cast,
 per-image noise, random blobs and brightness, so a short run rises clearly above chance while
 the decoder does the same work as on photographs of that size.
 
-    python -m recipes.imagenet.generate --out ~/.cache/fastloop/imagenet-gen --classes 10 --train 100 --val 20
+    python -m fastloop.recipes.imagenet.generate --out ~/.cache/fastloop/imagenet-gen --classes 10 --train 100 --val 20
 """
 
 from __future__ import annotations

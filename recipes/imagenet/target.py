@@ -12,8 +12,8 @@ import os
 import torch
 
 from fastloop.errors import FastloopError
-from recipes.imagenet.data import ImageData
-from recipes.imagenet.module import ImageClassifier
+from fastloop.recipes.imagenet.data import ImageData
+from fastloop.recipes.imagenet.module import ImageClassifier
 
 __all__ = ["make", "parse_options"]
 

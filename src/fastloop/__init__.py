@@ -14,7 +14,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from pathlib import Path as _Path  # noqa: E402
 from typing import Any  # noqa: E402
+
+# A source checkout used without installing (``PYTHONPATH=src:.``, as on the GPU machine): the
+# recipes folder beside src/ answers to ``fastloop.recipes``, as it does once installed.
+_checkout = _Path(__file__).resolve().parents[2]
+if (_checkout / "recipes" / "__init__.py").is_file() and (_checkout / "src" / "fastloop").is_dir():
+    __path__.append(str(_checkout))  # type: ignore[name-defined]  # noqa: F821
 
 from fastloop.errors import FastloopError  # noqa: E402
 

@@ -93,8 +93,13 @@ def machine_ceilings(quick: bool = False) -> dict:
     return out
 
 
-def _data_fix(applied: set[str]) -> str:
-    """The next data-pipeline fix, given what is already applied."""
+def _data_fix(applied: set[str], cuda: bool = True) -> str:
+    """The next data-pipeline fix, given what is already applied (and whether there is a GPU)."""
+    if not cuda:
+        if "workers" in applied:
+            return ("the loader's workers are the limit: more of them (workers:N, when the loader waits on storage "
+                    "rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the transform).")
+        return "workers (several loader processes prepare batches while the step runs)."
     if "dali" in applied:
         return ("DALI itself is the limit: give it more CPU threads (FASTLOOP_IMAGENET_DALI=num_threads=N), "
                 "a larger hardware-decoder share (hw_decoder_load), or a deeper prefetch queue; or lighter augmentation.")
@@ -117,7 +122,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     if wait >= 0.2:
         return {"bottleneck": "data-bound",
                 "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time.",
-                "recommendation": _data_fix(applied)}
+                "recommendation": _data_fix(applied, cuda=cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available())}
     if mem and total and mem > 0.9 * total:
         return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
                 "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}

@@ -40,10 +40,10 @@ MIN_REPEATS = 3
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
     """The default ladder for a device (and recipe): rungs that cannot apply there are left out."""
-    from fastloop.targets import RECIPE_RUNGS
+    from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
     ctx = Context(torch.device(device))
-    names = DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
+    names = RECIPE_LADDER.get(target or "") or DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 

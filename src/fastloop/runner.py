@@ -169,7 +169,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
                                                        f"(largest fitting {search['max_fitting']}, search {search['search_s']:.1f} s)"))
     for cb in cbs:
         if cb.ctx is not None:
-            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str))})
+            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
     if any(r.name == "compile" and r.status == "applied" for r in records):
         from fastloop.speedups.compile import compile_counters
 

@@ -24,15 +24,19 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError
 
-__all__ = ["RECIPES", "RECIPE_RUNGS", "build_target", "load_target"]
+__all__ = ["RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "load_target"]
 
 RECIPES: dict[str, str] = {
-    "gpt": "recipes.gpt.target:make",
-    "imagenet": "recipes.imagenet.target:make",
+    "gpt": "fastloop.recipes.gpt.target:make",
+    "demo": "fastloop.recipes.demo.target:make",
+    "imagenet": "fastloop.recipes.imagenet.target:make",
 }
 
 # recipe-level speedups a recipe's default ladder adds to the generic ones
 RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["cudnn_benchmark", "dali"]}
+# recipes whose default ladder is their own list (the demo: the CPU main job, no compile, which
+# costs tens of seconds per process on a CPU)
+RECIPE_LADDER: dict[str, list[str]] = {"demo": ["workers", "bf16", "fused_optimizer"]}
 
 
 def load_target(spec: str) -> Callable[..., Any]:
