@@ -97,6 +97,7 @@ class SpeedupCallback(Callback):
                     s.apply_model(t, ctx)
                 if s.name == "compile":
                     pl_module._fastloop_compiled = True  # FLOP counting must not trace compiled code
+                    pl_module._fastloop_compile_mode = s.options.get("mode") or "default"
             if s.changes == "data" and s.name not in ctx.records:
                 _wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
             s.apply_step(self.plan, ctx)
@@ -131,12 +132,20 @@ class SpeedupCallback(Callback):
 
             pl_module.on_after_batch_transfer = after_transfer  # type: ignore[method-assign]
         if plan.cuda_graph:
-            pl_module._fastloop_compiled = True
             # Lightning owns the optimizer step, so graph forward+backward through compile's
-            # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start.
+            # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start. If the
+            # compile speedup compiled the children already, its mode is raised instead: one
+            # compilation (compile is lazy: nothing was compiled yet).
+            already = getattr(pl_module, "_fastloop_compile_mode", None)
+            if already in ("reduce-overhead", "max-autotune"):
+                ctx.stats["cuda_graph"] = f"captured by compile:{already}"
             for child in pl_module.children():
-                if any(True for _ in child.parameters()):
+                if already not in ("reduce-overhead", "max-autotune") and any(True for _ in child.parameters()):
                     child.compile(mode="reduce-overhead")
+            if already is not None and already not in ("reduce-overhead", "max-autotune"):
+                ctx.stats["cuda_graph"] = f"compile's mode raised from {already} to reduce-overhead"
+            pl_module._fastloop_compiled = True
+            pl_module._fastloop_compile_mode = "reduce-overhead" if already not in ("max-autotune",) else already
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
@@ -175,6 +184,9 @@ class SpeedupCallback(Callback):
         return bool((scaler._scale < self._scale_before).item())
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.speedup.uses_cudagraphs() and self.ctx is not None and self.ctx.applied(self.speedup.name):
+            # a new step: outputs of the previous step's graphs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self.plan.grad_scaler or (self.plan.autocast_dtype == torch.float16 and scaler is not None):
             if scaler is not None and getattr(scaler, "_scale", None) is not None:

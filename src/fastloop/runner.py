@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import math
@@ -26,9 +27,9 @@ from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.loop import resolve_device
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
-from fastloop.speedups.base import resolve
+from fastloop.speedups.base import Record, resolve
 
-__all__ = ["measured_configuration", "run_configuration"]
+__all__ = ["measured_configuration", "run_configuration", "weights_digest"]
 
 
 def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
@@ -39,6 +40,15 @@ def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
     if "fp16" in applied:
         return "fp16"
     return "tf32" if "tf32" in applied or conv_tf32 else "fp32"
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's bytes, in order: equal digests mean bitwise-equal weights."""
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def steadiness_warning(step_s: list[float]) -> str | None:
@@ -104,18 +114,58 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     }
 
 
+class _SpeedupFailed(Exception):
+    """A speedup failed while the run was under way (it claimed the error)."""
+
+    def __init__(self, speedup: Any, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.speedup, self.err = speedup, err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
 def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
                       device: str = "auto", target_kwargs: dict[str, Any] | None = None,
                       quiet: bool = True) -> dict:
-    """Build the target, attach one callback per speedup plus the measurer, train, report."""
-    from fastloop.targets import build_target
+    """Build the target, attach one callback per speedup plus the measurer, train, report.
 
-    if steps < 1:
+    Runtime fallback: when a speedup fails while training (a compile or capture error, a CUDA
+    graph whose output was overwritten, ...), the run is repeated from a freshly built target
+    without it, and its record says ``fallback`` with the first line of the cause. The model
+    trained is then exactly the one a run without that speedup trains.
+    """
+    if not isinstance(steps, int) or steps < 1:
         raise FastloopError(f"--steps must be >= 1, got {steps}")
-    if warmup < 0:
+    if not isinstance(warmup, int) or warmup < 0:
         raise FastloopError(f"--warmup must be >= 0, got {warmup}")
     dev = resolve_device(device)
     chosen = resolve(speedups)
+    order = [s.name for s in chosen]
+    fallbacks: list[Record] = []
+    while True:
+        flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+        try:
+            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks)
+        except _SpeedupFailed as failed:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+            torch.compiler.reset()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            chosen = [s for s in chosen if s is not failed.speedup]
+            fallbacks.append(Record(failed.speedup.name, "fallback",
+                                    f"failed while training ({_first_line(failed.err)}); the run was repeated without it"))
+            continue
+        doc["speedups"].sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+        return doc
+
+
+def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
+              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record]) -> dict:
+    from fastloop.targets import build_target
+
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}
     search = None
@@ -155,16 +205,17 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         except (FastloopError, KeyboardInterrupt):
             raise
         except Exception as err:
+            culprit = next((s for s in reversed(chosen) if s.claims(err)), None)
+            if culprit is not None:
+                raise _SpeedupFailed(culprit, err) from err
             raise UserCodeError(f"while training {target}") from err
     if trainer.interrupted:
         raise KeyboardInterrupt
     if not measure.measured_steps:
         raise UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
                             f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)")
-    records = records_of(trainer)
+    records = records_of(trainer) + fallbacks
     if search is not None:
-        from fastloop.speedups.base import Record
-
         records.append(Record("batch_size", "applied", f"batch size {search['batch_size']} "
                                                        f"(largest fitting {search['max_fitting']}, search {search['search_s']:.1f} s)"))
     for cb in cbs:
@@ -178,6 +229,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, torch.nn.modules.conv._ConvNd)
                                                               for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
+    doc["weights_sha256"] = weights_digest(module)
     bad = next((i for i, v in enumerate(doc["losses"]) if not math.isfinite(v)), None)
     if bad is not None:
         doc["loss_finite"] = False

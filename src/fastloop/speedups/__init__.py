@@ -8,6 +8,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     cudnn_benchmark,
     dali,
     fused_optimizer,
+    gpu_resident,
     pin_memory,
     precision,
     prefetch,

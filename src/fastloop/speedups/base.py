@@ -25,6 +25,7 @@ import torch
 from fastloop.errors import FastloopError
 
 __all__ = [
+    "raised_by_compiler",
     "REGISTRY",
     "Context",
     "Record",
@@ -148,6 +149,16 @@ class Speedup:
 
         return callback_for(self)
 
+    def uses_cudagraphs(self) -> bool:
+        """True when this speedup replays CUDA graphs through ``torch.compile`` (the adapter then
+        marks the start of every step, so a step's outputs are not overwritten by the next)."""
+        return False
+
+    def claims(self, err: BaseException) -> bool:
+        """True when ``err``, raised while training, is this speedup's failure (then the run falls
+        back: it is repeated without this speedup, and its record says ``fallback``)."""
+        return False
+
     @property
     def spec(self) -> str:
         """The name with its option, as typed: ``compile:max-autotune``, ``workers:8``."""
@@ -156,6 +167,24 @@ class Speedup:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options or ''})"
+
+
+def raised_by_compiler(err: BaseException) -> bool:
+    """Did ``err`` come from torch.compile (Dynamo/Inductor) or a CUDA-graph replay?"""
+    import traceback
+
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = f"{type(e).__module__}.{type(e).__name__}: {e}"
+        if "torch._dynamo" in text or "torch._inductor" in text or "CUDAGraph" in text or "cudagraph" in text:
+            return True
+        files = [f.filename.replace("\\", "/") for f in traceback.extract_tb(e.__traceback__)]
+        if any("/torch/_dynamo/" in f or "/torch/_inductor/" in f for f in files):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def register(cls: type[Speedup]) -> type[Speedup]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Speedup, raised_by_compiler, register
 
 __all__ = ["Compile", "apply_compile", "compile_counters"]
 
@@ -58,3 +58,9 @@ class Compile(Speedup):
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
         return apply_compile(model, self.options.get("mode") or "default")
+
+    def uses_cudagraphs(self) -> bool:
+        return (self.options.get("mode") or "default") in ("reduce-overhead", "max-autotune")
+
+    def claims(self, err: BaseException) -> bool:
+        return raised_by_compiler(err)

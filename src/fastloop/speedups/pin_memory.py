@@ -35,6 +35,9 @@ class PinMemory(Speedup):
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        if getattr(loader, "fastloop_resident", False):
+            ctx.record(self.name, "skipped", "the data is already on the GPU (gpu_resident)")
+            return loader
         if not isinstance(loader, DataLoader):
             ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
             return loader

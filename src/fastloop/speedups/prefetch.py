@@ -32,6 +32,9 @@ class Prefetch(Speedup):
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        if getattr(loader, "fastloop_resident", False):
+            ctx.record(self.name, "skipped", "the data is already on the GPU (gpu_resident)")
+            return loader
         return apply_prefetch(loader, ctx.device)
 
     def apply_step(self, plan: StepPlan, ctx: Context) -> None:

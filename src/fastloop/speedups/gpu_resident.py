@@ -1,0 +1,144 @@
+"""``gpu_resident``: the whole in-memory dataset moved to the GPU once, batches served from there.
+
+Card:
+- Helps: small and medium in-memory datasets (CIFAR-sized tensors) whose loader becomes the
+  wall once the step is fast: no collate in Python, no host->device copy per step, no workers.
+  This is how the fastest CIFAR-10 trainers feed the GPU (airbench keeps data and augmentation
+  on the device).
+- Hurts: nothing when it applies; it refuses datasets that would take more than ``share`` of
+  the free GPU memory (default 0.5), datasets whose ``__getitem__`` may transform each sample
+  (anything but a ``TensorDataset`` or a ``Subset`` of one: random augmentations would be
+  frozen), and loaders with a custom ``collate_fn``; each refusal is recorded with its reason.
+- Costs: one copy of the dataset in GPU memory (stored dtype kept: uint8 images stay uint8),
+  one host read of the sampler's order per epoch.
+Semantics kept: the loader's own sampler (or batch sampler) decides the order, so shuffling
+follows the loader's generator and seed exactly; ``batch_size`` and ``drop_last`` as set.
+Options: ``gpu_resident:SHARE``, the largest share of free GPU memory the data may take.
+Changes the data pipeline. For GPU versions of per-sample augmentations, see
+:mod:`fastloop.augment`.
+
+Example (CPU tensors standing in for the device):
+    >>> import torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> ds = TensorDataset(torch.arange(10).float(), torch.arange(10))
+    >>> loader = DataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    >>> resident = make_resident(loader, torch.device("cpu"))
+    >>> [b[1].tolist() for b in resident] == [b[1].tolist() for b in DataLoader(
+    ...     ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))]
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data._utils.collate import default_collate  # public re-export only in newer torch
+
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Context, Speedup, register
+
+__all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
+
+
+class NotResident(ValueError):
+    """The loader's data cannot be made GPU-resident; the message says why."""
+
+
+class GPUResidentLoader:
+    """Batches indexed from tensors that live on ``device``, in the order of ``loader``'s sampler.
+
+    Iterating gives what iterating the original DataLoader gives (same batches, same order for
+    the same seed), already on the device. ``fastloop_resident`` marks it for the other data
+    speedups (workers, pin_memory, prefetch have nothing left to do).
+    """
+
+    fastloop_resident = True
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader) -> None:
+        self.tensors = tensors
+        self.loader = loader
+        self.batch_size = loader.batch_size
+        self.drop_last = loader.drop_last
+        self.dataset = loader.dataset
+        self.sampler = loader.sampler
+        self.device = tensors[0].device
+
+    def _batches(self) -> Iterator[list[int]]:
+        # A DataLoader iterator draws its workers' base seed from the loader's generator before
+        # its sampler draws the epoch's permutation (torch/utils/data/dataloader.py,
+        # _BaseDataLoaderIter.__init__); draw it too, so the same seed gives the same order.
+        torch.empty((), dtype=torch.int64).random_(generator=self.loader.generator)
+        if self.batch_size is None:  # batch_sampler given, or automatic batching off
+            yield from (list(b) for b in self.loader.batch_sampler)  # type: ignore[union-attr]
+            return
+        order = list(iter(self.sampler))  # the loader's own sampler: its seed, its epoch
+        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        for i in range(0, stop, self.batch_size):
+            yield order[i:i + self.batch_size]
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        for idx in self._batches():
+            index = torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True)
+            yield [t.index_select(0, index) for t in self.tensors]
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def _tensors_of(dataset: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
+        index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
+        return tuple(t.index_select(0, index) for t in dataset.dataset.tensors)
+    raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
+                      "(random augmentations would be frozen); gpu_resident takes a TensorDataset (or a Subset of one)")
+
+
+def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.5) -> GPUResidentLoader:
+    """Move ``loader``'s dataset to ``device`` once; raise :class:`NotResident` with the reason
+    when it cannot (not a DataLoader, per-sample transform, custom collate, too large)."""
+    if not isinstance(loader, DataLoader):
+        raise NotResident(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
+    if loader.collate_fn is not default_collate:
+        raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
+    tensors = _tensors_of(loader.dataset)
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if size > share * free:
+            raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
+                              f"{free / 2**30:.1f} GiB of free GPU memory")
+    return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader)
+
+
+@register
+class GPUResident(Speedup):
+    __doc__ = __doc__
+    name = "gpu_resident"
+    changes = "data"
+    order = 9
+    needs_cuda = True
+    option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"
+
+    @classmethod
+    def parse_option(cls, text: str) -> float:
+        try:
+            share = float(text)
+        except ValueError:
+            raise FastloopError(f"gpu_resident:{text}: {cls.option_help}") from None
+        if not 0 < share <= 0.9:
+            raise FastloopError(f"gpu_resident:{text}: {cls.option_help}")
+        return share
+
+    def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        try:
+            resident = make_resident(loader, ctx.device, share=self.options.get("mode") or 0.5)  # type: ignore[arg-type]
+        except NotResident as why:
+            ctx.record(self.name, "skipped", str(why))
+            return loader
+        ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
+        return resident

@@ -1,0 +1,129 @@
+"""GPU-resident data on CPU tensors standing in for the device: same batches as the DataLoader
+for the same seed, drop_last and epochs honoured, refusals with reasons; the batched
+augmentations match torchvision's per-sample transforms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from fastloop.augment import normalize, random_crop, random_flip
+from fastloop.speedups.gpu_resident import GPUResident, NotResident, make_resident
+from fastloop.speedups.base import Context
+
+CPU = torch.device("cpu")
+
+
+def _ds(n=50):
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(n))
+
+
+@pytest.mark.parametrize("shuffle,drop_last", [(True, False), (True, True), (False, False), (False, True)])
+def test_same_batches_as_the_dataloader_over_epochs(shuffle, drop_last):
+    ds = _ds()
+
+    def loader():
+        return DataLoader(ds, batch_size=8, shuffle=shuffle, drop_last=drop_last,
+                          generator=torch.Generator().manual_seed(7))
+
+    ref, resident = loader(), make_resident(loader(), CPU)
+    assert len(resident) == len(ref)
+    for _ in range(3):  # epochs: a new permutation each, from the same generator
+        got = list(resident)
+        want = list(ref)
+        assert len(got) == len(want) == (6 if drop_last else 7)
+        for (gx, gy), (wx, wy) in zip(got, want):
+            assert gx.dtype == torch.uint8  # stored dtype kept
+            assert torch.equal(gx, wx) and torch.equal(gy, wy)
+
+
+def test_subset_and_batch_sampler_follow_the_loader():
+    ds = _ds()
+    sub = Subset(ds, list(range(0, 50, 3)))
+    ref = DataLoader(sub, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3))
+    res = make_resident(DataLoader(sub, batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(3)), CPU)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(res, ref))
+    bs = [[0, 1], [5, 7, 9], [2]]
+    res = make_resident(DataLoader(ds, batch_sampler=bs), CPU)
+    assert [b[1].tolist() for b in res] == bs
+
+
+class Augmented(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.rand(3), i
+
+
+@pytest.mark.parametrize("loader,why", [
+    (DataLoader(Augmented(), batch_size=2), "its __getitem__ may transform each sample"),
+    (DataLoader(_ds(), batch_size=2, collate_fn=lambda b: b), "custom collate_fn"),
+    ([1, 2, 3], "not a torch DataLoader"),
+])
+def test_refusals_say_why(loader, why):
+    with pytest.raises(NotResident, match=why):
+        make_resident(loader, CPU)
+    ctx = Context(CPU)
+    assert GPUResident().apply_loader(loader, ctx) is loader
+    assert ctx.records["gpu_resident"].status == "skipped" and why in ctx.records["gpu_resident"].reason
+
+
+def test_too_large_for_the_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10_000))
+    with pytest.raises(NotResident, match="more than 50% of the"):
+        make_resident(DataLoader(_ds(), batch_size=4), torch.device("cuda"))
+
+
+def test_other_data_speedups_step_aside():
+    from fastloop.speedups import resolve
+
+    resident = make_resident(DataLoader(_ds(), batch_size=4), CPU)
+    for s in resolve("workers,pin_memory,prefetch"):
+        ctx = Context(CPU)
+        assert s.apply_loader(resident, ctx) is resident
+        assert "already on the GPU" in ctx.records[s.name].reason
+
+
+def test_random_crop_matches_torchvision_in_distribution():
+    from torchvision.transforms import RandomCrop
+
+    x = torch.arange(36, dtype=torch.uint8).reshape(1, 1, 6, 6).repeat(4000, 1, 1, 1)
+    g = torch.Generator().manual_seed(0)
+    ours = random_crop(x, 6, padding=2, generator=g)
+    torch.manual_seed(0)
+    tv = torch.stack([RandomCrop(6, padding=2)(img) for img in x[:4000]])
+    # the top-left pixel's value identifies the offset: compare the offset histograms
+    h_ours = np.bincount(ours[:, 0, 2, 2].numpy(), minlength=36)
+    h_tv = np.bincount(tv[:, 0, 2, 2].numpy(), minlength=36)
+    assert (h_ours > 0).sum() == (h_tv > 0).sum() == 25  # every one of the 5x5 offsets occurs
+    chi2 = (((h_ours - h_tv) ** 2) / np.maximum(h_ours + h_tv, 1)).sum()
+    assert chi2 < 60, chi2  # two samples of one uniform distribution (24 dof)
+    # each crop is an exact window of the padded image
+    padded = torch.nn.functional.pad(x[:1], (2, 2, 2, 2))
+    windows = {tuple(padded[0, 0, i:i + 6, j:j + 6].flatten().tolist()) for i in range(5) for j in range(5)}
+    assert all(tuple(c.flatten().tolist()) in windows for c in ours[:50, 0])
+
+
+def test_flip_rate_and_exactness():
+    x = torch.arange(8.0).reshape(1, 1, 2, 4).repeat(10000, 1, 1, 1)
+    out = random_flip(x, generator=torch.Generator().manual_seed(0))
+    flipped = (out[:, 0, 0, 0] == 3).float()
+    assert abs(flipped.mean().item() - 0.5) < 0.02
+    assert torch.equal(out[flipped.bool()][0], x[0].flip(-1))
+    assert torch.equal(random_flip(x[:3], p=0.0), x[:3]) and torch.equal(random_flip(x[:3], p=1.0), x[:3].flip(-1))
+
+
+def test_normalize_equals_totensor_then_normalize():
+    from torchvision.transforms import Normalize
+    from torchvision.transforms.functional import to_tensor
+
+    x = torch.randint(0, 256, (3, 3, 5, 5), dtype=torch.uint8)
+    mean, std = [0.49, 0.48, 0.45], [0.25, 0.24, 0.26]
+    ref = torch.stack([Normalize(mean, std)(to_tensor(img.permute(1, 2, 0).numpy())) for img in x])
+    assert torch.allclose(normalize(x, mean, std), ref, atol=1e-6)
+    with pytest.raises(ValueError, match="one value per channel"):
+        normalize(x, [0.5], [0.5])
