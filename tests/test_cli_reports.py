@@ -33,7 +33,8 @@ def test_run_writes_the_contract(tmp_path):
     for k in ("gpu", "driver", "cuda", "torch", "lightning", "python", "platform", "commit", "date"):
         assert k in doc["env"]
     _check_config(doc)
-    assert doc["steps"] == 6 and doc["warmup_steps"] == 2
+    assert doc["steps"] == 6 and doc["warmup_steps"] == 2 + doc["warmup_extended_steps"]
+    assert doc["warmup_extended_steps"] <= 10 and doc["warmup_steady"] in (True, False)
     assert {s["name"]: s["status"] for s in doc["speedups"]} == {"prefetch": "skipped", "bf16": "applied"}
     assert doc["mfu"] is None  # no peak is known for a CPU
     assert doc["mfu_detail"]["flops_per_step"] > 0  # counted with torch.utils.flop_counter
@@ -172,5 +173,5 @@ def test_markdown_says_how_much_warmup_drained_the_loader():
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=4, warmup=1, device="cpu")
     text = render_markdown(doc)
-    assert "Measured 4 steps after 9 warm-up." in text
+    assert f"Measured 4 steps after {9 + doc['warmup_extended_steps']} warm-up." in text
     assert "run: 8 of its warm-up steps drained the loader's prefetch buffer." in text

@@ -48,16 +48,17 @@ class Runs:
 def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure: Callable[..., dict],
                         steps: int, warmup: int, device: str, runs: dict[str, Runs] | None = None,
                         progress: Callable[[str], None] | None = None,
-                        on_run: Callable[[], None] | None = None) -> dict[str, Runs]:
-    """``repeats`` rounds of one run per spec, in order (A B A B ...). A failed run is kept as a
-    failure and the spec is not run again; ``on_run`` is called after every run."""
+                        on_run: Callable[[], None] | None = None, up_to: int | None = None) -> dict[str, Runs]:
+    """``repeats`` rounds of one run per spec, in order (A B A B ...). With ``up_to``, a spec that
+    already has that many runs is not run again (runs are topped up, still interleaved). A failed
+    run is kept as a failure and the spec is not run again; ``on_run`` is called after every run."""
     runs = runs if runs is not None else {}
     for spec in specs:
         runs.setdefault(spec, Runs(spec))
     for rep in range(repeats):
         for spec in specs:
             r = runs[spec]
-            if r.failures:
+            if r.failures or (up_to is not None and len(r.docs) >= up_to):
                 continue
             if progress:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")

@@ -9,7 +9,9 @@ again, interleaved, and the callbacks line names exactly that measured set.
 Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
 
 Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
-clear, and otherwise adds runs up to ``max_repeats`` while the time ``budget`` allows. Each
+clear, and otherwise adds runs up to ``max_repeats`` while the time ``budget`` allows. The best
+configuration's runs are measured once and count again in the next comparison (topped up when a
+comparison needs more), so each candidate costs only its own runs. Each
 look uses a stricter interval (Bonferroni over the looks) so that looking twice does not
 raise the false-positive rate. Rungs that cannot apply here are not measured and show no
 ratio; neither does one whose speedup skipped itself inside its process.
@@ -80,7 +82,7 @@ def _feed_line(doc: dict) -> str:
 class _Ladder:
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
-                 max_repeats: int, budget: float | None, mode: str) -> None:
+                 max_repeats: int, budget: float | None, mode: str, reuse_base: bool = True) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
         self.measure, self.progress, self.on_update = measure, progress, on_update
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
@@ -91,12 +93,14 @@ class _Ladder:
         self.t0 = time.perf_counter()
         self._pending: dict[str, Runs] | None = None
         self.interrupted = False
+        self.reuse_base = reuse_base
+        self.best_runs: dict[str, Runs] = {}
 
     # -- measurement -------------------------------------------------------------------------
-    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs]) -> None:
+    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None) -> None:
         self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
-                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update)
+                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to)
         self._pending = None
 
     def _looks(self) -> list[int]:
@@ -107,10 +111,13 @@ class _Ladder:
         looks = self._looks()
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         fresh: dict[str, Runs] = {}
+        if self.reuse_base and base in self.best_runs:  # the best configuration's runs so far count again
+            fresh[base] = self.best_runs[base]
         ci = None
         done = 0
         for i, n in enumerate(looks):
-            self._measure([base, cand], n - done, fresh)
+            self._measure([base, cand], n, fresh, up_to=n)
+            self.best_runs[base] = fresh[base]
             done = n
             ci = compare(fresh[base], fresh[cand], confidence=confidence)
             if ci is None or ci["significant"] or i == len(looks) - 1:
@@ -220,6 +227,7 @@ class _Ladder:
             if keep:
                 self.selected.append(s.spec)
                 last_kept = (fresh, base_spec)
+                self.best_runs = {cand_spec: cand}
                 now = doc.get("bottleneck", {}).get("bottleneck")
                 if now and now != prev_bottleneck:
                     feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""

@@ -88,6 +88,8 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "steps": stats.steps,
         "warmup_steps": stats.warmup_steps,
         "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
+        "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
+        "warmup_steady": measure.warmup_steady,
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,
@@ -129,8 +131,11 @@ def _first_line(err: BaseException) -> str:
 
 def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
                       device: str = "auto", target_kwargs: dict[str, Any] | None = None,
-                      quiet: bool = True) -> dict:
+                      quiet: bool = True, steady_warmup: bool = True) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
+
+    ``steady_warmup``: extend the warm-up until step times are steady (reported as
+    ``warmup_extended_steps``); off, exactly ``warmup + steps`` steps are trained.
 
     Runtime fallback: when a speedup fails while training (a compile or capture error, a CUDA
     graph whose output was overwritten, ...), the run is repeated from a freshly built target
@@ -148,7 +153,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     while True:
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
         try:
-            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks)
+            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup)
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
             torch.compiler.reset()
@@ -163,7 +168,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
 
 
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
-              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record]) -> dict:
+              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool) -> dict:
     from fastloop.targets import build_target
 
     module, data = build_target(target, **(target_kwargs or {}))
@@ -182,7 +187,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
-    measure = MeasureCallback(warmup=warmup, count_flops=True)
+    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup)
     trainer = Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
         max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,

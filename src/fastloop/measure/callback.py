@@ -47,10 +47,18 @@ class MeasureCallback(Callback):
             module does not define ``flops_per_batch(batch)``.
     """
 
-    def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True) -> None:
+    def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True,
+                 steady: bool = True, max_extra_warmup: int | None = None) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = warmup
+        self.steady = steady and warmup > 0
+        """Extend the warm-up, one step at a time, until step times are steady (the last three
+        warm-up steps' median within 10% of the three before), at most ``max_extra_warmup`` steps."""
+        self.max_extra_warmup = max(10, warmup) if max_extra_warmup is None else max_extra_warmup
+        self.warmup_extended = 0
+        self.warmup_steady: bool | None = None
+        self._warm_ends: list[float] = []
         self.drain = drain
         self.drain_steps = 0
         """Warm-up steps added to drain the loader's prefetch buffer (0 without workers)."""
@@ -111,6 +119,8 @@ class MeasureCallback(Callback):
         if torch.is_tensor(loss):
             self.losses.append(loss.detach().float().reshape(()))
         self.timer.step_end()
+        if self.steady and self.timer.recorded_steps <= self.warmup:
+            self._extend_warmup_until_steady(trainer)
         self.timer.fetch_start()
         self._pending_fetch = True
 
@@ -119,6 +129,30 @@ class MeasureCallback(Callback):
             torch.cuda.synchronize(self.timer.device)
             self.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.timer.device))
         self.wall_s = time.perf_counter() - self._t0
+
+    def _extend_warmup_until_steady(self, trainer: Trainer) -> None:
+        """During warm-up only (a sync per step is fine there): one more warm-up step while the
+        recent step times still drift (compile, autotuning, allocator growth, loader fill)."""
+        assert self.timer is not None
+        if self.timer.cuda:
+            torch.cuda.synchronize(self.timer.device)
+        self._warm_ends.append(time.perf_counter())
+        if self.timer.recorded_steps < self.warmup:
+            return
+        durations = [b - a for a, b in zip(self._warm_ends, self._warm_ends[1:])]
+        if len(durations) >= 6:
+            first, last = sorted(durations[-6:-3])[1], sorted(durations[-3:])[1]
+            if abs(last - first) <= 0.1 * min(first, last):
+                self.warmup_steady = True
+                return
+        if self.warmup_extended >= self.max_extra_warmup:
+            self.warmup_steady = False
+            return
+        self.warmup += 1
+        self.warmup_extended += 1
+        self.timer.warmup += 1
+        if trainer.fit_loop.epoch_loop.max_steps > 0:
+            trainer.fit_loop.epoch_loop.max_steps += 1
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._flop_mode is not None:  # the first step raised while FLOPs were being counted
