@@ -1,0 +1,1 @@
+"""Targets written as their authors wrote them (not for fastloop), for the GPU benchmarks."""
