@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Device call C (2026-12-01): the selecting ladder on the GPT recipe (GPT-2 124M, T=1024, B16).
+# Device call C (2026-12-01): CIFAR ResNet-18 B256, in one interleaved A/B: the plain fp32
+# baseline vs GPU-resident data + bf16 + channels_last + compile + cuda_graph; then workers
+# (count chosen by measurement, 1.25x rule) vs none. JSON under $OUT.
 set -u
 export PYTHONPATH=src:. PYTHONUNBUFFERED=1
-/usr/bin/time -f "ladder wall %e s" python3 -m fastloop.cli ladder gpt --rungs ${RUNGS:-tf32,bf16,fused_optimizer,compile} \
-  --max-repeats 3 --steps 20 --warmup 5 --out $OUT/gpt_select --quiet; echo "rc=$?"
+T=benchmarks/targets/cifar.py:make
+python3 -m fastloop.cli ab $T --a none --b gpu_resident,bf16,channels_last,compile,cuda_graph --repeats 3 --steps 100 \
+  --warmup 10 --json $OUT/cifar_resident_graph_ab.json --quiet 2>&1 | grep -v "^W1201"; echo "rc=$?"
+python3 -m fastloop.cli ab $T --a none --b workers --repeats 3 --steps 60 --warmup 5 --json $OUT/cifar_workers_ab2.json --quiet; echo "rc=$?"
 python3 - <<'PY'
 import json, os
-d = json.load(open(os.environ["OUT"] + "/gpt_select/report.json"))
-for r in d["rungs"]:
-    tp = (r.get("throughput") or {}).get("value")
-    v = r.get("speedup_vs_prev") or r.get("speedup_vs_baseline") or {}
-    print(r["rung"], r.get("rung_status"), round(tp) if tp else "-", v.get("ratio"), v.get("ci_low"), v.get("ci_high"), r.get("decision", ""))
-print("selected", d["selected"], "wall", round(d["wall_s"]), "s")
+o = os.environ["OUT"]
+for name in ("cifar_resident_graph_ab", "cifar_workers_ab2"):
+    d = json.load(open(f"{o}/{name}.json"))
+    for side in ("a", "b"):
+        c = d[side]
+        print(name, side, d[side + "_spec"], round(c["throughput"]["value"]), "wait", round(c["data_wait_frac"], 3),
+              "runs", [round(x * 1e3, 2) for x in c["run_mean_step_s"]], [(r["name"], r["status"], r["reason"][:150]) for r in c["speedups"]])
+    print(name, "verdict:", d["verdict"])
 PY

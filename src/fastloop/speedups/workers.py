@@ -73,9 +73,15 @@ def loader_rate(loader: DataLoader, num_workers: int, *, seconds: float = 0.5, m
     return n / elapsed if elapsed > 0 and n else float("nan")
 
 
+WORKER_GAIN = 1.25
+"""Workers must deliver this many times the main process's rate to be used."""
+
+
 def choose_num_workers(loader: DataLoader, *, most: int | None = None) -> tuple[int, dict[str, float]]:
-    """Measure the loader at 0, 1, 2, 4, ... workers; the fastest count (0 if none beats the main
-    process) and every measured rate. Within 5% of the fastest, fewer workers win."""
+    """Measure the loader at 0, 1, 2, 4, ... workers; the fastest count (0 unless it delivers at
+    least 1.25x the main process's rate: the loader-alone rate leaves out the main process's
+    cost of receiving batches from workers, measured on the H200 at about a fifth of a
+    tutorial CIFAR step) and every measured rate. Within 5% of the fastest, fewer workers win."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
@@ -98,6 +104,8 @@ def choose_num_workers(loader: DataLoader, *, most: int | None = None) -> tuple[
         return 0, rates
     top = max(valid.values())
     best = min(c for c, v in valid.items() if v >= 0.95 * top)
+    if best and valid.get(0) and valid[best] < WORKER_GAIN * valid[0]:
+        best = 0
     return best, rates
 
 
@@ -137,7 +145,8 @@ class Workers(Speedup):
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
                 ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}: no worker count "
-                                                 f"delivers faster than {loader.num_workers or 'the main process'}")
+                                                 f"delivers {WORKER_GAIN}x the rate of "
+                                                 f"{loader.num_workers or 'the main process alone'}")
                 return loader
         ctx.stats["num_workers"] = n
         return apply_workers(loader, int(n))
