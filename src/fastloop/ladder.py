@@ -229,7 +229,7 @@ class _Ladder:
                 last_kept = (fresh, base_spec)
                 self.best_runs = {cand_spec: cand}
                 now = doc.get("bottleneck", {}).get("bottleneck")
-                if now and now != prev_bottleneck:
+                if now and prev_bottleneck and now.split()[0] != prev_bottleneck.split()[0]:  # "(fp32)" is no move
                     feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
                     doc["bottleneck_moved"] = (f"after {s.spec}: {now}: {doc['bottleneck']['evidence']}{feed} "
                                                f"next: {doc['bottleneck']['recommendation']}")
