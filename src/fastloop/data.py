@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from fastloop._torch_private import loader_auto_collation
+
 __all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "to_channels_last", "to_device"]
 
 
@@ -76,7 +78,7 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         if hasattr(loader, key):
             kw[key] = getattr(loader, key)
     kw.pop("shuffle", None)  # the sampler already encodes it
-    if loader.batch_sampler is not None and getattr(loader, "_auto_collation", True) and kw.get("batch_size") is not None:
+    if loader.batch_sampler is not None and loader_auto_collation(loader) and kw.get("batch_size") is not None:
         # a default BatchSampler: pass its parts, not the object (keeps batch_size editable)
         kw.pop("batch_sampler")
         kw["sampler"] = loader.batch_sampler.sampler if hasattr(loader.batch_sampler, "sampler") else loader.sampler

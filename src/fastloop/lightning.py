@@ -20,6 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningModule, Trainer
+from fastloop._lightning_private import set_train_source, train_source
+from fastloop._torch_private import scaler_scale
 from fastloop.data import to_channels_last
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
@@ -31,10 +33,9 @@ __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "r
 
 def _wrap_train_loader(trainer: Trainer, fn) -> None:
     """Make ``fn(loader)`` transform the training loader the Trainer will ask for."""
-    src = trainer.fit_loop._data_source
-    inst = src.instance
+    inst = train_source(trainer)
     if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
-        src.instance = fn(inst)
+        set_train_source(trainer, fn(inst))
         return
     if inst is None:
         raise RuntimeError("no training data source found on the Trainer")
@@ -179,9 +180,9 @@ class SpeedupCallback(Callback):
 
     def _last_step_skipped(self, trainer: Trainer) -> bool:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        if scaler is None or getattr(scaler, "_scale", None) is None or self._scale_before is None:
+        if scaler is None or scaler_scale(scaler) is None or self._scale_before is None:
             return False
-        return bool((scaler._scale < self._scale_before).item())
+        return bool((scaler_scale(scaler) < self._scale_before).item())
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.speedup.uses_cudagraphs() and self.ctx is not None and self.ctx.applied(self.speedup.name):
@@ -189,16 +190,17 @@ class SpeedupCallback(Callback):
             torch.compiler.cudagraph_mark_step_begin()
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self.plan.grad_scaler or (self.plan.autocast_dtype == torch.float16 and scaler is not None):
-            if scaler is not None and getattr(scaler, "_scale", None) is not None:
-                self._scale_before = scaler._scale.detach().clone()
+            if scaler is not None and scaler_scale(scaler) is not None:
+                self._scale_before = scaler_scale(scaler).detach().clone()
             elif scaler is not None:  # the scale is created lazily at the first step: its initial value
-                self._scale_before = torch.tensor(float(scaler._init_scale))
+                self._scale_before = torch.tensor(float(scaler.get_scale()))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        if self._scale_before is not None and scaler is not None and scaler._scale is not None:
+        scale = scaler_scale(scaler) if scaler is not None else None
+        if self._scale_before is not None and scale is not None:
             # the scale backs off exactly when the step was skipped (inf/NaN gradients); no sync
-            skipped = (scaler._scale < self._scale_before.to(scaler._scale.device)).int()
+            skipped = (scale < self._scale_before.to(scale.device)).int()
             self._skipped = skipped if self._skipped is None else self._skipped + skipped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -259,7 +261,7 @@ class BatchSizeSearch(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from fastloop.batch_size import search_batch_size
 
-        src = trainer.fit_loop._data_source.instance
+        src = train_source(trainer)
         data = trainer.datamodule if trainer.datamodule is not None else src
         if data is pl_module:
             data = pl_module.train_dataloader()
@@ -269,4 +271,4 @@ class BatchSizeSearch(Callback):
         if isinstance(src, DataLoader) and src.batch_size != self.result["batch_size"]:
             from fastloop.data import rebuild_loader
 
-            trainer.fit_loop._data_source.instance = rebuild_loader(src, batch_size=self.result["batch_size"])
+            set_train_source(trainer, rebuild_loader(src, batch_size=self.result["batch_size"]))

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fastloop._torch_private import found_inf
 from fastloop.data import to_channels_last, to_device
 from fastloop.errors import FastloopError
 from fastloop.graph_step import GraphedStep, GraphIneligible
@@ -178,7 +179,7 @@ class FastLoop:
             return loss.detach()
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
-        found = sum(v for v in self.scaler._found_inf_per_device(self.optimizer).values())
+        found = found_inf(self.scaler, self.optimizer)
         self.scaler.update()
         if self.scheduler is not None:  # needs to know now: one host read per step
             skipped = bool(found.item())

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Trainer
+from fastloop._torch_private import CONV_TYPES
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.loop import resolve_device
@@ -231,7 +232,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
 
         extra["compile_counters"] = compile_counters()
     unit = getattr(module, "throughput_unit", "samples")
-    conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, torch.nn.modules.conv._ConvNd)
+    conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES)
                                                               for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     doc["weights_sha256"] = weights_digest(module)

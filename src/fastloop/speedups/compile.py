@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fastloop._torch_private import dynamo_counters
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, raised_by_compiler, register
 
@@ -32,10 +33,7 @@ def apply_compile(model: torch.nn.Module, mode: str = "default") -> torch.nn.Mod
 
 def compile_counters() -> dict:
     """Dynamo's graph and recompile counters (process-wide)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # pragma: no cover
-        return {}
+    counters = dynamo_counters()
     return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
             "graph_breaks": int(sum(counters["graph_break"].values())),
             "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0}

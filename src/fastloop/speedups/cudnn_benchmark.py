@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from fastloop._torch_private import CONV_TYPES
 from fastloop.speedups.base import Context, Speedup, StepPlan, register
 
 __all__ = ["CudnnBenchmark", "apply_cudnn_benchmark", "has_conv"]
 
 
 def has_conv(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return any(isinstance(m, CONV_TYPES) for m in model.modules())
 
 
 def apply_cudnn_benchmark(enabled: bool = True) -> bool:

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
-from torch.utils.data._utils.collate import default_collate  # public re-export only in newer torch
+from torch.utils.data import default_collate
 
+from fastloop._torch_private import draw_loader_base_seed
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, register
 
@@ -67,10 +68,7 @@ class GPUResidentLoader:
         self.device = tensors[0].device
 
     def _batches(self) -> Iterator[list[int]]:
-        # A DataLoader iterator draws its workers' base seed from the loader's generator before
-        # its sampler draws the epoch's permutation (torch/utils/data/dataloader.py,
-        # _BaseDataLoaderIter.__init__); draw it too, so the same seed gives the same order.
-        torch.empty((), dtype=torch.int64).random_(generator=self.loader.generator)
+        draw_loader_base_seed(self.loader)  # as the loader's own iterator does: the same order
         if self.batch_size is None:  # batch_sampler given, or automatic batching off
             yield from (list(b) for b in self.loader.batch_sampler)  # type: ignore[union-attr]
             return

@@ -1,0 +1,53 @@
+"""Every use of a torch private, in one place. Each says why and what public API would replace
+it; ``tests/test_privates.py`` fails with a clear message when a release changes one.
+
+Supported: torch 2.11 to 2.14 (the GPU machine and CI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["CONV_TYPES", "draw_loader_base_seed", "dynamo_counters", "found_inf", "loader_auto_collation",
+           "scaler_scale"]
+
+# Why: "is this a convolution" for cuDNN and MFU decisions. Public alternative: listing
+# Conv1d/2d/3d and the transposed ones (which is what this tuple is built from, where it can).
+CONV_TYPES: tuple[type, ...] = (torch.nn.modules.conv._ConvNd,)
+
+
+def scaler_scale(scaler: Any) -> torch.Tensor | None:
+    """The GradScaler's current scale as a device tensor (``scaler._scale``), None before its
+    first step. Why: the public ``get_scale()`` returns a Python float, a host sync per step."""
+    return getattr(scaler, "_scale", None)
+
+
+def found_inf(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """Whether the last ``scaler.step`` found inf/NaN gradients, as a device tensor
+    (``scaler._found_inf_per_device``). Why: no public API says whether a step was skipped
+    without a sync; the public way compares ``get_scale()`` before and after (a sync)."""
+    return sum(v for v in scaler._found_inf_per_device(optimizer).values())  # type: ignore[return-value]
+
+
+def dynamo_counters() -> dict:
+    """Dynamo's process-wide counters (``torch._dynamo.utils.counters``): graphs, graph breaks,
+    recompiles. Why: no public API counts recompilations; ``torch._logging`` only logs them."""
+    from torch._dynamo.utils import counters  # imported here: importing Dynamo costs ~1 s
+
+    return counters
+
+
+def loader_auto_collation(loader: torch.utils.data.DataLoader) -> bool:
+    """``loader._auto_collation``: whether the loader batches with its own BatchSampler. Why:
+    rebuilding a loader needs to know whether ``batch_sampler`` was made from ``batch_size``;
+    the public attributes cannot tell a default BatchSampler from a user's."""
+    return bool(getattr(loader, "_auto_collation", True))
+
+
+def draw_loader_base_seed(loader: torch.utils.data.DataLoader) -> None:
+    """Draw from the loader's generator what a DataLoader iterator draws before its sampler runs
+    (its workers' base seed, ``_BaseDataLoaderIter.__init__``), so an imitation of the loader
+    (gpu_resident) shuffles exactly as the loader would. No public API exposes this order."""
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)

@@ -1,0 +1,78 @@
+"""Pins every Lightning and torch private fastloop uses (fastloop/_lightning_private.py and
+fastloop/_torch_private.py): when a release moves one, this fails and says which."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastloop import _lightning_private as lp
+from fastloop import _torch_private as tp
+from fastloop._compat import Trainer
+
+
+def _loader():
+    return DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long)), batch_size=4,
+                      shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def test_lightning_train_source_is_where_fit_put_it():
+    from tests.targets import tiny_mlp
+
+    module, loader = tiny_mlp()
+    seen = {}
+
+    class Probe(__import__("fastloop._compat", fromlist=["Callback"]).Callback):
+        def setup(self, trainer, pl_module, stage):
+            seen["source"] = lp.train_source(trainer)
+            lp.set_train_source(trainer, seen["source"])
+
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[Probe()], accelerator="cpu")
+    trainer.fit(module, train_dataloaders=loader)
+    assert seen["source"] is loader, ("Lightning moved trainer.fit_loop._data_source.instance: "
+                                      "update fastloop/_lightning_private.py")
+
+
+def test_grad_scaler_privates():
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    assert tp.scaler_scale(scaler) is None  # lazily created at the first step
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.randn(3, 2)).sum()).backward()
+    scaler.step(opt)
+    found = tp.found_inf(scaler, opt)
+    assert torch.is_tensor(found) and found.item() == 0, "GradScaler._found_inf_per_device changed"
+    scaler.update()
+    assert torch.is_tensor(tp.scaler_scale(scaler)), "GradScaler._scale changed: update fastloop/_torch_private.py"
+
+
+def test_conv_types_cover_every_conv():
+    for conv in (torch.nn.Conv1d(1, 1, 1), torch.nn.Conv2d(1, 1, 1), torch.nn.Conv3d(1, 1, 1),
+                 torch.nn.ConvTranspose2d(1, 1, 1)):
+        assert isinstance(conv, tp.CONV_TYPES), "torch.nn.modules.conv._ConvNd changed"
+    assert not isinstance(torch.nn.Linear(1, 1), tp.CONV_TYPES)
+
+
+def test_dynamo_counters_have_the_keys_we_read():
+    counters = tp.dynamo_counters()
+    for key in ("stats", "graph_break"):
+        assert hasattr(counters[key], "get"), f"torch._dynamo.utils.counters[{key!r}] changed"
+
+
+def test_loader_auto_collation_and_base_seed_order():
+    assert tp.loader_auto_collation(_loader()) is True
+    assert tp.loader_auto_collation(DataLoader(list(range(4)), batch_size=None)) is False
+
+    def indexed():
+        return DataLoader(TensorDataset(torch.arange(16)), batch_size=16, shuffle=True,
+                          generator=torch.Generator().manual_seed(5))
+
+    want = next(iter(indexed()))[0].tolist()  # the order the loader's own iterator gives
+    imitation = indexed()
+    tp.draw_loader_base_seed(imitation)
+    assert list(iter(imitation.sampler)) == want, (
+        "a DataLoader iterator no longer draws one base seed before its sampler: update "
+        "fastloop/_torch_private.draw_loader_base_seed")
+    plain = indexed()
+    assert list(iter(plain.sampler)) != want  # without the draw the order differs: the pin can fail
