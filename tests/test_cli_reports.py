@@ -175,3 +175,23 @@ def test_markdown_says_how_much_warmup_drained_the_loader():
     text = render_markdown(doc)
     assert f"Measured 4 steps after {9 + doc['warmup_extended_steps']} warm-up." in text
     assert "run: 8 of its warm-up steps drained the loader's prefetch buffer." in text
+
+
+def test_data_bound_doctor_names_gpu_resident_and_the_rate_to_reach():
+    from fastloop.doctor import diagnose
+
+    cfg = {"data_wait_frac": 0.6, "step_s": {"median": 0.01, "mean": 0.01}, "items_per_step": 256,
+           "peak_mem_bytes": 2**30, "speedups": [],
+           "extra": {"dataset": {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 120 * 2**20}}}
+    d = diagnose(cfg)
+    assert d["bottleneck"] == "data-bound" and d["recommendation"].startswith("gpu_resident: the dataset is 120 MiB")
+    assert "the feed delivers 25,600 items/s" in d["evidence"] and "must reach 64,000/s" in d["evidence"]
+    cfg["speedups"] = [{"name": "gpu_resident", "status": "applied", "reason": ""}]
+    assert not diagnose(cfg)["recommendation"].startswith("gpu_resident")
+
+
+def test_runner_describes_an_in_memory_dataset():
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu")
+    assert doc["extra"]["dataset"] == {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 256 * 16 * 4 + 256 * 8}

@@ -111,6 +111,17 @@ def _data_fix(applied: set[str], cuda: bool = True) -> str:
             "(dali, for JPEG data), cache decoded data, or make per-sample work cheaper.")
 
 
+def _feed_rates(cfg: dict, wait: float) -> str:
+    """'; the feed delivers N items/s, the step alone would take M/s: the feed must reach M'."""
+    mean = (cfg.get("step_s") or {}).get("mean")
+    items = cfg.get("items_per_step")
+    if not (mean and items) or wait >= 1:
+        return ""
+    demand = items / (mean * (1 - wait))
+    return (f"; the feed delivers {items / mean:,.0f} items/s and the step alone would consume {demand:,.0f}/s: "
+            f"the feed must reach {demand:,.0f}/s")
+
+
 def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     """Name the bottleneck of a measured configuration and the next fix to try."""
     wait = cfg.get("data_wait_frac") or 0.0
@@ -120,9 +131,15 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     mfu = cfg.get("mfu")
     applied = {x["name"] for x in cfg.get("speedups", []) if x.get("status") == "applied"}
     if wait >= 0.2:
+        cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
+        data = (cfg.get("extra") or {}).get("dataset") or {}
+        fix = _data_fix(applied, cuda=cuda)
+        if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied:
+            fix = (f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory tensors "
+                   f"({data['type']}); keep it on the GPU and serve batches there (no loader, no copies).")
         return {"bottleneck": "data-bound",
-                "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time.",
-                "recommendation": _data_fix(applied, cuda=cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available())}
+                "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
+                "recommendation": fix}
     if mem and total and mem > 0.9 * total:
         return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
                 "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}

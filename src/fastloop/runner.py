@@ -43,6 +43,18 @@ def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
     return "tf32" if "tf32" in applied or conv_tf32 else "fp32"
 
 
+def describe_dataset(loader: Any) -> dict | None:
+    """What the doctor needs to know of the training data: its type and, for in-memory tensors
+    (a TensorDataset or a Subset of one), their size: such data can live on the GPU."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return None
+    base = getattr(dataset, "dataset", dataset)  # a Subset's dataset
+    tensors = getattr(base, "tensors", None) if type(base).__name__ == "TensorDataset" else None
+    return {"type": type(dataset).__name__, "in_memory_tensors": tensors is not None,
+            "bytes": sum(t.numel() * t.element_size() for t in tensors) if tensors is not None else None}
+
+
 def weights_digest(module: torch.nn.Module) -> str:
     """SHA-256 of every parameter's bytes, in order: equal digests mean bitwise-equal weights."""
     h = hashlib.sha256()
@@ -220,6 +232,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     if not measure.measured_steps:
         raise UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
                             f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)")
+    described = describe_dataset(getattr(trainer, "train_dataloader", None))
+    if described:
+        extra["dataset"] = described
     records = records_of(trainer) + fallbacks
     if search is not None:
         records.append(Record("batch_size", "applied", f"batch size {search['batch_size']} "
