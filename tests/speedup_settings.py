@@ -1,0 +1,45 @@
+"""Parity settings for every registered speedup (the pattern of Composer's per-algorithm test
+settings). A speedup added to the registry without an entry here fails tests/test_parity.py.
+
+Each entry: the target both adapters train, the largest relative loss difference allowed
+between the Lightning run and the plain-loop run with the speedup on (0.0: bitwise equal,
+because the math is the same), and whether the speedup can apply on a CPU at all (if not, both
+adapters must skip it with the same reason; its GPU parity is in tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Parity:
+    target: str
+    rtol: float
+    cpu: bool
+    plain_loop: bool = True
+    """False where the speedup exists only in the run driver (the batch-size search)."""
+    slow: bool = False
+    """Marks the CPU parity run slow (compile: tens of seconds per process on a CPU)."""
+    option: str = ""
+    """Run as ``name:option`` (workers: a fixed count, so that it applies whatever it measures)."""
+
+
+MLP, CONV = "tests/targets.py:tiny_mlp", "tests/targets.py:tiny_conv"
+
+PARITY: dict[str, Parity] = {
+    "gpu_resident": Parity(MLP, 0.0, cpu=False),
+    "workers": Parity(MLP, 0.0, cpu=True, option="2"),
+    "pin_memory": Parity(MLP, 0.0, cpu=False),
+    "prefetch": Parity(MLP, 0.0, cpu=False),
+    "tf32": Parity(MLP, 0.0, cpu=False),
+    "cudnn_benchmark": Parity(CONV, 0.0, cpu=False),
+    "bf16": Parity(MLP, 2e-2, cpu=True),  # both autocast on the CPU; Lightning's plugin casts alike
+    "fp16": Parity(MLP, 0.0, cpu=False),
+    "fused_optimizer": Parity(MLP, 1e-5, cpu=True),
+    "channels_last": Parity(CONV, 1e-5, cpu=True),
+    "compile": Parity(MLP, 1e-4, cpu=True, slow=True),
+    "cuda_graph": Parity(MLP, 0.0, cpu=False),
+    "batch_size": Parity(MLP, 0.0, cpu=True, plain_loop=False),
+    "dali": Parity(MLP, 0.0, cpu=False),
+}

@@ -1,0 +1,69 @@
+"""Every registered speedup through both adapters (the Lightning callbacks, via the runner, and
+the plain loop) on the same model and data: the loss trajectories agree within the speedup's
+stated tolerance (tests/speedup_settings.py), and a speedup that cannot apply here is skipped
+by both with the same reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastloop.loop import FastLoop
+from fastloop.runner import run_configuration
+from fastloop.speedups import REGISTRY
+from tests.speedup_settings import PARITY
+from tests.targets import tiny_conv, tiny_mlp
+
+STEPS, WARMUP = 6, 2
+BUILD = {"tests/targets.py:tiny_mlp": tiny_mlp, "tests/targets.py:tiny_conv": tiny_conv}
+
+
+def test_every_registered_speedup_has_parity_settings():
+    missing = sorted(set(REGISTRY) - set(PARITY))
+    assert not missing, f"speedups without parity settings in tests/speedup_settings.py: {missing}"
+    assert not set(PARITY) - set(REGISTRY), "settings for speedups that are not registered"
+
+
+def _plain(target: str, spec: str):
+    module, loader = BUILD[target]()
+    conf = module.configure_optimizers()
+    loop = FastLoop(module, conf["optimizer"], loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"],
+                    scheduler=conf["lr_scheduler"]["scheduler"], speedups=spec, device="cpu")
+    return loop.train(steps=STEPS, warmup=WARMUP)
+
+
+def _close(a: list[float], b: list[float], rtol: float) -> float:
+    assert len(a) == len(b) == STEPS + WARMUP
+    return max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(a, b))
+
+
+def _cases():
+    for name in sorted(PARITY):
+        p = PARITY[name]
+        marks = [pytest.mark.slow] if p.slow else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", list(_cases()))
+def test_both_adapters_agree(name):
+    p = PARITY[name]
+    if torch.cuda.is_available() and not p.cpu:
+        pytest.skip("GPU parity of this speedup is in tests/test_gpu.py")
+    spec = f"{name}:{p.option}" if p.option else name
+    lit = run_configuration(p.target, spec, steps=STEPS, warmup=WARMUP, device="cpu", steady_warmup=False)
+    lit_rec = next(r for r in lit["speedups"] if r["name"] == name)
+    if not p.plain_loop:
+        assert lit_rec["status"] == "applied", lit_rec
+        return
+    plain = _plain(p.target, spec)
+    plain_rec = next(r for r in plain.records if r.name == name)
+    assert (lit_rec["status"], lit_rec["reason"]) == (plain_rec.status, plain_rec.reason)
+    if not p.cpu:
+        assert lit_rec["status"] == "skipped"
+        return
+    assert lit_rec["status"] == "applied", lit_rec
+    # the Lightning run may train more warm-up steps (draining a worker loader's buffer): compare
+    # the steps both trained
+    diff = _close(lit["losses"][:len(plain.losses)], plain.losses, p.rtol)
+    assert diff <= p.rtol, f"{name}: Lightning and plain-loop losses differ by {diff:.2e} > {p.rtol}"
