@@ -150,6 +150,23 @@ def _agree(flag: bool, step_s: float, device: torch.device) -> tuple[bool, float
     return bool(t[0].item()), float(t[1].item())
 
 
+@contextlib.contextmanager
+def _trial_steps_unlogged(module: LightningModule):
+    """Trial steps are not training: ``self.log`` in the user's ``training_step`` is a no-op
+    during the search (Lightning refuses logging from ``on_fit_start``, where the callback runs)."""
+    saved = {k: vars(module)[k] for k in ("log", "log_dict") if k in vars(module)}
+    module.log = lambda *a, **k: None  # type: ignore[method-assign]
+    module.log_dict = lambda *a, **k: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for k in ("log", "log_dict"):
+            if k in saved:
+                setattr(module, k, saved[k])
+            else:
+                delattr(module, k)
+
+
 def _trial(module: LightningModule, data: Any, size: int, device: torch.device, steps: int,
            autocast: torch.dtype | None) -> tuple[float, int]:
     """Run ``steps`` train steps at ``size``; returns (median step time of steps after the first, batch)."""
@@ -172,7 +189,7 @@ def _trial(module: LightningModule, data: Any, size: int, device: torch.device, 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            with ctx:
+            with ctx, _trial_steps_unlogged(module):
                 out = module.training_step(batch, i)
             loss = out["loss"] if isinstance(out, dict) else out
             loss.backward()
