@@ -27,37 +27,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(name: str, allow_zero: bool = False, most: int = 1_000_000):
-    def conv(text: str) -> int:
+def _number(convert: type, low: float, high: float, accepted: str, low_open: bool = False):
+    """An argparse type: ``convert(text)`` within the bounds, else one line saying what is accepted."""
+    def conv(text: str):
         try:
-            v = int(text)
+            v = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        low = 0 if allow_zero else 1
-        if not low <= v <= most:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer from {low} to {most:,}, got {v}")
+            raise argparse.ArgumentTypeError(f"{accepted}, got {text!r}") from None
+        if not (low < v if low_open else low <= v) or v > high:
+            raise argparse.ArgumentTypeError(f"{accepted}, got {text}")
         return v
     return conv
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--margin must be a number in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"--margin must be a number in (0, 1], got {text}")
-    return v
+def _positive(name: str, allow_zero: bool = False, most: int = 1_000_000):
+    low = 0 if allow_zero else 1
+    return _number(int, low, most, f"{name} must be an integer from {low} to {most:,}")
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--budget must be seconds (a number > 0), got {text!r}") from None
-    if not 0 < v < 1e6:
-        raise argparse.ArgumentTypeError(f"--budget must be seconds between 0 and 1e6, got {text}")
-    return v
+_fraction = _number(float, 0, 1, "--margin must be a number in (0, 1]", low_open=True)
+_seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6)", low_open=True)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ import torch
 from fastloop.errors import FastloopError
 
 __all__ = [
+    "parse_number",
     "raised_by_compiler",
     "REGISTRY",
     "Context",
@@ -167,6 +168,18 @@ class Speedup:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options or ''})"
+
+
+def parse_number(text: str, convert: type, low: float, high: float, *, message: str, low_open: bool = False) -> Any:
+    """``convert(text)`` if it lies in ``[low, high]`` (``(low, high]`` with ``low_open``), else a
+    FastloopError with ``message`` (which says what is accepted)."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise FastloopError(message) from None
+    if not (low < value if low_open else low <= value) or value > high:
+        raise FastloopError(message)
+    return value
 
 
 def raised_by_compiler(err: BaseException) -> bool:

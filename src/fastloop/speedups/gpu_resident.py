@@ -38,8 +38,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from torch.utils.data import default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
-from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Speedup, parse_number, register
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
 
@@ -124,13 +123,7 @@ class GPUResident(Speedup):
 
     @classmethod
     def parse_option(cls, text: str) -> float:
-        try:
-            share = float(text)
-        except ValueError:
-            raise FastloopError(f"gpu_resident:{text}: {cls.option_help}") from None
-        if not 0 < share <= 0.9:
-            raise FastloopError(f"gpu_resident:{text}: {cls.option_help}")
-        return share
+        return parse_number(text, float, 0, 0.9, low_open=True, message=f"gpu_resident:{text}: {cls.option_help}")
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         try:

@@ -26,8 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop.data import first_tensor, rebuild_loader
-from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Speedup, parse_number, register
 
 __all__ = ["Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
 
@@ -116,17 +115,11 @@ class Workers(Speedup):
     changes = "data"
     order = 10
 
-    option_help = "workers:N with N an integer from 1 to 256 (default: one per core, leaving one)"
+    option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
 
     @classmethod
     def parse_option(cls, text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise FastloopError(f"workers:{text}: the worker count must be an integer from 1 to 256") from None
-        if not 1 <= n <= 256:
-            raise FastloopError(f"workers:{text}: the worker count must be from 1 to 256")
-        return n
+        return parse_number(text, int, 1, 256, message=f"workers:{text}: the worker count must be an integer from 1 to 256")
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if getattr(loader, "fastloop_resident", False):
