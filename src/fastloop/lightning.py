@@ -92,14 +92,15 @@ class SpeedupCallback(Callback):
         try:
             if s.changes == "model":
                 targets = [pl_module]
-                if s.name == "compile":  # training_step calls the children, not pl_module.__call__
+                mode = s.compile_mode()
+                if mode is not None:  # training_step calls the children, not pl_module.__call__
                     targets = [c for c in pl_module.children() if any(True for _ in c.parameters())]
                 for t in targets:
                     s.apply_model(t, ctx)
-                if s.name == "compile":
+                if mode is not None:
                     pl_module._fastloop_compiled = True  # FLOP counting must not trace compiled code
-                    pl_module._fastloop_compile_mode = s.options.get("mode") or "default"
-            if s.changes == "data" and s.name not in ctx.records:
+                    pl_module._fastloop_compile_mode = mode
+            if s.changes == "data" and not ctx.decided(s.name):
                 _wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
             s.apply_step(self.plan, ctx)
             self._apply_plan(trainer, pl_module, ctx)

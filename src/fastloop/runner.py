@@ -186,20 +186,16 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
 
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}
-    search = None
-    if any(s.name == "batch_size" for s in chosen):
-        from fastloop.batch_size import search_batch_size
-
-        others = [s.spec for s in chosen if s.name != "batch_size"]
-        search = search_batch_size(module, data, speedups=others, device=str(dev))
-        extra["batch_size_search"] = {k: search[k] for k in ("batch_size", "max_fitting", "search_s", "restored")}
-        if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:  # a loader is fixed at build
-            from fastloop.data import rebuild_loader
-
-            data = rebuild_loader(data, batch_size=search["batch_size"])
+    prepared: list[Record] = []
+    in_training = [s for s in chosen if not s.prepares_run]
+    for s in chosen:
+        if s.prepares_run:
+            data, record, stats = s.prepare_run(module, data, [o.spec for o in in_training], dev)
+            prepared.append(record)
+            extra.update(stats)
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    cbs = [SpeedupCallback(s) for s in chosen if s.name != "batch_size"]
+    cbs = [SpeedupCallback(s) for s in in_training]
     measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup)
     trainer = Trainer(
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
@@ -235,17 +231,12 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     described = describe_dataset(getattr(trainer, "train_dataloader", None))
     if described:
         extra["dataset"] = described
-    records = records_of(trainer) + fallbacks
-    if search is not None:
-        records.append(Record("batch_size", "applied", f"batch size {search['batch_size']} "
-                                                       f"(largest fitting {search['max_fitting']}, search {search['search_s']:.1f} s)"))
+    records = records_of(trainer) + fallbacks + prepared
     for cb in cbs:
         if cb.ctx is not None:
             extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
-    if any(r.name == "compile" and r.status == "applied" for r in records):
-        from fastloop.speedups.compile import compile_counters
-
-        extra["compile_counters"] = compile_counters()
+        if cb.record.status == "applied":
+            extra.update(cb.speedup.run_stats())
     unit = getattr(module, "throughput_unit", "samples")
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES)
                                                               for m in module.modules())

@@ -6,7 +6,8 @@ A speedup is a measured change. Each one
 2. changes exactly one of four things (:attr:`Speedup.changes`): the model, the optimizer,
    the data pipeline or the train step;
 3. is applied through the same object by the plain-loop wrapper (:mod:`fastloop.loop`) and by
-   the Lightning callbacks (:mod:`fastloop.lightning`).
+   the Lightning callbacks (:mod:`fastloop.lightning`), which import this module (never the
+   other way round).
 
 Example:
     >>> from fastloop.speedups import resolve
@@ -72,6 +73,10 @@ class Context:
 
     def record(self, name: str, status: Status, reason: str = "") -> None:
         self.records[name] = Record(name, status, reason)
+
+    def decided(self, name: str) -> bool:
+        """Has this speedup's outcome been recorded already (skipped or fallback at a stage)?"""
+        return name in self.records
 
     def applied(self, name: str) -> bool:
         rec = self.records.get(name)
@@ -144,11 +149,22 @@ class Speedup:
     def apply_step(self, plan: StepPlan, ctx: Context) -> None:
         return None
 
-    def callback(self):
-        """The Lightning callback that applies this speedup to an existing Trainer."""
-        from fastloop.lightning import callback_for
+    prepares_run: ClassVar[bool] = False
+    """True for a speedup the run driver applies before training (the batch-size search)."""
 
-        return callback_for(self)
+    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device) -> tuple[Any, Record, dict]:
+        """Before training (only when :attr:`prepares_run`): returns the data to train on, this
+        speedup's record and statistics for the report."""
+        raise NotImplementedError
+
+    def compile_mode(self) -> str | None:
+        """The ``torch.compile`` mode this speedup compiles the model with (None: it does not).
+        An adapter whose step calls the module's children compiles those children."""
+        return None
+
+    def run_stats(self) -> dict:
+        """Statistics to add to the report after a run in which this speedup applied."""
+        return {}
 
     def uses_cudagraphs(self) -> bool:
         """True when this speedup replays CUDA graphs through ``torch.compile`` (the adapter then

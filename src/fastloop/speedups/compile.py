@@ -60,5 +60,11 @@ class Compile(Speedup):
     def uses_cudagraphs(self) -> bool:
         return (self.options.get("mode") or "default") in ("reduce-overhead", "max-autotune")
 
+    def compile_mode(self) -> str:
+        return self.options.get("mode") or "default"
+
+    def run_stats(self) -> dict:
+        return {"compile_counters": compile_counters()}
+
     def claims(self, err: BaseException) -> bool:
         return raised_by_compiler(err)
