@@ -118,3 +118,35 @@ def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
     assert doc["rungs"][-1].get("final")
     md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "+bf16 (failed" in md and "+fused_optimizer" in md and "+fused_optimizer" in html
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("cmd", [["run", "tests/targets.py:slow_workers", "--steps", "100000"],
+                                 ["batch-size", "tests/targets.py:sleepy", "--max", "4096"]])
+def test_ctrl_c_during_run_and_batch_size(cmd, tmp_path):
+    """In-process commands: Lightning turns Ctrl-C into its own shutdown and exit(1); fastloop
+    answers 130 within 2 s, no traceback, and leaves no loader worker behind."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", *cmd, "--device", "cpu", "--quiet"], cwd=ROOT,
+                            env=dict(os.environ, FASTLOOP_TEST_MARK=mark), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60  # running: torch imported, the target built (workers up, for run)
+        want = 3 if cmd[0] == "run" else 1
+        while len(_processes_with(mark)) < want and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(3.0)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=10)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert rc == 130, err
+    assert took < 2.0, took
+    assert "Traceback" not in err
+    time.sleep(1.0)
+    assert _processes_with(mark) == []

@@ -58,3 +58,26 @@ def test_run_ab_uses_the_run_as_the_unit():
     sig = sum(run_ab("x", "none", "none", measure=fake)["speedup"]["significant"] for _ in range(100))
     assert calls == 100 * 2 * DEFAULT_REPEATS
     assert sig <= 10  # ~3% expected; 10 of 100 is far outside chance
+
+
+def _ladder_fake(effect: float, rng):
+    def measure(target, spec, **kw):
+        mean = 0.01 / (effect if spec != "none" else 1.0)
+        return {"step_s_all": list(mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
+                "speedups": [{"name": "fused_optimizer", "status": "applied", "reason": ""}] if spec != "none" else [],
+                "items_per_step": 16, "throughput": {"value": 1.0, "unit": "samples/s"}, "data_wait_frac": 0.0}
+    return measure
+
+
+@pytest.mark.parametrize("effect,bound", [(1.0, 0.05), (1.10, 0.80)])
+def test_ladder_keep_rate_at_the_defaults(effect, bound):
+    """The ladder's own decision (3 runs, then up to 6 when unclear; Bonferroni over the two
+    looks) keeps a useless candidate in <= 5% and a true 10% speed-up in >= 80% of 300 ladders
+    (at 5 runs it was 77%: hence the default of 6)."""
+    from fastloop.ladder import run_ladder
+
+    rng = np.random.default_rng(99)
+    kept = sum(run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu")["selected"]
+               == ["fused_optimizer"] for _ in range(300))
+    rate = kept / 300
+    assert (rate <= bound) if effect == 1.0 else (rate >= bound), rate

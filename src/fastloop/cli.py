@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
     sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
-    sp.add_argument("--max-repeats", type=_positive("--max-repeats", most=100), default=5,
+    sp.add_argument("--max-repeats", type=_positive("--max-repeats", most=100), default=6,
                     help="most runs a side per comparison (3 first; more only while the answer is unclear)")
     sp.add_argument("--budget", type=_seconds, default=None,
                     help="seconds: stop adding runs to a comparison once the ladder has run this long")

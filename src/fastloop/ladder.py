@@ -288,7 +288,7 @@ def _baseline_failed(runs: Runs) -> Exception:
 
 
 def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
-               max_repeats: int = 5, budget: float | None = None, mode: str = "select", device: str = "cpu",
+               max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
                measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
                on_update: Callable[[dict], None] | None = None) -> dict:
     """Run the ladder; returns its document (without the env stamp).
