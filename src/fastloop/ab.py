@@ -63,9 +63,10 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
         return measure(target_, key.split(":", 1)[1], **kw)
 
     update = (lambda: on_update(_doc(a, b, runs, repeats))) if on_update else None
+    shown = (lambda text: progress(text.replace("of a:", "of A = ").replace("of b:", "of B = "))) if progress else None
     try:
         measure_interleaved(target, [f"a:{a}", f"b:{b}"], repeats, measure=by_side, steps=steps, warmup=warmup,
-                            device=device, runs=runs, progress=progress, on_run=update)
+                            device=device, runs=runs, progress=shown, on_run=update)
     except KeyboardInterrupt:
         doc = _doc(a, b, runs, repeats)
         doc["interrupted"] = True
