@@ -13,7 +13,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from fastloop.errors import FastloopError
@@ -238,8 +243,34 @@ def _print(doc: dict) -> None:
     print_document(doc, console)
 
 
+INTERRUPT_DEADLINE_S = 1.2
+"""After Ctrl-C the command has this long to write what it finished; then it ends regardless."""
+
+
+def _arm_interrupt_deadline() -> None:
+    """On the first Ctrl-C, a timer ends the process (status 130, its loader workers and other
+    children killed) if the orderly path (Lightning's shutdown, writing the reports) has not
+    finished within :data:`INTERRUPT_DEADLINE_S`; the orderly path runs meanwhile as usual."""
+    def deadline() -> None:
+        time.sleep(INTERRUPT_DEADLINE_S)
+        for child in multiprocessing.active_children():  # DataLoader workers
+            child.kill()
+        sys.stderr.write("fastloop: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing now
+        threading.Thread(target=deadline, daemon=True).start()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
+    if argv is None and threading.current_thread() is threading.main_thread():
+        _arm_interrupt_deadline()
     try:
         args = _parser().parse_args(argv)
     except KeyboardInterrupt:

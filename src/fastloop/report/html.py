@@ -89,12 +89,15 @@ def render_html(doc: dict) -> str:
                    ("name", "step", "spread", "throughput", "wait", "mem", "compile", "mfu", "vs_prev", "vs_base",
                     "bottleneck", "decision"))
                    + "</tr>" for r in rows(doc))
-    imgs = "".join(f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
-                   for n, b in _plots(doc))
+    # Interrupted: answer Ctrl-C at once; the plots (the slow part) wait for a finished run
+    imgs = "" if doc.get("interrupted") else "".join(
+        f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
+        for n, b in _plots(doc))
     notes = []
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
-        top += f"<p><b>{'Interrupted' if doc.get('interrupted') else 'In progress'}:</b> the configurations finished so far.</p>"
+        top += (f"<p><b>{'Interrupted' if doc.get('interrupted') else 'In progress'}:</b> the configurations "
+                f"finished so far{' (plots are drawn for finished runs only)' if doc.get('interrupted') else ''}.</p>")
     if selected_line(doc):
         top += f"<h2>{e(selected_line(doc))}</h2>"
         if doc.get("callbacks_line"):
