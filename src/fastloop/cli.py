@@ -145,7 +145,19 @@ def _progress(args: argparse.Namespace):
     return prog, lambda text: prog.update(task, description=text)
 
 
+def _check_speedup_lists(args: argparse.Namespace) -> None:
+    """Every speedup list of the command, checked before Lightning is imported (the registry's
+    modules need torch, so this is the first check that pays for the torch import)."""
+    from fastloop.speedups import resolve
+
+    for flag in ("speedups", "a", "b", "rungs"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            resolve(value)
+
+
 def _dispatch(args: argparse.Namespace) -> dict:
+    _check_speedup_lists(args)
     from fastloop.loop import resolve_device
 
     device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
