@@ -71,3 +71,40 @@ def test_compile_claims_compiler_errors_only():
     except RuntimeError as err:
         assert compile_.claims(err)
     assert not compile_.claims(ValueError("shapes do not match in my_loss"))
+
+
+def test_compile_with_graphs_falls_back_to_compile_without_them():
+    from fastloop.speedups import resolve
+
+    compile_, = resolve("compile:reduce-overhead")
+    err = RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
+    variant = compile_.fallback_variant(err)
+    assert variant is not None and variant.spec == "compile:default" and not variant.uses_cudagraphs()
+    assert resolve("compile:max-autotune")[0].fallback_variant(err).spec == "compile:max-autotune-no-cudagraphs"
+    assert resolve("compile")[0].fallback_variant(err) is None  # no graphs to give up: dropped
+    assert compile_.fallback_variant(RuntimeError("an Inductor lowering failed")) is None
+
+
+class ExplodeMild(Explode):
+    """Test-only: fails at its third step; its milder variant (a no-op) runs instead."""
+
+    name = "explode_mild"
+
+    def fallback_variant(self, err: BaseException):
+        class Mild(Speedup):
+            name = "explode_mild"
+            changes = "model"
+            order = 99
+        return Mild(mode="mild")
+
+
+def test_a_milder_variant_runs_instead_and_the_record_says_so():
+    register(ExplodeMild)
+    try:
+        doc = run_configuration("tests/targets.py:tiny_mlp", "explode_mild", steps=4, warmup=1, device="cpu",
+                                steady_warmup=False)
+    finally:
+        REGISTRY.pop("explode_mild")
+    recs = [r for r in doc["speedups"] if r["name"] == "explode_mild"]
+    assert len(recs) == 1 and recs[0]["status"] == "fallback"
+    assert "repeated as explode_mild:mild" in recs[0]["reason"]

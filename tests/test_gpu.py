@@ -217,5 +217,5 @@ def test_lightning_demo_transformer_with_cuda_graphs_ends_cleanly(spec):
     rec = {r["name"]: r for r in doc["speedups"]}
     graph = rec.get("cuda_graph") or rec["compile"]
     assert graph["status"] in ("applied", "fallback"), graph
-    if graph["status"] == "fallback":
-        assert "repeated without it" in graph["reason"]
+    if graph["status"] == "fallback":  # cuda_graph is dropped; compile keeps its kernels without the graphs
+        assert ("repeated as compile:default" if spec.startswith("compile") else "repeated without it") in graph["reason"]

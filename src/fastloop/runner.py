@@ -172,9 +172,13 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
             torch.compiler.reset()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-            chosen = [s for s in chosen if s is not failed.speedup]
+            variant = failed.speedup.fallback_variant(failed.err)
+            chosen = [variant if s is failed.speedup else s for s in chosen if s is not failed.speedup or variant]
+            then = f"as {variant.spec}" if variant is not None else "without it"
+            fallbacks[:] = [r for r in fallbacks if r.name != failed.speedup.name]
             fallbacks.append(Record(failed.speedup.name, "fallback",
-                                    f"failed while training ({_first_line(failed.err)}); the run was repeated without it"))
+                                    f"{failed.speedup.spec} failed while training ({_first_line(failed.err)}); "
+                                    f"the run was repeated {then}"))
             continue
         doc["speedups"].sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
         return doc
@@ -231,7 +235,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     described = describe_dataset(getattr(trainer, "train_dataloader", None))
     if described:
         extra["dataset"] = described
-    records = records_of(trainer) + fallbacks + prepared
+    fell_back = {r.name for r in fallbacks}  # a variant that ran instead keeps its fallback record
+    records = [r for r in records_of(trainer) if r.name not in fell_back] + fallbacks + prepared
     for cb in cbs:
         if cb.ctx is not None:
             extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})

@@ -171,6 +171,11 @@ class Speedup:
         marks the start of every step, so a step's outputs are not overwritten by the next)."""
         return False
 
+    def fallback_variant(self, err: BaseException) -> Speedup | None:
+        """After this speedup claimed ``err``: a milder form of it to repeat the run with (None:
+        the run is repeated without it)."""
+        return None
+
     def claims(self, err: BaseException) -> bool:
         """True when ``err``, raised while training, is this speedup's failure (then the run falls
         back: it is repeated without this speedup, and its record says ``fallback``)."""

@@ -68,3 +68,11 @@ class Compile(Speedup):
 
     def claims(self, err: BaseException) -> bool:
         return raised_by_compiler(err)
+
+    def fallback_variant(self, err: BaseException) -> Compile | None:
+        """A CUDA-graph failure of reduce-overhead/max-autotune keeps the compiled kernels:
+        the run is repeated without the graphs (default mode, or max-autotune-no-cudagraphs)."""
+        if not self.uses_cudagraphs() or "cudagraph" not in f"{err}".lower():
+            return None
+        mode = "max-autotune-no-cudagraphs" if self.compile_mode() == "max-autotune" else "default"
+        return Compile(mode=mode)
