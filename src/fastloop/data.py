@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fastloop._torch_private import loader_auto_collation
 
-__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "to_channels_last", "to_device"]
+__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "tensor_dataset_parts", "to_channels_last",
+           "to_device"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -49,6 +50,16 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
 
     map_tensors(grab, batch)
     return found[0] if found else None
+
+
+def tensor_dataset_parts(dataset: Any) -> tuple[tuple[torch.Tensor, ...], list[int] | None] | None:
+    """The tensors behind a ``TensorDataset``, or behind a ``Subset`` of one with its indices
+    (None for any other dataset: its ``__getitem__`` may do per-sample work)."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors), None
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
+        return tuple(dataset.dataset.tensors), list(dataset.indices)
+    return None
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

@@ -30,8 +30,9 @@ import torch
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, merge_runs
 from fastloop.doctor import diagnose
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import Context, resolve
+from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 
 __all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder"]
 
@@ -82,18 +83,16 @@ def _feed_line(doc: dict) -> str:
 class _Ladder:
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
-                 max_repeats: int, budget: float | None, mode: str, reuse_base: bool = True) -> None:
+                 max_repeats: int, budget: float | None, mode: str) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
         self.measure, self.progress, self.on_update = measure, progress, on_update
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
-        self.runs: dict[str, Runs] = {}
         self.rungs: list[dict] = []
         self.selected: list[str] = []
         self.final: dict | None = None
         self.t0 = time.perf_counter()
         self._pending: dict[str, Runs] | None = None
         self.interrupted = False
-        self.reuse_base = reuse_base
         self.best_runs: dict[str, Runs] = {}
 
     # -- measurement -------------------------------------------------------------------------
@@ -111,14 +110,12 @@ class _Ladder:
         looks = self._looks()
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         fresh: dict[str, Runs] = {}
-        if self.reuse_base and base in self.best_runs:  # the best configuration's runs so far count again
+        if base in self.best_runs:  # the best configuration's runs so far count again
             fresh[base] = self.best_runs[base]
         ci = None
-        done = 0
         for i, n in enumerate(looks):
             self._measure([base, cand], n, fresh, up_to=n)
             self.best_runs[base] = fresh[base]
-            done = n
             ci = compare(fresh[base], fresh[cand], confidence=confidence)
             if ci is None or ci["significant"] or i == len(looks) - 1:
                 break
@@ -126,7 +123,7 @@ class _Ladder:
                 break
             if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
                 break
-        return fresh, ci, done
+        return fresh, ci, n
 
     # -- documents -----------------------------------------------------------------------------
     def _rung_doc(self, label: str, spec: str, runs: Runs | None, status: str, reason: str) -> dict:
@@ -249,34 +246,28 @@ class _Ladder:
         return self.document()
 
     def _final_from(self, fresh: dict[str, Runs]) -> None:
+        """The final rung from interleaved runs of the baseline and the selected set."""
         spec = _join(self.selected)
         runs = fresh[spec]
-        self.final = self._rung_doc("selected: " + spec, spec, runs, "applied", "")
+        status = "applied" if runs.docs else "failed"
+        self.final = self._rung_doc("selected: " + spec, spec, runs, status, runs.failures[-1] if runs.failures else "")
         self.final["speedup_vs_baseline"] = compare(fresh["none"], runs)
         self.final["final"] = True
 
     def _final(self) -> None:
-        spec = _join(self.selected)
-        label = "selected: " + spec
         if not self.selected:
             assert self.base_runs is not None
-            self.final = self._rung_doc(label, "none", self.base_runs, "applied", "nothing was kept: the baseline")
+            self.final = self._rung_doc("selected: none", "none", self.base_runs, "applied",
+                                        "nothing was kept: the baseline")
             self.final["speedup_vs_baseline"] = None
             self.final["final"] = True
             return
         fresh: dict[str, Runs] = {}
-        self._measure(["none", spec], max(MIN_REPEATS, self.max_repeats), fresh)
-        runs = fresh[spec]
-        status = "applied" if runs.docs else "failed"
-        self.final = self._rung_doc(label, spec, runs, status, runs.failures[-1] if runs.failures else "")
-        self.final["speedup_vs_baseline"] = compare(fresh["none"], runs)
-        self.final["final"] = True
+        self._measure(["none", _join(self.selected)], max(MIN_REPEATS, self.max_repeats), fresh)
+        self._final_from(fresh)
 
 
 def _baseline_failed(runs: Runs) -> Exception:
-    from fastloop.errors import UserCodeError
-    from fastloop.subproc import ConfigurationFailed
-
     rc = runs.returncodes[-1] if runs.returncodes else None
     message = runs.failures[-1] if runs.failures else "the baseline did not run"
     if rc == 2:
@@ -296,8 +287,6 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
     document of what finished is returned with ``"interrupted": True``.
     """
-    from fastloop.subproc import run_in_subprocess
-
     if mode not in ("select", "cumulative"):
         raise FastloopError(f"ladder mode must be 'select' or 'cumulative', got {mode!r}")
     if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:

@@ -24,6 +24,7 @@ from fastloop._lightning_private import set_train_source, train_source
 from fastloop._torch_private import scaler_scale
 from fastloop.data import to_channels_last
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.compile import CUDAGRAPH_MODES
 from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.tf32 import apply_tf32, restore_tf32
@@ -139,15 +140,16 @@ class SpeedupCallback(Callback):
             # compile speedup compiled the children already, its mode is raised instead: one
             # compilation (compile is lazy: nothing was compiled yet).
             already = getattr(pl_module, "_fastloop_compile_mode", None)
-            if already in ("reduce-overhead", "max-autotune"):
+            if already in CUDAGRAPH_MODES:
                 ctx.stats["cuda_graph"] = f"captured by compile:{already}"
-            for child in pl_module.children():
-                if already not in ("reduce-overhead", "max-autotune") and any(True for _ in child.parameters()):
-                    child.compile(mode="reduce-overhead")
-            if already is not None and already not in ("reduce-overhead", "max-autotune"):
-                ctx.stats["cuda_graph"] = f"compile's mode raised from {already} to reduce-overhead"
+            else:
+                for child in pl_module.children():
+                    if any(True for _ in child.parameters()):
+                        child.compile(mode="reduce-overhead")
+                if already is not None:
+                    ctx.stats["cuda_graph"] = f"compile's mode raised from {already} to reduce-overhead"
+                pl_module._fastloop_compile_mode = "reduce-overhead"
             pl_module._fastloop_compiled = True
-            pl_module._fastloop_compile_mode = "reduce-overhead" if already not in ("max-autotune",) else already
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):

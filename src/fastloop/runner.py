@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Trainer
 from fastloop._torch_private import CONV_TYPES
+from fastloop.data import tensor_dataset_parts
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.loop import resolve_device
@@ -49,10 +50,13 @@ def describe_dataset(loader: Any) -> dict | None:
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
         return None
-    base = getattr(dataset, "dataset", dataset)  # a Subset's dataset
-    tensors = getattr(base, "tensors", None) if type(base).__name__ == "TensorDataset" else None
-    return {"type": type(dataset).__name__, "in_memory_tensors": tensors is not None,
-            "bytes": sum(t.numel() * t.element_size() for t in tensors) if tensors is not None else None}
+    parts = tensor_dataset_parts(dataset)
+    if parts is None:
+        return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None}
+    tensors, indices = parts
+    n = len(indices) if indices is not None else len(tensors[0])
+    return {"type": type(dataset).__name__, "in_memory_tensors": True,
+            "bytes": n * sum(t[0].numel() * t.element_size() for t in tensors)}
 
 
 def weights_digest(module: torch.nn.Module) -> str:

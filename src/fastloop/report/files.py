@@ -51,19 +51,14 @@ def _check_name(path: str, flag: str) -> Path:
 def _ours(path: Path) -> bool:
     """Did fastloop write this file? (JSON with a fastloop_version, or a report with the marker.)"""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    text = head.decode("utf-8", "replace")
-    if path.suffix == ".json":
-        try:
+        if path.suffix == ".json":
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
-        except (OSError, ValueError):
-            return False
-        return isinstance(doc, dict) and "fastloop_version" in doc
-    return MARKER in text
+            return isinstance(doc, dict) and "fastloop_version" in doc
+        with open(path, "rb") as f:
+            return MARKER in f.read(4096).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False
 
 
 def _check_writable_dir(folder: Path, flag: str, shown: str) -> None:

@@ -18,9 +18,11 @@ from fastloop._torch_private import dynamo_counters
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, raised_by_compiler, register
 
-__all__ = ["Compile", "apply_compile", "compile_counters"]
+__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters"]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes in which torch.compile replays CUDA graphs."""
 
 
 def apply_compile(model: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
@@ -58,7 +60,7 @@ class Compile(Speedup):
         return apply_compile(model, self.options.get("mode") or "default")
 
     def uses_cudagraphs(self) -> bool:
-        return (self.options.get("mode") or "default") in ("reduce-overhead", "max-autotune")
+        return self.compile_mode() in CUDAGRAPH_MODES
 
     def compile_mode(self) -> str:
         return self.options.get("mode") or "default"

@@ -34,10 +34,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Subset, TensorDataset
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
+from fastloop.data import tensor_dataset_parts
 from fastloop.speedups.base import Context, Speedup, parse_number, register
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
@@ -86,11 +86,13 @@ class GPUResidentLoader:
 
 
 def _tensors_of(dataset: Any) -> tuple[torch.Tensor, ...]:
-    if isinstance(dataset, TensorDataset):
-        return tuple(dataset.tensors)
-    if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
-        index = torch.as_tensor(list(dataset.indices), dtype=torch.long)
-        return tuple(t.index_select(0, index) for t in dataset.dataset.tensors)
+    parts = tensor_dataset_parts(dataset)
+    if parts is not None:
+        tensors, indices = parts
+        if indices is None:
+            return tensors
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return tuple(t.index_select(0, index) for t in tensors)
     raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
                       "(random augmentations would be frozen); gpu_resident takes a TensorDataset (or a Subset of one)")
 
