@@ -63,7 +63,9 @@ def test_finds_the_limit_in_at_most_10_trials_and_keeps_margin():
     assert len(doc["trials"]) <= 10, doc["trials"]
     assert 0.95 * 300 <= doc["max_fitting"] <= 300
     assert doc["batch_size"] == int(0.9 * doc["max_fitting"])
-    assert d.batch_size == doc["batch_size"] and doc["written_to"] == "Data.batch_size"
+    # written everywhere Lightning's BatchSizeFinder writes: module attribute, hparams, DataModule
+    assert d.batch_size == m.batch_size == m.hparams.batch_size == doc["batch_size"]
+    assert doc["written_to"] == "OOMAbove.batch_size, LightningModule.hparams.batch_size, Data.batch_size"
     assert doc["restored"] is True
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in w_before.items())
     assert torch.equal(rng_before, torch.get_rng_state())

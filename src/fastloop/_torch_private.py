@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONV_TYPES", "draw_loader_base_seed", "dynamo_counters", "found_inf", "loader_auto_collation",
-           "scaler_scale"]
+__all__ = ["CONV_TYPES", "compiled_call", "draw_loader_base_seed", "dynamo_counters", "found_inf", "is_compiled",
+           "loader_auto_collation", "loader_iterator", "scaler_scale", "set_compiled_call", "shutdown_workers"]
 
 # Why: "is this a convolution" for cuDNN and MFU decisions. Public alternative: listing
 # Conv1d/2d/3d and the transposed ones (which is what this tuple is built from, where it can).
@@ -51,3 +51,41 @@ def draw_loader_base_seed(loader: torch.utils.data.DataLoader) -> None:
     (its workers' base seed, ``_BaseDataLoaderIter.__init__``), so an imitation of the loader
     (gpu_resident) shuffles exactly as the loader would. No public API exposes this order."""
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+
+
+def compiled_call(module: torch.nn.Module) -> Any:
+    """What ``nn.Module.compile`` installed on ``module`` (``module._compiled_call_impl``; None when
+    not compiled). Why: after a fit the Lightning callbacks put a compiled child back as it was;
+    torch has no public "uncompile"."""
+    return getattr(module, "_compiled_call_impl", None)
+
+
+def set_compiled_call(module: torch.nn.Module, value: Any) -> None:
+    """Put back what :func:`compiled_call` returned (same private, same reason)."""
+    module._compiled_call_impl = value
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Whether ``module`` or any submodule was compiled in place (``nn.Module.compile``). Why: FLOP
+    counting must not trace compiled code; no public API tells a compiled module apart."""
+    return any(compiled_call(m) is not None for m in module.modules())
+
+
+def loader_iterator(loader: torch.utils.data.DataLoader) -> Any:
+    """The iterator a loader with persistent workers keeps between epochs (``loader._iterator``;
+    None before the first epoch). Why: such a loader reuses it, and the workers it holds live
+    until it is dropped; there is no public way to end them."""
+    return getattr(loader, "_iterator", None)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """End the persistent worker processes a DataLoader holds (``_shutdown_workers`` of its kept
+    iterator, then drop the iterator). Why: the loaders fastloop built for a fit must not keep
+    processes alive after it; torch ends them only when the loader is garbage-collected."""
+    it = loader_iterator(loader) if isinstance(loader, torch.utils.data.DataLoader) else None
+    if it is None:
+        return
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    loader._iterator = None

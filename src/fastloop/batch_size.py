@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import inspect
 import random
 import time
 from collections.abc import Callable
@@ -74,18 +75,80 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _bytes(v: Any) -> bytes:
+    """A tensor's bytes (0-dim tensors too: a byte view needs at least one dimension)."""
+    if not torch.is_tensor(v):
+        return repr(v).encode()
+    return v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
+
+
+def _metric_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """torchmetrics metrics (their states are attributes, not buffers: state_dict leaves them out)."""
+    return [m for m in module.modules() if hasattr(m, "_defaults") and hasattr(m, "_update_count")]
+
+
 def _digest(module: torch.nn.Module, optimizers: list) -> str:
     h = hashlib.sha256()
     for k, v in module.state_dict().items():
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+        h.update(_bytes(v))
+    for k, v in module.named_buffers():  # non-persistent buffers too
+        h.update(k.encode())
+        h.update(_bytes(v))
+    for m in _metric_modules(module):
+        for k in sorted(m._defaults):
+            h.update(k.encode())
+            v = getattr(m, k)
+            for t in (v if isinstance(v, list) else [v]):
+                h.update(_bytes(t))
+        h.update(repr(m._update_count).encode())
     for opt in optimizers:
         for st in opt.state.values():
             for k, v in sorted(st.items()):
                 h.update(k.encode())
-                h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+                h.update(_bytes(v))
         h.update(repr([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]).encode())
     return h.hexdigest()
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _snapshot(module: torch.nn.Module) -> dict:
+    """Everything a trial step may change on the module: its state_dict, non-persistent buffers,
+    torchmetrics states, and the plain Python attributes (counters, flags) of every submodule."""
+    def clone(v: Any) -> Any:
+        if torch.is_tensor(v):
+            return v.detach().clone()
+        if isinstance(v, list):
+            return [clone(x) for x in v]
+        return v
+
+    return {
+        "state": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "buffers": {k: v.detach().clone() for k, v in module.named_buffers()},
+        "metrics": [(m, {k: clone(getattr(m, k)) for k in m._defaults},
+                     {k: vars(m).get(k) for k in ("_update_count", "_computed", "_forward_cache")})
+                    for m in _metric_modules(module)],
+        "plain": [(m, {k: v for k, v in vars(m).items() if isinstance(v, _PLAIN)}) for m in module.modules()],
+    }
+
+
+def _restore(module: torch.nn.Module, snap: dict) -> None:
+    with torch.no_grad():
+        module.load_state_dict(snap["state"])
+        for k, v in module.named_buffers():
+            if k in snap["buffers"]:
+                v.copy_(snap["buffers"][k])
+    for m, states, extra in snap["metrics"]:
+        for k, v in states.items():
+            setattr(m, k, v)
+        for k, v in extra.items():
+            setattr(m, k, v)
+    for m, attrs in snap["plain"]:
+        for k, v in attrs.items():
+            if vars(m).get(k, object()) is not v:
+                vars(m)[k] = v
 
 
 def _rng_state() -> dict:
@@ -103,41 +166,62 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _holder(module: LightningModule, data: Any) -> tuple[Any, str] | None:
-    """Where the target keeps its batch size (Lightning's convention): datamodule, module, hparams."""
-    if isinstance(data, LightningDataModule) and hasattr(data, "batch_size"):
-        return data, "attr"
-    if hasattr(module, "batch_size"):
-        return module, "attr"
-    if "batch_size" in getattr(module, "hparams", {}):
-        return module.hparams, "item"
-    return None
+def _holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
+    """Every place the target keeps its batch size, where Lightning's ``BatchSizeFinder`` looks:
+    the module's attribute, its hparams, the DataModule's attribute, its hparams."""
+    out: list[tuple[Any, str]] = []
+    places: list[Any] = [module] + ([data] if isinstance(data, LightningDataModule) else [])
+    for obj in places:
+        if "batch_size" in vars(obj) or isinstance(getattr(type(obj), "batch_size", None), property):
+            out.append((obj, "attr"))
+        hp = getattr(obj, "hparams", None)
+        try:
+            if hp is not None and "batch_size" in hp:
+                out.append((hp, "item"))
+        except TypeError:  # hparams of a type without "in"
+            pass
+    return out
+
+
+def _current(holders: list[tuple[Any, str]]) -> int | None:
+    if not holders:
+        return None
+    obj, kind = holders[-1]  # Lightning reads the last holder
+    value = obj["batch_size"] if kind == "item" else obj.batch_size
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
-    """Write ``size`` where the target keeps its batch size; returns where it went."""
-    where = _holder(module, data)
-    if where is None:
+    """Write ``size`` everywhere the target keeps its batch size; returns where it went."""
+    holders = _holders(module, data)
+    if not holders:
         return "nowhere (no batch_size attribute or hparam; the DataLoader is rebuilt instead)"
-    obj, kind = where
-    if kind == "item":
-        obj["batch_size"] = size
-        return "LightningModule.hparams.batch_size"
-    obj.batch_size = size
-    if obj is module and "batch_size" in getattr(module, "hparams", {}):
-        module.hparams["batch_size"] = size
-    return f"{type(obj).__name__}.batch_size"
+    names = []
+    for obj, kind in holders:
+        if kind == "item":
+            obj["batch_size"] = size
+            names.append(f"{'LightningModule' if obj is getattr(module, 'hparams', None) else 'DataModule'}.hparams.batch_size")
+        else:
+            obj.batch_size = size
+            names.append(f"{type(obj).__name__}.batch_size")
+    return ", ".join(names)
+
+
+_NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
+            "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
+            "build train_dataloader() from it, or pass a DataLoader to train on")
 
 
 def _loader_for(module: LightningModule, data: Any, size: int) -> Any:
-    if isinstance(data, LightningDataModule):
-        if hasattr(data, "batch_size"):
-            data.batch_size = size
-            return data.train_dataloader()
-        raise FastloopError("the DataModule has no batch_size attribute to search over")
     if isinstance(data, DataLoader):
         return rebuild_loader(data, batch_size=size)
-    raise FastloopError(f"cannot search batch sizes of a {type(data).__name__}")
+    if data is not None and not isinstance(data, LightningDataModule):
+        raise FastloopError(f"cannot search batch sizes of a {type(data).__name__}")
+    holders = _holders(module, data)
+    if not holders:
+        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
+    set_batch_size(module, data, size)
+    return (data if data is not None else module).train_dataloader()
 
 
 def _agree(flag: bool, step_s: float, device: torch.device) -> tuple[bool, float]:
@@ -151,31 +235,55 @@ def _agree(flag: bool, step_s: float, device: torch.device) -> tuple[bool, float
 
 
 @contextlib.contextmanager
-def _trial_steps_unlogged(module: LightningModule):
+def _trial_hooks(module: LightningModule, opts: list):
     """Trial steps are not training: ``self.log`` in the user's ``training_step`` is a no-op
-    during the search (Lightning refuses logging from ``on_fit_start``, where the callback runs)."""
-    saved = {k: vars(module)[k] for k in ("log", "log_dict") if k in vars(module)}
-    module.log = lambda *a, **k: None  # type: ignore[method-assign]
-    module.log_dict = lambda *a, **k: None  # type: ignore[method-assign]
+    (Lightning refuses logging from ``on_fit_start``, where the callback runs); with manual
+    optimization, ``self.optimizers()`` hands out the trial optimizers, ``manual_backward`` is a
+    plain backward and toggling is a no-op, so the Trainer's optimizers are never stepped."""
+    def noop(*a: Any, **k: Any) -> None:
+        return None
+
+    hooks: dict[str, Any] = {"log": noop, "log_dict": noop}
+    if not module.automatic_optimization:
+        hooks.update(optimizers=lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else list(opts),
+                     manual_backward=lambda loss, *a, **k: loss.backward(*a, **k),
+                     toggle_optimizer=noop, untoggle_optimizer=noop, lr_schedulers=noop,
+                     clip_gradients=noop)
+    saved = {k: vars(module)[k] for k in hooks if k in vars(module)}
+    for k, v in hooks.items():
+        setattr(module, k, v)
     try:
         yield
     finally:
-        for k in ("log", "log_dict"):
+        for k in hooks:
             if k in saved:
                 setattr(module, k, saved[k])
-            else:
+            elif k in vars(module):
                 delattr(module, k)
+
+
+def _takes_batch_idx(module: LightningModule) -> bool:
+    """Lightning passes ``batch_idx`` only to a ``training_step`` that declares it."""
+    try:
+        params = inspect.signature(module.training_step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
 
 
 def _trial(module: LightningModule, data: Any, size: int, device: torch.device, steps: int,
            autocast: torch.dtype | None) -> tuple[float, int]:
-    """Run ``steps`` train steps at ``size``; returns (median step time of steps after the first, batch)."""
+    """Run ``steps`` train steps at ``size``; returns (median step time of steps after the first,
+    the largest batch the data yielded: a dataset's last partial batch is not its limit)."""
     loader = _loader_for(module, data, size)
     it = iter(loader)
     opt_conf = module.configure_optimizers()
     opts = _optimizers_from(opt_conf)
     ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
-    times, got = [], size
+    with_idx = _takes_batch_idx(module)
+    times, got = [], 0
     try:
         for i in range(steps):
             try:
@@ -185,17 +293,18 @@ def _trial(module: LightningModule, data: Any, size: int, device: torch.device, 
                 host = next(it)
             batch = to_device(host, device)
             t = first_tensor(batch)
-            got = int(t.shape[0]) if t is not None else size
+            got = max(got, int(t.shape[0]) if t is not None and t.dim() else size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            with ctx, _trial_steps_unlogged(module):
-                out = module.training_step(batch, i)
+            with ctx, _trial_hooks(module, opts):
+                out = module.training_step(batch, i) if with_idx else module.training_step(batch)
             loss = out["loss"] if isinstance(out, dict) else out
-            loss.backward()
-            for o in opts:
-                o.step()
-                o.zero_grad(set_to_none=True)
+            if module.automatic_optimization and torch.is_tensor(loss):
+                loss.backward()
+                for o in opts:
+                    o.step()
+                    o.zero_grad(set_to_none=True)
             del out, loss, batch
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -206,12 +315,14 @@ def _trial(module: LightningModule, data: Any, size: int, device: torch.device, 
             o.state.clear()
         del opts, opt_conf, it, loader
     rest = sorted(times[1:] or times)
-    return rest[len(rest) // 2], got
+    return rest[len(rest) // 2], got or size
 
 
 def _optimizers_from(conf: Any) -> list[torch.optim.Optimizer]:
     if isinstance(conf, torch.optim.Optimizer):
         return [conf]
+    if conf is None:
+        return []
     if isinstance(conf, dict):
         return [conf["optimizer"]]
     if isinstance(conf, (list, tuple)):
@@ -230,7 +341,7 @@ def _optimizers_from(conf: Any) -> list[torch.optim.Optimizer]:
 def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list | None = None,
                       device: str = "auto", init: int | None = None, max_size: int = 4096,
                       objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
-                      precision: float = 0.0625, trainer_optimizers: list | None = None,
+                      precision: float = 0.0625, trainer_optimizers: list | None = None, attached: bool = False,
                       progress: Callable[[str], None] | None = None) -> dict:
     """Find the batch size; write it where the target keeps it; return the JSON document part.
 
@@ -239,11 +350,13 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         max_size: never try above this.
         objective: ``"max"`` (largest under the margin) or ``"throughput"`` (fastest under it).
         margin: the chosen size is at most ``margin * max_fitting``.
+        attached: True when called from a running Trainer (its DataModule is set up already);
+            otherwise a DataModule's ``prepare_data()`` and ``setup("fit")`` are called first.
         precision: bisection stops when the gap between fitting and failing sizes is at most this
             fraction of the failing size (1/16: the largest fitting size is found within ~6%).
     """
     from fastloop.loop import resolve_device
-    from fastloop.speedups.base import resolve
+    from fastloop.speedups.base import Context, StepPlan, resolve
 
     if objective not in ("max", "throughput"):
         raise FastloopError(f"--objective must be max or throughput, got {objective!r}")
@@ -251,19 +364,27 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         raise FastloopError(f"--margin must be in (0, 1], got {margin}")
     if max_size < 1:
         raise FastloopError(f"--max must be >= 1, got {max_size}")
-    names = {s.name for s in resolve(speedups)}
     dev = resolve_device(device)
-    autocast = torch.bfloat16 if "bf16" in names else (torch.float16 if "fp16" in names and dev.type == "cuda" else None)
-    holder = _holder(module, data)
-    current = (holder[0]["batch_size"] if holder and holder[1] == "item" else getattr(holder[0], "batch_size", None)) if holder else None
+    plan, ctx = StepPlan(), Context(dev)
+    for s in resolve(speedups):
+        if s.why_not(ctx) is None:
+            s.apply_step(plan, ctx)  # the precision the run will train in
+    autocast = plan.autocast_dtype
+    if isinstance(data, LightningDataModule) and not attached:
+        # as Trainer.fit would, before asking for the loader (a DataModule makes its datasets here)
+        data.prepare_data()
+        data.setup("fit")
+    current = _current(_holders(module, data))
     if current is None and isinstance(data, DataLoader):
-        current = data.batch_size
+        current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
+    if not _holders(module, data) and not isinstance(data, DataLoader):
+        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
     start = max(1, min(int(init or current or 1), max_size))
     module.to(dev)
     was_training = module.training
     before = _digest(module, trainer_optimizers or [])
     rng = _rng_state()
-    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    snap = _snapshot(module)
     mem0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     t_start = time.perf_counter()
     trials: list[dict] = []
@@ -331,8 +452,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             # the largest size within 2% of the best throughput: noise should not pick a tiny batch
             chosen = max(t["batch_size"] for t in ok if (t["throughput"] or 0) >= 0.98 * best)
     finally:
-        with torch.no_grad():
-            module.load_state_dict(state)
+        _restore(module, snap)
         module.zero_grad(set_to_none=True)
         module.train(was_training)
         _set_rng_state(rng)

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fastloop._torch_private import loader_auto_collation
+from fastloop.errors import FastloopError
 
 __all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "tensor_dataset_parts", "to_channels_last",
            "to_device"]
@@ -77,10 +78,27 @@ _LOADER_KEYS = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_worker
                 "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
 
 
+def _resized_batch_sampler(batch_sampler: Any, size: int) -> Any:
+    """Another batch sampler like ``batch_sampler`` that yields ``size`` indices per batch
+    (as Lightning re-instantiates one: same class, its sampler and drop_last)."""
+    sampler, drop_last = getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "drop_last", None)
+    if sampler is None or drop_last is None or not hasattr(batch_sampler, "batch_size"):
+        raise FastloopError(f"the loader's batch_sampler ({type(batch_sampler).__name__}) has no sampler, batch_size "
+                            f"and drop_last to rebuild it at another batch size; give it those attributes (as "
+                            f"torch's BatchSampler has) or build the DataLoader from batch_size")
+    try:
+        return type(batch_sampler)(sampler, batch_size=size, drop_last=drop_last)
+    except TypeError as err:
+        raise FastloopError(f"the loader's batch_sampler ({type(batch_sampler).__name__}) cannot be rebuilt at "
+                            f"batch size {size}: {type(batch_sampler).__name__}(sampler, batch_size=, drop_last=) "
+                            f"raised {err}") from None
+
+
 def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     """A new DataLoader over the same dataset, sampler and collate function, with ``overrides``.
 
-    Raises TypeError if ``loader`` is not a ``torch.utils.data.DataLoader``.
+    ``loader_cls`` (an override) builds a subclass of DataLoader instead. Raises TypeError if
+    ``loader`` is not a ``torch.utils.data.DataLoader``.
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(f"expected a torch DataLoader, got {type(loader).__name__}")
@@ -96,6 +114,9 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     else:
         for k in ("batch_size", "drop_last", "sampler"):
             kw.pop(k, None)
+        if "batch_size" in overrides and loader.batch_sampler is not None:
+            # the user's own batch sampler: build another of its kind at the new size
+            kw["batch_sampler"] = _resized_batch_sampler(loader.batch_sampler, overrides.pop("batch_size"))
     kw.update(overrides)
     if kw.get("num_workers", 0) == 0:
         kw.pop("prefetch_factor", None)
@@ -104,7 +125,8 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         kw.pop("in_order")
     if kw.get("pin_memory_device") in ("", None):
         kw.pop("pin_memory_device", None)
-    new = DataLoader(loader.dataset, **kw)
+    cls = kw.pop("loader_cls", DataLoader)
+    new = cls(loader.dataset, **kw)
     for attr in ("fastloop_dali",):  # recipe hooks travel with the loader (see speedups/dali.py)
         if hasattr(loader, attr):
             setattr(new, attr, getattr(loader, attr))

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._lightning_private import set_train_source, train_source
-from fastloop._torch_private import scaler_scale
-from fastloop.data import to_channels_last
+from fastloop._torch_private import compiled_call, scaler_scale, set_compiled_call, shutdown_workers
+from fastloop.data import rebuild_loader, to_channels_last
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.compile import CUDAGRAPH_MODES
 from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
@@ -32,20 +34,64 @@ from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
 
 
-def _wrap_train_loader(trainer: Trainer, fn) -> None:
-    """Make ``fn(loader)`` transform the training loader the Trainer will ask for."""
-    inst = train_source(trainer)
-    if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
-        set_train_source(trainer, fn(inst))
-        return
-    if inst is None:
-        raise RuntimeError("no training data source found on the Trainer")
-    original = inst.train_dataloader
-    inst.train_dataloader = lambda: fn(original())
+_ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
+"""What each attribute fastloop patched held before the first patch: (object, had an instance
+attribute, its value). Several callbacks may patch the same attribute; the first undo puts the
+original back and the others find nothing left to do, whatever order Lightning tears down in."""
+
+
+def _patch(obj: Any, attr: str, value: Any, undo: list) -> None:
+    """``obj.attr = value`` for this fit; ``undo`` gets the function that puts back the original."""
+    key = (id(obj), attr)
+    if key not in _ORIGINALS:
+        had = attr in vars(obj)
+        _ORIGINALS[key] = (obj, had, vars(obj).get(attr))
+    setattr(obj, attr, value)
+
+    def restore() -> None:
+        entry = _ORIGINALS.pop(key, None)
+        if entry is None:
+            return
+        target, had, old = entry
+        if had:
+            setattr(target, attr, old)
+        elif attr in vars(target):
+            delattr(target, attr)
+
+    undo.append(restore)
+
+
+_COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The torch.compile mode a LightningModule's children were compiled with during this fit (so
+that compile and cuda_graph compile once); emptied when the fit is torn down."""
+
+
+def _trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) -> str | None:
+    """Why an autocast speedup must leave the Trainer's precision alone (None: it may set it)."""
+    want = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
+    chosen = str(trainer.precision)
+    if chosen == want:
+        return f"the Trainer already trains in {chosen}: nothing to change"
+    if chosen not in ("32-true", "32"):
+        return (f"the Trainer's precision is {chosen!r}, which you set; {name} would replace it with {want}. "
+                f"Remove precision= from the Trainer to let {name} apply")
+    if type(trainer.strategy.precision_plugin).__name__ != "Precision":
+        return (f"the strategy uses its own precision plugin ({type(trainer.strategy.precision_plugin).__name__}); "
+                f"{name} would replace it")
+    return None
+
+
+def _compilable_children(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, c) for n, c in module.named_children() if any(True for _ in c.parameters())]
 
 
 class SpeedupCallback(Callback):
     """Apply one speedup to a Trainer. Its outcome is in :attr:`record`.
+
+    Drop-in: the Trainer's own settings win (a precision you chose is kept and bf16/fp16 are
+    skipped with the reason); a skipped speedup changes nothing; every patch of your module,
+    DataModule, strategy or schedulers is removed in ``teardown`` (also after an exception), so
+    after ``fit`` they are as they were and pickle as without fastloop.
 
     Args:
         speedup: a speedup name (``"bf16"``) or a Speedup object.
@@ -58,9 +104,14 @@ class SpeedupCallback(Callback):
         found = resolve([speedup])
         if len(found) != 1:
             raise ValueError(f"SpeedupCallback takes one speedup, got {speedup!r}")
+        if found[0].prepares_run:
+            raise ValueError(f"{found[0].name!r} runs before training: use fastloop.lightning.BatchSizeSearch() "
+                             f"(callbacks('{found[0].name}') returns it)")
         self.speedup = found[0]
         self.ctx: Context | None = None
         self.plan = StepPlan()
+        self._undo: list = []
+        self._loaders: list = []
         self._tf32_prev: dict | None = None
         self._cudnn_prev: bool | None = None
         self._scale_before: torch.Tensor | None = None
@@ -74,12 +125,33 @@ class SpeedupCallback(Callback):
     def record(self) -> Record:
         if self.ctx is None or self.speedup.name not in self.ctx.records:
             return Record(self.speedup.name, "skipped", "the Trainer never ran setup")
-        return self.ctx.records[self.speedup.name]
+        rec = self.ctx.records[self.speedup.name]
+        if rec.status == "applied" and not rec.detail and self.speedup.name in self.ctx.details:
+            rec.detail = self.ctx.details[self.speedup.name]
+        return rec
 
     def _fail(self, status: str, reason: str) -> None:
         assert self.ctx is not None
         if self.speedup.name not in self.ctx.records or self.ctx.applied(self.speedup.name):
             self.ctx.record(self.speedup.name, status, reason)  # type: ignore[arg-type]
+
+    def _wrap_train_loader(self, trainer: Trainer, fn) -> None:
+        """Make ``fn(loader)`` transform the training loader the Trainer will ask for."""
+        inst = train_source(trainer)
+
+        def wrapped(loader: Any) -> Any:
+            new = fn(loader)
+            if new is not loader:
+                self._loaders.append(new)
+            return new
+
+        if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
+            set_train_source(trainer, wrapped(inst))
+            return
+        if inst is None:
+            raise RuntimeError("no training data source found on the Trainer")
+        original = inst.train_dataloader
+        _patch(inst, "train_dataloader", lambda: wrapped(original()), self._undo)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -90,26 +162,54 @@ class SpeedupCallback(Callback):
         if reason:
             ctx.record(s.name, "skipped", reason)
             return
+        plan = StepPlan()
+        s.apply_step(plan, ctx)  # only fills a plan: nothing changes yet
+        if plan.autocast_dtype is not None:
+            reason = _trainer_precision_conflict(trainer, plan.autocast_dtype, s.name)
+            if reason:
+                ctx.record(s.name, "skipped", reason)
+                return
         try:
             if s.changes == "model":
-                targets = [pl_module]
-                mode = s.compile_mode()
-                if mode is not None:  # training_step calls the children, not pl_module.__call__
-                    targets = [c for c in pl_module.children() if any(True for _ in c.parameters())]
-                for t in targets:
-                    s.apply_model(t, ctx)
-                if mode is not None:
-                    pl_module._fastloop_compiled = True  # FLOP counting must not trace compiled code
-                    pl_module._fastloop_compile_mode = mode
-            if s.changes == "data" and not ctx.decided(s.name):
-                _wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
-            s.apply_step(self.plan, ctx)
+                self._apply_model(pl_module, ctx)
+            if ctx.decided(s.name):  # skipped while looking at the model: change nothing else
+                self._run_undo()
+                return
+            if s.changes == "data":
+                self._wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
+            self.plan = plan
             self._apply_plan(trainer, pl_module, ctx)
         except Exception as err:
+            self._run_undo()
             ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             return
         if s.name not in ctx.records:
             ctx.record(s.name, "applied")
+
+    def _apply_model(self, pl_module: LightningModule, ctx: Context) -> None:
+        s = self.speedup
+        mode = s.compile_mode()
+        if mode is None:
+            s.apply_model(pl_module, ctx)
+            return
+        # Lightning calls training_step, not pl_module.__call__: compile the children it calls
+        children = _compilable_children(pl_module)
+        if not children:
+            ctx.record(s.name, "skipped", f"{type(pl_module).__name__} has no child module with parameters to "
+                                          f"compile (its parameters are used directly in training_step, which "
+                                          f"Lightning calls outside any compiled region)")
+            return
+        for name, child in children:
+            self._compile(child, lambda c=child: s.apply_model(c, ctx))
+        _COMPILE_MODE[pl_module] = mode
+        self._undo.append(lambda: _COMPILE_MODE.pop(pl_module, None))
+        ctx.describe(s.name, "compiled " + ", ".join(f"{n} ({type(c).__name__})" for n, c in children)
+                     + (f" in mode {mode}" if mode != "default" else ""))
+
+    def _compile(self, child: torch.nn.Module, apply: Any) -> None:
+        before = compiled_call(child)
+        apply()
+        self._undo.append(lambda: set_compiled_call(child, before))
 
     def _apply_plan(self, trainer: Trainer, pl_module: LightningModule, ctx: Context) -> None:
         plan = self.plan
@@ -126,41 +226,52 @@ class SpeedupCallback(Callback):
             except ImportError:  # pragma: no cover
                 from pytorch_lightning.plugins.precision import MixedPrecision  # type: ignore[no-redef]
             mode = "bf16-mixed" if plan.autocast_dtype == torch.bfloat16 else "16-mixed"
+            ctx.describe(self.speedup.name, f"Trainer precision {trainer.precision} -> {mode}")
             trainer.strategy.precision_plugin = MixedPrecision(mode, device=ctx.device.type)
         if plan.channels_last_inputs:
-            original = pl_module.on_after_batch_transfer
+            # after the user's (module's or DataModule's) on_after_batch_transfer: the strategy
+            # moves the batch and runs those hooks; the step sees what this returns
+            original = trainer.strategy.batch_to_device
 
-            def after_transfer(batch: Any, dataloader_idx: int) -> Any:
-                return to_channels_last(original(batch, dataloader_idx))
+            def batch_to_device(*args: Any, **kwargs: Any) -> Any:
+                return to_channels_last(original(*args, **kwargs))
 
-            pl_module.on_after_batch_transfer = after_transfer  # type: ignore[method-assign]
+            _patch(trainer.strategy, "batch_to_device", batch_to_device, self._undo)
         if plan.cuda_graph:
             # Lightning owns the optimizer step, so graph forward+backward through compile's
             # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start. If the
             # compile speedup compiled the children already, its mode is raised instead: one
             # compilation (compile is lazy: nothing was compiled yet).
-            already = getattr(pl_module, "_fastloop_compile_mode", None)
+            already = _COMPILE_MODE.get(pl_module)
             if already in CUDAGRAPH_MODES:
                 ctx.stats["cuda_graph"] = f"captured by compile:{already}"
             else:
-                for child in pl_module.children():
-                    if any(True for _ in child.parameters()):
-                        child.compile(mode="reduce-overhead")
+                children = _compilable_children(pl_module)
+                if not children:
+                    ctx.record(self.speedup.name, "skipped", f"{type(pl_module).__name__} has no child module with "
+                                                             f"parameters to capture")
+                    return
+                for _, child in children:
+                    self._compile(child, lambda c=child: c.compile(mode="reduce-overhead"))
                 if already is not None:
                     ctx.stats["cuda_graph"] = f"compile's mode raised from {already} to reduce-overhead"
-                pl_module._fastloop_compile_mode = "reduce-overhead"
-            pl_module._fastloop_compiled = True
+                _COMPILE_MODE[pl_module] = "reduce-overhead"
+                self._undo.append(lambda: _COMPILE_MODE.pop(pl_module, None))
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
             return
         if self.speedup.changes == "optimizer" or self.plan.cuda_graph:
+            fused = []
             for opt in trainer.optimizers:
                 reason = _fused_ok(opt)
                 if reason:
                     self._fail("skipped" if self.speedup.changes == "optimizer" else "applied", reason)
                     continue
                 apply_fused_optimizer(opt)
+                fused.append(type(opt).__name__)
+            if fused and self.speedup.changes == "optimizer":
+                self.ctx.describe(self.speedup.name, "fused " + ", ".join(fused))
         if self.plan.grad_scaler:
             self._hold_schedulers_on_skipped_steps(trainer)
 
@@ -179,7 +290,7 @@ class SpeedupCallback(Callback):
                     return None
                 return _original(*args, **kwargs)
 
-            sched.step = step  # type: ignore[method-assign]
+            _patch(sched, "step", step, self._undo)
 
     def _last_step_skipped(self, trainer: Trainer) -> bool:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -210,7 +321,15 @@ class SpeedupCallback(Callback):
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
 
+    def _run_undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        for loader in self._loaders:  # a rebuilt loader's persistent workers end with the fit
+            shutdown_workers(loader)
+        self._loaders.clear()
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._run_undo()
         if self._tf32_prev is not None:
             restore_tf32(self._tf32_prev)
             self._tf32_prev = None
@@ -218,38 +337,51 @@ class SpeedupCallback(Callback):
             apply_cudnn_benchmark(self._cudnn_prev)
             self._cudnn_prev = None
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook after an exception
+
 
 def callback_for(speedup: Speedup) -> SpeedupCallback:
     return SpeedupCallback(speedup)
 
 
-def callbacks(spec: str | list[str]) -> list[SpeedupCallback]:
-    """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError)."""
+def callbacks(spec: str | list[str]) -> list[Callback]:
+    """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError).
+
+    ``batch_size`` becomes a :class:`BatchSizeSearch` that searches with the other speedups of
+    ``spec`` on; every other speedup a :class:`SpeedupCallback`.
+    """
     if not isinstance(spec, (str, list, tuple)):
         raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
-    return [SpeedupCallback(s) for s in resolve(spec)]
+    chosen = resolve(spec)
+    in_training = [s for s in chosen if not s.prepares_run]
+    return [BatchSizeSearch(speedups=[o.spec for o in in_training] or None) if s.prepares_run else SpeedupCallback(s)
+            for s in chosen]
 
 
 def records_of(trainer: Trainer) -> list[Record]:
     """The outcome of every fastloop speedup callback attached to ``trainer``."""
-    return [c.record for c in trainer.callbacks if isinstance(c, SpeedupCallback)]
+    return [c.record for c in trainer.callbacks if isinstance(c, (SpeedupCallback, BatchSizeSearch))]
 
 
 class BatchSizeSearch(Callback):
     """Search the batch size at the start of ``fit`` (see :mod:`fastloop.batch_size`).
 
     The Trainer's optimizers, schedulers and loop counters are untouched; the chosen size is
-    written to the DataModule's or LightningModule's ``batch_size`` before the loaders are built.
-    The result document is in :attr:`result`.
+    written where Lightning's own ``BatchSizeFinder`` looks (the LightningModule's or the
+    DataModule's ``batch_size`` attribute or hparam) before the loaders are built; a DataLoader
+    given to ``fit`` is rebuilt at that size. The result document is in :attr:`result`, the
+    outcome in :attr:`record` (``skipped`` with the reason when the size cannot be changed).
 
     Args:
         objective: ``"throughput"`` (fastest that fits under the margin) or ``"max"``.
         margin: use at most this fraction of the largest fitting size.
         max_size: never try above this.
+        speedups: the speedups the run trains with (the search steps use their precision).
     """
 
     def __init__(self, objective: str = "throughput", margin: float = 0.9, max_size: int = 4096,
-                 speedups: str | None = None) -> None:
+                 speedups: str | list | None = None) -> None:
         if objective not in ("max", "throughput"):
             raise ValueError(f"objective must be 'max' or 'throughput', got {objective!r}")
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
@@ -260,6 +392,11 @@ class BatchSizeSearch(Callback):
             resolve(speedups)  # unknown names fail here, not at fit
         self.objective, self.margin, self.max_size, self.speedups = objective, margin, max_size, speedups
         self.result: dict | None = None
+        self._record = Record("batch_size", "skipped", "the Trainer never started fit")
+
+    @property
+    def record(self) -> Record:
+        return self._record
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from fastloop.batch_size import search_batch_size
@@ -267,11 +404,18 @@ class BatchSizeSearch(Callback):
         src = train_source(trainer)
         data = trainer.datamodule if trainer.datamodule is not None else src
         if data is pl_module:
-            data = pl_module.train_dataloader()
-        self.result = search_batch_size(pl_module, data, speedups=self.speedups, device=str(trainer.strategy.root_device),
-                                        max_size=self.max_size, objective=self.objective, margin=self.margin,
-                                        trainer_optimizers=trainer.optimizers)
-        if isinstance(src, DataLoader) and src.batch_size != self.result["batch_size"]:
-            from fastloop.data import rebuild_loader
-
-            set_train_source(trainer, rebuild_loader(src, batch_size=self.result["batch_size"]))
+            data = None  # the module's own train_dataloader()
+        try:
+            self.result = search_batch_size(pl_module, data, speedups=self.speedups,
+                                            device=str(trainer.strategy.root_device), max_size=self.max_size,
+                                            objective=self.objective, margin=self.margin,
+                                            trainer_optimizers=trainer.optimizers, attached=True)
+        except FastloopError as err:
+            self._record = Record("batch_size", "skipped", str(err))
+            return
+        r = self.result
+        if isinstance(src, DataLoader) and src.batch_size != r["batch_size"]:
+            set_train_source(trainer, rebuild_loader(src, batch_size=r["batch_size"]))
+        self._record = Record("batch_size", "applied", detail=f"batch size {r['batch_size']} (largest fitting "
+                                                              f"{r['max_fitting']}, written to {r['written_to']}, "
+                                                              f"search {r['search_s']:.1f} s)")

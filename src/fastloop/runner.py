@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop._compat import Trainer
+from fastloop._compat import Callback, Trainer
 from fastloop._torch_private import CONV_TYPES
 from fastloop.data import tensor_dataset_parts
 from fastloop.errors import FastloopError, UserCodeError
@@ -126,11 +126,32 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
             "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device" if ceiling
             else "none: run `fastloop doctor` once on this machine",
         },
-        "loss": {"first": losses[0] if losses else None, "last": losses[-1] if losses else None},
+        "loss": {"first": next((v for v in losses if v is not None), None),
+                 "last": next((v for v in reversed(losses) if v is not None), None)},
         "losses": losses,
         "extra": extra or {},
         "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
     }
+
+
+class _MonitoredSchedulers(Callback):
+    """Validation is off while measuring. A scheduler that monitors a metric only validation
+    logs (ReduceLROnPlateau on ``val_loss``) would end the fit with Lightning's error; it is held
+    instead (``strict=False``: not stepped while the metric is missing), and the report says so."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        for config in trainer.lr_scheduler_configs:
+            if config.monitor and config.strict:
+                config.strict = False
+                self.held.append(config.monitor)
+
+    def notes(self, trainer: Trainer) -> list[str]:
+        missing = [m for m in self.held if m not in trainer.callback_metrics]
+        return [f"the LR scheduler monitors {m!r}, which this run never logged (fastloop measures with validation "
+                f"off): the scheduler was not stepped; the step times are unaffected" for m in missing]
 
 
 class _SpeedupFailed(Exception):
@@ -204,12 +225,13 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     cbs = [SpeedupCallback(s) for s in in_training]
-    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup)
+    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps)
+    monitored = _MonitoredSchedulers()
     trainer = Trainer(
-        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
+        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=-1,
         max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[*cbs, measure],
+        callbacks=[*cbs, measure, monitored],
     )
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     with ctx, warnings.catch_warnings():
@@ -251,7 +273,13 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                                                               for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     doc["weights_sha256"] = weights_digest(module)
-    bad = next((i for i, v in enumerate(doc["losses"]) if not math.isfinite(v)), None)
+    if measure.manual:
+        doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
+    if measure.none_steps:
+        doc["warnings"].append(f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
+                               f"(Lightning skipped their optimizer step; their loss is null)")
+    doc["warnings"] += monitored.notes(trainer)
+    bad = next((i for i, v in enumerate(doc["losses"]) if v is not None and not math.isfinite(v)), None)
     if bad is not None:
         doc["loss_finite"] = False
         doc["warnings"].append(f"the loss was not finite ({doc['losses'][bad]}) from step {bad}: "

@@ -84,8 +84,8 @@ def load_target(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader]:
-    """Call the target and check what it returned."""
+def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader | None]:
+    """Call the target and check what it returned (data None: the module's own ``train_dataloader()``)."""
     fn = load_target(spec)
     try:
         out = fn(**kwargs)
@@ -104,6 +104,10 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     module, data = out
     if not isinstance(module, LightningModule):
         raise FastloopError(f"target {spec} returned {type(module).__name__} where a LightningModule was expected")
-    if not isinstance(data, (LightningDataModule, DataLoader)):
-        raise FastloopError(f"target {spec} returned {type(data).__name__} where a LightningDataModule or DataLoader was expected")
+    if data is None and type(module).train_dataloader is LightningModule.train_dataloader:
+        raise FastloopError(f"target {spec} returned (module, None) but {type(module).__name__} defines no "
+                            f"train_dataloader(): return a DataModule or a DataLoader, or define train_dataloader()")
+    if data is not None and not isinstance(data, (LightningDataModule, DataLoader)):
+        raise FastloopError(f"target {spec} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
+                            f"or None (the module's own train_dataloader()) was expected")
     return module, data

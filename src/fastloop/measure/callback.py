@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fastloop._compat import Callback, LightningModule, Trainer
+from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.timer import StepStats, StepTimer
 
@@ -48,10 +49,18 @@ class MeasureCallback(Callback):
     """
 
     def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True,
-                 steady: bool = True, max_extra_warmup: int | None = None) -> None:
+                 steady: bool = True, max_extra_warmup: int | None = None, steps: int | None = None) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = warmup
+        self.steps = steps
+        """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
+        not optimizer steps: with manual optimization or a training_step that returns None,
+        Lightning's ``max_steps`` counts something else."""
+        self.none_steps = 0
+        """Batches whose training_step returned None (Lightning skipped their optimizer step)."""
+        self.manual = False
+        self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
         """Extend the warm-up, one step at a time, until step times are steady (the last three
         warm-up steps' median within 10% of the three before), at most ``max_extra_warmup`` steps."""
@@ -77,9 +86,12 @@ class MeasureCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.drain and not self.drain_steps:
             self.drain_steps = 2 * prefetch_buffer(trainer.train_dataloader)
-            if self.drain_steps and trainer.fit_loop.epoch_loop.max_steps > 0:
+            limited = trainer.fit_loop.epoch_loop.max_steps > 0
+            if self.drain_steps and (limited or self.steps is not None):
                 self.warmup += self.drain_steps
-                trainer.fit_loop.epoch_loop.max_steps += self.drain_steps
+                if limited:
+                    trainer.fit_loop.epoch_loop.max_steps += self.drain_steps
+        self.manual = not pl_module.automatic_optimization
         self.timer = StepTimer(trainer.strategy.root_device, warmup=self.warmup)
         if self.timer.cuda:
             torch.cuda.reset_peak_memory_stats(self.timer.device)
@@ -102,7 +114,7 @@ class MeasureCallback(Callback):
             if callable(fpb):
                 self.flops_per_step = float(fpb(batch))
                 self.flops_convention = getattr(pl_module, "flops_convention", "flops_per_batch() of the module")
-            elif self.count_flops and not getattr(pl_module, "_fastloop_compiled", False):
+            elif self.count_flops and not is_compiled(pl_module):
                 from torch.utils.flop_counter import FlopCounterMode
 
                 self.flops_convention = "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)"
@@ -116,13 +128,25 @@ class MeasureCallback(Callback):
             self.flops_per_step = float(self._flop_mode.get_total_flops()) or None
             self._flop_mode = None
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self.manual:  # what the step passed to manual_backward (summed); None if nothing
+            loss, self._manual_loss = self._manual_loss, None
         if torch.is_tensor(loss):
             self.losses.append(loss.detach().float().reshape(()))
+        else:
+            self.losses.append(None)
+            self.none_steps += 1
         self.timer.step_end()
         if self.steady and self.timer.recorded_steps <= self.warmup:
             self._extend_warmup_until_steady(trainer)
+        if self.steps is not None and self.timer.recorded_steps >= self.warmup + self.steps:
+            trainer.should_stop = True
         self.timer.fetch_start()
         self._pending_fetch = True
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        if self.manual:
+            loss = loss.detach().float().reshape(())
+            self._manual_loss = loss if self._manual_loss is None else self._manual_loss + loss
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.timer is not None and self.timer.cuda:
@@ -171,5 +195,9 @@ class MeasureCallback(Callback):
         stats.set_warmup_overhead(self.wall_s)
         return stats
 
-    def loss_values(self) -> list[float]:
-        return torch.stack(self.losses).cpu().tolist() if self.losses else []
+    def loss_values(self) -> list[float | None]:
+        """One entry per step: the loss, or None where training_step returned None (with manual
+        optimization: the sum of the losses passed to ``manual_backward``)."""
+        present = [t for t in self.losses if t is not None]
+        values = iter(torch.stack(present).cpu().tolist() if present else [])
+        return [None if t is None else next(values) for t in self.losses]

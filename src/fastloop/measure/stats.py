@@ -220,5 +220,7 @@ def verdict(ci: RatioCI, *, label_a: str = "A", label_b: str = "B") -> str:
     pct = f"{100 * ci.confidence:g}%"
     if not ci.significant:
         return f"no significant difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
-    faster, r = (label_b, ci.ratio) if ci.ratio > 1 else (label_a, 1 / ci.ratio)
-    return f"{faster} is {r:.2f}x faster ({pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
+    if ci.ratio > 1:
+        return f"{label_b} is {ci.ratio:.2f}x faster ({pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
+    # A is faster: its own ratio B/A with that ratio's interval (the reciprocal of A/B's)
+    return f"{label_a} is {1 / ci.ratio:.2f}x faster ({pct} CI {1 / ci.ci_high:.3f}-{1 / ci.ci_low:.3f})"

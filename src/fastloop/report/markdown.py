@@ -62,4 +62,8 @@ def render_markdown(doc: dict) -> str:
                if s["status"] != "applied"]
     if skipped:
         lines += ["", "Not applied:"] + sorted({f"- `{s['name']}` {s['status']}: {s['reason']}" for s in skipped})
+    changed = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])
+               if s["status"] == "applied" and s.get("detail")]
+    if changed:
+        lines += ["", "What the applied speedups changed:"] + sorted({f"- `{s['name']}`: {s['detail']}" for s in changed})
     return "\n".join(lines) + "\n"

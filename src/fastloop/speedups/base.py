@@ -52,9 +52,11 @@ class Record:
     name: str
     status: Status
     reason: str = ""
+    detail: str = ""
+    """For an applied speedup: what it changed (the modules compiled, the loader rebuilt, ...)."""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "reason": self.reason}
+        return {"name": self.name, "status": self.status, "reason": self.reason, "detail": self.detail}
 
 
 @dataclass
@@ -66,13 +68,19 @@ class Context:
     """One record per requested speedup, filled as they are applied."""
     stats: dict[str, Any] = field(default_factory=dict)
     """Counters speedups report (fp16 skipped steps, recompilations, ...)."""
+    details: dict[str, str] = field(default_factory=dict)
+    """What each applied speedup changed, by name (see :meth:`describe`)."""
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def record(self, name: str, status: Status, reason: str = "") -> None:
-        self.records[name] = Record(name, status, reason)
+    def record(self, name: str, status: Status, reason: str = "", detail: str = "") -> None:
+        self.records[name] = Record(name, status, reason, detail)
+
+    def describe(self, name: str, detail: str) -> None:
+        """Say what an applied speedup changed (kept with its record, set when it is applied)."""
+        self.details[name] = detail
 
     def decided(self, name: str) -> bool:
         """Has this speedup's outcome been recorded already (skipped or fallback at a stage)?"""

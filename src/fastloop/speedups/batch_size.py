@@ -37,7 +37,7 @@ class BatchSize(Speedup):
         search = search_batch_size(module, data, speedups=others, device=str(device))
         if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:
             data = rebuild_loader(data, batch_size=search["batch_size"])
-        record = Record(self.name, "applied", f"batch size {search['batch_size']} (largest fitting "
+        record = Record(self.name, "applied", detail=f"batch size {search['batch_size']} (largest fitting "
                                               f"{search['max_fitting']}, search {search['search_s']:.1f} s)")
         stats = {"batch_size_search": {k: search[k] for k in ("batch_size", "max_fitting", "search_s", "restored")}}
         return data, record, stats

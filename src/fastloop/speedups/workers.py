@@ -25,10 +25,11 @@ from collections.abc import Iterable
 import torch
 from torch.utils.data import DataLoader
 
+from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.speedups.base import Context, Speedup, parse_number, register
 
-__all__ = ["Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
+__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
 
 
 def default_num_workers() -> int:
@@ -40,12 +41,27 @@ def default_num_workers() -> int:
     return max(1, min(16, n - 1))
 
 
+class PersistentWorkersLoader(DataLoader):
+    """A DataLoader with persistent workers that draws from torch's global RNG exactly what a
+    loader without workers draws: a fresh iterator takes one number from it each epoch (its
+    workers' base seed), a persistent one only in its first epoch. Without the extra draw every
+    later epoch's dropout masks and shuffles would differ from the loader the user wrote."""
+
+    def __iter__(self):  # type: ignore[override]
+        if loader_iterator(self) is not None and self.generator is None:
+            draw_loader_base_seed(self)
+        return super().__iter__()
+
+
 def apply_workers(loader: DataLoader, num_workers: int | None = None, prefetch_factor: int = 2) -> DataLoader:
-    """The same loader with ``num_workers`` workers (default: from the CPU count), persistent."""
+    """The same loader with ``num_workers`` workers (default: from the CPU count), persistent;
+    the batches and the global RNG stream are those of the original loader (for datasets
+    without random per-sample transforms, whose randomness moves into the workers)."""
     n = default_num_workers() if num_workers is None else num_workers
     if n < 1:
         raise ValueError(f"num_workers must be >= 1, got {n}")
-    return rebuild_loader(loader, num_workers=n, persistent_workers=True, prefetch_factor=prefetch_factor)
+    return rebuild_loader(loader, num_workers=n, persistent_workers=True, prefetch_factor=prefetch_factor,
+                          loader_cls=PersistentWorkersLoader)
 
 
 def loader_rate(loader: DataLoader, num_workers: int, *, seconds: float = 0.5, max_batches: int = 64) -> float:
