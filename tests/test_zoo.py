@@ -289,3 +289,15 @@ def test_ab_verdict_names_the_faster_side_with_its_own_interval():
     assert text.startswith("A is 3.33x faster") and "CI 2.500-4.000" in text
     ci = RatioCI(ratio=2.0, ci_low=1.8, ci_high=2.2, confidence=0.97, significant=True, runs=5)
     assert verdict(ci) == "B is 2.00x faster (97% CI 1.800-2.200)"
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_batch_size_search_with_a_resumed_adam_state():
+    """Adam keeps a 0-dim ``step`` tensor once it has stepped (as after a resume)."""
+    module, loader = zoo.lstm_lm()
+    opt = torch.optim.Adam(module.parameters())
+    module.training_step(next(iter(loader)), 0).backward()
+    opt.step()
+    assert opt.state and all(s["step"].dim() == 0 for s in opt.state.values())
+    doc = search_batch_size(module, loader, device="cpu", max_size=16, trainer_optimizers=[opt])
+    assert doc["restored"] is True
