@@ -1,12 +1,17 @@
 import numpy as np
 import pytest
 import torch
+from fastloop.recipes.gpt.data import (
+    TokenData,
+    TokenWindows,
+    default_corpus,
+    open_tokens,
+)
+from fastloop.recipes.gpt.model import GPT, GPTConfig
+from fastloop.recipes.gpt.module import GPTModule
 
 from fastloop import FastloopError
 from fastloop._compat import Trainer
-from fastloop.recipes.gpt.data import TokenData, TokenWindows, default_corpus, open_tokens
-from fastloop.recipes.gpt.model import GPT, GPTConfig
-from fastloop.recipes.gpt.module import GPTModule
 
 
 def _trainer(steps, **kw):

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from fastloop.augment import normalize, random_crop, random_flip
-from fastloop.speedups.gpu_resident import GPUResident, NotResident, make_resident
 from fastloop.speedups.base import Context
+from fastloop.speedups.gpu_resident import GPUResident, NotResident, make_resident
 
 CPU = torch.device("cpu")
 

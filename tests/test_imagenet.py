@@ -2,12 +2,12 @@ import shutil
 
 import pytest
 import torch
-
-from fastloop import FastloopError
-from fastloop._compat import Trainer
 from fastloop.recipes.imagenet.data import ImageData, dali_available, scan_images
 from fastloop.recipes.imagenet.generate import default_dataset, generate
 from fastloop.recipes.imagenet.module import ImageClassifier
+
+from fastloop import FastloopError
+from fastloop._compat import Trainer
 
 needs_dali = pytest.mark.skipif(dali_available() is not None, reason="NVIDIA DALI not installed")
 

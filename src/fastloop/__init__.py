@@ -28,11 +28,11 @@ from fastloop.errors import FastloopError  # noqa: E402
 __all__ = ["FastloopError", "__version__", "speedup_names"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(attr: str) -> Any:
     # torch is imported on first use, not on ``import fastloop``: the command line checks its
     # arguments (and answers Ctrl-C) before paying for the torch import.
-    if name == "speedup_names":
+    if attr in ("speedup_names",):
         from fastloop.speedups import speedup_names
 
         return speedup_names
-    raise AttributeError(f"module 'fastloop' has no attribute {name!r}")
+    raise AttributeError(f"module 'fastloop' has no attribute {attr!r}")

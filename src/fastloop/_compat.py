@@ -8,7 +8,12 @@ from __future__ import annotations
 
 try:  # pragma: no cover - which branch runs depends on the machine
     import lightning.pytorch as pl
-    from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+    from lightning.pytorch import (
+        Callback,
+        LightningDataModule,
+        LightningModule,
+        Trainer,
+    )
 except ImportError:  # pragma: no cover
     import pytorch_lightning as pl  # type: ignore[no-redef]
     from pytorch_lightning import (  # type: ignore[no-redef,assignment]

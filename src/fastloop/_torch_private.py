@@ -34,7 +34,9 @@ def found_inf(scaler: Any, optimizer: torch.optim.Optimizer) -> torch.Tensor:
 def dynamo_counters() -> dict:
     """Dynamo's process-wide counters (``torch._dynamo.utils.counters``): graphs, graph breaks,
     recompiles. Why: no public API counts recompilations; ``torch._logging`` only logs them."""
-    from torch._dynamo.utils import counters  # imported here: importing Dynamo costs ~1 s
+    from torch._dynamo.utils import (
+        counters,  # imported here: importing Dynamo costs ~1 s
+    )
 
     return counters
 

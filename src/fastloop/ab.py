@@ -20,6 +20,7 @@ from collections.abc import Callable
 from fastloop.compare import Runs, compare, measure_interleaved, merge_runs
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import resolve
+from fastloop.subproc import run_in_subprocess
 
 __all__ = ["DEFAULT_REPEATS", "run_ab"]
 
@@ -50,7 +51,6 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     """Measure A and B interleaved ``repeats`` times; ``on_update(doc)`` after every run.
 
     On Ctrl-C the document of the finished runs is returned with ``"interrupted": True``."""
-    from fastloop.subproc import run_in_subprocess
 
     if not isinstance(repeats, int) or repeats < 1:
         raise FastloopError(f"--repeats must be an integer >= 1, got {repeats!r}")

@@ -158,7 +158,7 @@ def _check_speedup_lists(args: argparse.Namespace) -> None:
 
 def _dispatch(args: argparse.Namespace) -> dict:
     _check_speedup_lists(args)
-    from fastloop.loop import resolve_device
+    from fastloop.device import resolve_device
 
     device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
     if args.cmd == "run":

@@ -151,10 +151,10 @@ class CUDAPrefetcher:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
-    def __getattr__(self, name: str) -> Any:  # batch_size, dataset, sampler... of the loader
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
+    def __getattr__(self, attr: str) -> Any:  # batch_size, dataset, sampler... of the loader
+        if attr in ("loader",):  # not set yet (unpickling): no recursion
+            raise AttributeError(attr)
+        return getattr(self.loader, attr)
 
     def __iter__(self) -> Iterator[Any]:
         stream = torch.cuda.Stream(device=self.device)

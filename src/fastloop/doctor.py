@@ -23,6 +23,9 @@ import time
 
 import torch
 
+from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
+from fastloop.speedups.base import REGISTRY
+
 __all__ = ["diagnose", "machine_ceilings"]
 
 
@@ -43,7 +46,6 @@ def _events_time(fn, iters: int) -> float:
 
 def machine_ceilings(quick: bool = False) -> dict:
     """Measure this machine's ceilings; every figure names how it was measured."""
-    from fastloop.measure.flops import measure_matmul_tflops
 
     out: dict = {"measured": {}, "not_measured": {}}
     m = out["measured"]
@@ -63,7 +65,6 @@ def machine_ceilings(quick: bool = False) -> dict:
     m["matmul_tf32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=10 if quick else 20),
                                "how": f"{n}^3 fp32 matmul with TF32 allowed"}
     torch.backends.cuda.matmul.allow_tf32 = prev
-    from fastloop.measure.flops import save_measured_ceilings
 
     save_measured_ceilings(torch.cuda.get_device_name(0), {d: m[f"matmul_{d}_tflops"]["value"]
                                                             for d in ("bf16", "fp16", "fp32", "tf32")})
@@ -147,7 +148,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
                 "recommendation": "cuda_graph (whole-step capture) or compile; a larger batch."}
-    if torch.cuda.is_available() and not applied & {"tf32", "bf16", "fp16"}:
+    if torch.cuda.is_available() and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
         return {"bottleneck": "compute-bound (fp32)",
                 "evidence": f"data wait {100 * wait:.0f}%; matmuls run in plain fp32, the slowest path on this GPU.",
                 "recommendation": "tf32, then bf16 autocast: tensor cores run bf16 ~15x faster than fp32 on Hopper."}

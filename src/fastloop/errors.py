@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 import sysconfig
 import traceback
 from types import TracebackType

@@ -28,22 +28,28 @@ from collections.abc import Callable
 
 import torch
 
-from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, merge_runs
+from fastloop.compare import (
+    VERDICT_CONFIDENCE,
+    Runs,
+    compare,
+    measure_interleaved,
+    merge_runs,
+)
 from fastloop.doctor import diagnose
 from fastloop.errors import FastloopError, UserCodeError
-from fastloop.speedups.base import Context, resolve
+from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
+from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
 __all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder"]
 
-DEFAULT_RUNGS = ["workers", "pin_memory", "prefetch", "tf32", "bf16", "fused_optimizer", "channels_last",
-                 "compile", "cuda_graph"]
+DEFAULT_RUNGS = default_ladder()
+"""The registered speedups marked ``in_default_ladder``, in ladder order."""
 MIN_REPEATS = 3
 
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
     """The default ladder for a device (and recipe): rungs that cannot apply there are left out."""
-    from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
     ctx = Context(torch.device(device))
     names = RECIPE_LADDER.get(target or "") or DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])

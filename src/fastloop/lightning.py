@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -22,14 +23,18 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._lightning_private import set_train_source, train_source
-from fastloop._torch_private import compiled_call, scaler_scale, set_compiled_call, shutdown_workers
+from fastloop._torch_private import (
+    compiled_call,
+    scaler_scale,
+    set_compiled_call,
+    shutdown_workers,
+)
+from fastloop.batch_size import search_batch_size
 from fastloop.data import rebuild_loader, to_channels_last
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.compile import CUDAGRAPH_MODES
-from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
-from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
 
@@ -112,8 +117,6 @@ class SpeedupCallback(Callback):
         self.plan = StepPlan()
         self._undo: list = []
         self._loaders: list = []
-        self._tf32_prev: dict | None = None
-        self._cudnn_prev: bool | None = None
         self._scale_before: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None
 
@@ -158,12 +161,13 @@ class SpeedupCallback(Callback):
             return
         s = self.speedup
         self.ctx = ctx = Context(trainer.strategy.root_device)
-        reason = s.why_not(ctx)
+        reason = s.why_not(ctx) or s.why_not_model(pl_module)
         if reason:
             ctx.record(s.name, "skipped", reason)
             return
         plan = StepPlan()
         s.apply_step(plan, ctx)  # only fills a plan: nothing changes yet
+        plan.owners.update({f: s.name for f, v in plan.flags().items() if v != StepPlan().flags()[f]})
         if plan.autocast_dtype is not None:
             reason = _trainer_precision_conflict(trainer, plan.autocast_dtype, s.name)
             if reason:
@@ -213,13 +217,9 @@ class SpeedupCallback(Callback):
 
     def _apply_plan(self, trainer: Trainer, pl_module: LightningModule, ctx: Context) -> None:
         plan = self.plan
-        if plan.tf32:
-            self._tf32_prev = apply_tf32(True)
-        if plan.cudnn_benchmark:
-            if not has_conv(pl_module):
-                ctx.record(self.speedup.name, "skipped", "model has no convolution layers: nothing for cuDNN to tune")
-            else:
-                self._cudnn_prev = apply_cudnn_benchmark(True)
+        held = contextlib.ExitStack()  # the speedup's run context (TF32, cuDNN, ...) until teardown
+        held.enter_context(self.speedup.run_context(ctx))
+        self._undo.append(held.close)
         if plan.autocast_dtype is not None:
             try:
                 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -244,7 +244,7 @@ class SpeedupCallback(Callback):
             # compilation (compile is lazy: nothing was compiled yet).
             already = _COMPILE_MODE.get(pl_module)
             if already in CUDAGRAPH_MODES:
-                ctx.stats["cuda_graph"] = f"captured by compile:{already}"
+                ctx.stats[self.speedup.name] = f"captured by compile:{already}"
             else:
                 children = _compilable_children(pl_module)
                 if not children:
@@ -254,7 +254,7 @@ class SpeedupCallback(Callback):
                 for _, child in children:
                     self._compile(child, lambda c=child: c.compile(mode="reduce-overhead"))
                 if already is not None:
-                    ctx.stats["cuda_graph"] = f"compile's mode raised from {already} to reduce-overhead"
+                    ctx.stats[self.speedup.name] = f"compile's mode raised from {already} to reduce-overhead"
                 _COMPILE_MODE[pl_module] = "reduce-overhead"
                 self._undo.append(lambda: _COMPILE_MODE.pop(pl_module, None))
 
@@ -330,12 +330,6 @@ class SpeedupCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._run_undo()
-        if self._tf32_prev is not None:
-            restore_tf32(self._tf32_prev)
-            self._tf32_prev = None
-        if self._cudnn_prev is not None:
-            apply_cudnn_benchmark(self._cudnn_prev)
-            self._cudnn_prev = None
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook after an exception
@@ -399,7 +393,6 @@ class BatchSizeSearch(Callback):
         return self._record
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        from fastloop.batch_size import search_batch_size
 
         src = train_source(trainer)
         data = trainer.datamodule if trainer.datamodule is not None else src

@@ -28,31 +28,13 @@ import torch
 
 from fastloop._torch_private import found_inf
 from fastloop.data import to_channels_last, to_device
+from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
-from fastloop.speedups.cudnn_benchmark import apply_cudnn_benchmark, has_conv
-from fastloop.speedups.tf32 import apply_tf32, restore_tf32
 
 __all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` -> cuda if available else cpu; ``cuda`` without CUDA is a FastloopError."""
-    if str(device) == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise FastloopError(f"unknown device {device!r}; use auto, cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FastloopError("--device cuda was asked for, but this machine has no CUDA device (use auto or cpu)")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cpu", "cuda"):
-        raise FastloopError(f"unsupported device {device!r}; use auto, cpu or cuda")
-    return dev
 
 
 def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Module | None = None,
@@ -64,7 +46,7 @@ def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Mod
     whose stage records a skip or fallback stops at that stage.
     """
     for s in speedups:
-        reason = s.why_not(ctx)
+        reason = s.why_not(ctx) or (s.why_not_model(model) if model is not None else None)
         if reason:
             ctx.record(s.name, "skipped", reason)
             continue
@@ -76,7 +58,9 @@ def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Mod
             if s.name not in ctx.records and loader is not None:
                 loader = s.apply_loader(loader, ctx)
             if s.name not in ctx.records and plan is not None:
+                before = plan.flags()
                 s.apply_step(plan, ctx)
+                plan.owners.update({f: s.name for f, v in plan.flags().items() if v != before[f]})
         except Exception as err:  # a speedup that breaks falls back, with the reason
             ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             continue
@@ -147,10 +131,8 @@ class FastLoop:
         self.graphed: GraphedStep | None = None
         if self.plan.cuda_graph and self.plan.grad_scaler:
             self.plan.cuda_graph = False
-            self.ctx.record("cuda_graph", "fallback", "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
-        if self.plan.cudnn_benchmark and not has_conv(self.model):
-            self.plan.cudnn_benchmark = False
-            self.ctx.record("cudnn_benchmark", "skipped", "model has no convolution layers: nothing for cuDNN to tune")
+            self.ctx.record(self.plan.owners["cuda_graph"], "fallback",
+                            "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
 
     @property
     def records(self) -> list[Record]:
@@ -203,7 +185,7 @@ class FastLoop:
                 self.graphed = graphed
             except GraphIneligible as err:
                 self.plan.cuda_graph = False
-                self.ctx.record("cuda_graph", "fallback", str(err))
+                self.ctx.record(self.plan.owners["cuda_graph"], "fallback", str(err))
                 return self._eager_step(batch)
         loss = self.graphed(batch)
         self._step_scheduler(skipped=False)
@@ -229,10 +211,11 @@ class FastLoop:
         self.model.train()
         losses: list[torch.Tensor] = []
         it = self.batches()
-        prev_tf32 = apply_tf32(True) if self.plan.tf32 else None
-        prev_cudnn = apply_cudnn_benchmark(True) if self.plan.cudnn_benchmark else None
         t0 = time.perf_counter()
-        try:
+        with contextlib.ExitStack() as held:  # each applied speedup's run context (TF32, cuDNN, ...)
+            for s in self.speedups:
+                if self.ctx.applied(s.name):
+                    held.enter_context(s.run_context(self.ctx))
             for i in range(warmup + steps):
                 with timer.fetching():
                     batch = self._prepare(next(it))
@@ -241,11 +224,6 @@ class FastLoop:
                 timer.step_end()
                 if i == warmup - 1 and self.device.type == "cuda":
                     torch.cuda.synchronize()
-        finally:
-            if prev_tf32 is not None:
-                restore_tf32(prev_tf32)
-            if prev_cudnn is not None:
-                apply_cudnn_benchmark(prev_cudnn)
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
         if self._skipped_dev is not None:

@@ -24,24 +24,26 @@ from torch.utils.data import DataLoader
 from fastloop._compat import Callback, Trainer
 from fastloop._torch_private import CONV_TYPES
 from fastloop.data import tensor_dataset_parts
+from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
-from fastloop.loop import resolve_device
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
-from fastloop.speedups.base import Record, resolve
+from fastloop.speedups.base import REGISTRY, Record, resolve
+from fastloop.targets import build_target
 
 __all__ = ["measured_configuration", "run_configuration", "weights_digest"]
 
 
 def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
-    """The dtype whose peak MFU is rated against. cuDNN runs fp32 convolutions in TF32 by
+    """The dtype whose peak MFU is rated against: the lowest precision an applied speedup runs
+    its matmuls in (:attr:`Speedup.math_dtype`). cuDNN runs fp32 convolutions in TF32 by
     default (``torch.backends.cudnn.allow_tf32``), so a conv net's "fp32" is rated as tf32."""
-    if "bf16" in applied:
-        return "bf16"
-    if "fp16" in applied:
-        return "fp16"
-    return "tf32" if "tf32" in applied or conv_tf32 else "fp32"
+    dtypes = {REGISTRY[n].math_dtype for n in applied if n in REGISTRY}
+    for dtype in ("bf16", "fp16", "tf32"):
+        if dtype in dtypes:
+            return dtype
+    return "tf32" if conv_tf32 else "fp32"
 
 
 def describe_dataset(loader: Any) -> dict | None:
@@ -115,7 +117,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "items_per_step": measure.items_per_step,
         "data_wait_frac": stats.data_wait_frac,
         "peak_mem_bytes": measure.peak_mem_bytes,
-        "compile_s": stats.compile_s if any(n in applied for n in ("compile", "cuda_graph")) else None,
+        "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
         "warmup_overhead_s": stats.compile_s,
         "mfu": mfu,
         "mfu_detail": {
@@ -211,7 +213,6 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
 
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
               target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool) -> dict:
-    from fastloop.targets import build_target
 
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}

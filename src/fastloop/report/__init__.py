@@ -1,5 +1,7 @@
 """Reports: JSON is the source of truth; Markdown and HTML are rendered from it."""
 
+from fastloop.errors import FastloopError
+from fastloop.report.files import atomic_write, to_json
 from fastloop.report.html import render_html
 from fastloop.report.markdown import render_markdown
 from fastloop.report.terminal import print_document
@@ -15,8 +17,6 @@ def write_reports(doc: dict, out_dir: str | None, json_path: str | None) -> list
     """
     from pathlib import Path
 
-    from fastloop.errors import FastloopError
-    from fastloop.report.files import atomic_write, to_json
 
     written = []
     text = to_json(doc)

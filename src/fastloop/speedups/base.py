@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -36,6 +37,7 @@ __all__ = [
     "register",
     "resolve",
     "speedup_names",
+    "default_ladder",
 ]
 
 Changes = Literal["model", "optimizer", "data", "step"]
@@ -105,10 +107,13 @@ class StepPlan:
     """Copy the next batch to the device on a side stream while this step runs."""
     cuda_graph: bool = False
     """Capture forward + backward + optimizer step as one CUDA graph."""
-    tf32: bool = False
-    """Allow TF32 matmuls/convolutions while the loop trains (restored afterwards)."""
-    cudnn_benchmark: bool = False
-    """Let cuDNN benchmark convolution algorithms while the loop trains (restored afterwards)."""
+    owners: dict[str, str] = field(default_factory=dict)
+    """Which speedup set each flag (filled by the adapters): a failure of that flag's behaviour
+    is recorded against that speedup."""
+
+    def flags(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in ("autocast_dtype", "grad_scaler", "channels_last_inputs", "prefetch",
+                                              "cuda_graph")}
 
 
 class Speedup:
@@ -123,6 +128,14 @@ class Speedup:
     """Position in the default ladder (data pipeline, precision, layout, compile, graphs)."""
     needs_cuda: ClassVar[bool] = False
     conflicts: ClassVar[tuple[str, ...]] = ()
+
+    math_dtype: ClassVar[str | None] = None
+    """When applied, the dtype the matmuls run in (``bf16``, ``fp16``, ``tf32``): MFU is rated
+    against that dtype's peak (a lower-precision one wins when several apply)."""
+    warmup_cost: ClassVar[bool] = False
+    """True when the speedup compiles or captures during warm-up (reported as ``compile_s``)."""
+    in_default_ladder: ClassVar[bool] = False
+    """A rung of the default ladder (in :attr:`order`)."""
 
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""
@@ -143,6 +156,14 @@ class Speedup:
         if self.needs_cuda and not ctx.cuda:
             return "no CUDA"
         return None
+
+    def why_not_model(self, model: torch.nn.Module) -> str | None:
+        """Reason this speedup cannot apply to ``model`` (no convolutions, ...), or None."""
+        return None
+
+    def run_context(self, ctx: Context) -> contextlib.AbstractContextManager:
+        """Held while the run trains (global switches such as TF32, restored on exit)."""
+        return contextlib.nullcontext()
 
     # --- the four things a speedup may change (plain loop); defaults change nothing ---
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
@@ -235,6 +256,11 @@ def register(cls: type[Speedup]) -> type[Speedup]:
         raise RuntimeError(f"speedup {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
+
+
+def default_ladder() -> list[str]:
+    """The default ladder's rungs, in order (the registered speedups marked ``in_default_ladder``)."""
+    return [n for n in speedup_names() if REGISTRY[n].in_default_ladder]
 
 
 def speedup_names() -> list[str]:

@@ -1,4 +1,30 @@
-"""``batch_size``: search the batch size (:mod:`fastloop.batch_size`), then train at it.
+"""``batch_size``: search the batch size, then train at it. The search core lives here with
+its speedup (``fastloop.batch_size`` re-exports it).
+
+Batch-size search that survives OOM, torch.compile and DDP.
+
+Exponential growth from the current size, then bisection, finds the largest batch that fits
+(``max_fitting``); a margin (default 0.9) keeps the chosen size clear of the edge, since a real
+run fragments memory more than a few trial steps do. With ``objective="throughput"`` (default)
+the size with the best measured samples/s among those under the margin is chosen: bigger is
+not always faster.
+
+- OOM: CUDA, cuDNN and CPU-allocator out-of-memory errors are recognised (:func:`is_oom`), and
+  only those; anything else propagates unchanged. After an OOM everything the failed step held
+  (outputs, gradients, the trial optimizer and its state, cached blocks) is freed first.
+- State: trials run on the module with a throwaway optimizer from ``configure_optimizers``;
+  the module's weights and buffers, the RNG states, and any Trainer optimizer/scheduler are
+  bitwise as before afterwards (checked, reported as ``restored``). No files are written.
+- compile: the search runs eagerly and compiling happens once afterwards, so no trial
+  recompiles; the search's wall time is reported.
+- DDP: after every trial the ranks all-reduce "did anyone OOM" and the slowest step time, so
+  they take the same branch and never hang.
+
+Example:
+    >>> is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    True
+    >>> is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
 
 Card:
 - Helps: steps too small to fill the GPU; the search measures samples/s per size and keeps
@@ -10,15 +36,446 @@ Changes the data pipeline (the target's ``batch_size``). Applied by the runner b
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import hashlib
+import inspect
+import random
+import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.data import rebuild_loader
-from fastloop.speedups.base import Record, Speedup, register
+from fastloop._compat import LightningDataModule, LightningModule
+from fastloop.data import first_tensor, rebuild_loader, to_device
+from fastloop.device import resolve_device
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Context, Record, Speedup, StepPlan, register, resolve
 
-__all__ = ["BatchSize"]
+__all__ = ["BatchSize", "is_oom", "search_batch_size", "set_batch_size"]
+
+_OOM_MARKERS = (
+    "cuda out of memory",                 # torch.cuda.OutOfMemoryError
+    "cudnn_status_alloc_failed",          # cuDNN workspace allocation
+    "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",  # cuDNN OOM in disguise
+    "cublas_status_alloc_failed",
+    "defaultcpuallocator: can't allocate memory",
+    "defaultcpuallocator: not enough memory",
+    "out of memory",
+)
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for CUDA, cuDNN, cuBLAS and CPU-allocator out-of-memory errors, False otherwise."""
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return True
+    if not isinstance(err, (RuntimeError, MemoryError)):
+        return False
+    if isinstance(err, MemoryError):
+        return True
+    msg = str(err).lower()
+    return any(m in msg for m in _OOM_MARKERS)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _bytes(v: Any) -> bytes:
+    """A tensor's bytes (0-dim tensors too: a byte view needs at least one dimension)."""
+    if not torch.is_tensor(v):
+        return repr(v).encode()
+    return v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
+
+
+def _metric_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """torchmetrics metrics (their states are attributes, not buffers: state_dict leaves them out)."""
+    return [m for m in module.modules() if hasattr(m, "_defaults") and hasattr(m, "_update_count")]
+
+
+def _digest(module: torch.nn.Module, optimizers: list) -> str:
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        h.update(k.encode())
+        h.update(_bytes(v))
+    for k, v in module.named_buffers():  # non-persistent buffers too
+        h.update(k.encode())
+        h.update(_bytes(v))
+    for m in _metric_modules(module):
+        for k in sorted(m._defaults):
+            h.update(k.encode())
+            v = getattr(m, k)
+            for t in (v if isinstance(v, list) else [v]):
+                h.update(_bytes(t))
+        h.update(repr(m._update_count).encode())
+    for opt in optimizers:
+        for st in opt.state.values():
+            for k, v in sorted(st.items()):
+                h.update(k.encode())
+                h.update(_bytes(v))
+        h.update(repr([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]).encode())
+    return h.hexdigest()
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _snapshot(module: torch.nn.Module) -> dict:
+    """Everything a trial step may change on the module: its state_dict, non-persistent buffers,
+    torchmetrics states, and the plain Python attributes (counters, flags) of every submodule."""
+    def clone(v: Any) -> Any:
+        if torch.is_tensor(v):
+            return v.detach().clone()
+        if isinstance(v, list):
+            return [clone(x) for x in v]
+        return v
+
+    return {
+        "state": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "buffers": {k: v.detach().clone() for k, v in module.named_buffers()},
+        "metrics": [(m, {k: clone(getattr(m, k)) for k in m._defaults},
+                     {k: vars(m).get(k) for k in ("_update_count", "_computed", "_forward_cache")})
+                    for m in _metric_modules(module)],
+        "plain": [(m, {k: v for k, v in vars(m).items() if isinstance(v, _PLAIN)}) for m in module.modules()],
+    }
+
+
+def _restore(module: torch.nn.Module, snap: dict) -> None:
+    with torch.no_grad():
+        module.load_state_dict(snap["state"])
+        for k, v in module.named_buffers():
+            if k in snap["buffers"]:
+                v.copy_(snap["buffers"][k])
+    for m, states, extra in snap["metrics"]:
+        for k, v in states.items():
+            setattr(m, k, v)
+        for k, v in extra.items():
+            setattr(m, k, v)
+    for m, attrs in snap["plain"]:
+        for k, v in attrs.items():
+            if vars(m).get(k, object()) is not v:
+                vars(m)[k] = v
+
+
+def _rng_state() -> dict:
+    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if "cuda" in st:
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
+    """Every place the target keeps its batch size, where Lightning's ``BatchSizeFinder`` looks:
+    the module's attribute, its hparams, the DataModule's attribute, its hparams."""
+    out: list[tuple[Any, str]] = []
+    places: list[Any] = [module] + ([data] if isinstance(data, LightningDataModule) else [])
+    for obj in places:
+        if "batch_size" in vars(obj) or isinstance(getattr(type(obj), "batch_size", None), property):
+            out.append((obj, "attr"))
+        hp = getattr(obj, "hparams", None)
+        try:
+            if hp is not None and "batch_size" in hp:
+                out.append((hp, "item"))
+        except TypeError:  # hparams of a type without "in"
+            pass
+    return out
+
+
+def _current(holders: list[tuple[Any, str]]) -> int | None:
+    if not holders:
+        return None
+    obj, kind = holders[-1]  # Lightning reads the last holder
+    value = obj["batch_size"] if kind == "item" else obj.batch_size
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
+    """Write ``size`` everywhere the target keeps its batch size; returns where it went."""
+    holders = _holders(module, data)
+    if not holders:
+        return "nowhere (no batch_size attribute or hparam; the DataLoader is rebuilt instead)"
+    names = []
+    for obj, kind in holders:
+        if kind == "item":
+            obj["batch_size"] = size
+            names.append(f"{'LightningModule' if obj is getattr(module, 'hparams', None) else 'DataModule'}.hparams.batch_size")
+        else:
+            obj.batch_size = size
+            names.append(f"{type(obj).__name__}.batch_size")
+    return ", ".join(names)
+
+
+_NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
+            "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
+            "build train_dataloader() from it, or pass a DataLoader to train on")
+
+
+def _loader_for(module: LightningModule, data: Any, size: int) -> Any:
+    if isinstance(data, DataLoader):
+        return rebuild_loader(data, batch_size=size)
+    if data is not None and not isinstance(data, LightningDataModule):
+        raise FastloopError(f"cannot search batch sizes of a {type(data).__name__}")
+    holders = _holders(module, data)
+    if not holders:
+        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
+    set_batch_size(module, data, size)
+    return (data if data is not None else module).train_dataloader()
+
+
+def _agree(flag: bool, step_s: float, device: torch.device) -> tuple[bool, float]:
+    """Under torch.distributed: OOM on any rank counts for all; the slowest rank's step time."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag, step_s
+    backend_dev = device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([float(flag), step_s], dtype=torch.float64, device=backend_dev)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t[0].item()), float(t[1].item())
+
+
+@contextlib.contextmanager
+def _trial_hooks(module: LightningModule, opts: list):
+    """Trial steps are not training: ``self.log`` in the user's ``training_step`` is a no-op
+    (Lightning refuses logging from ``on_fit_start``, where the callback runs); with manual
+    optimization, ``self.optimizers()`` hands out the trial optimizers, ``manual_backward`` is a
+    plain backward and toggling is a no-op, so the Trainer's optimizers are never stepped."""
+    def noop(*a: Any, **k: Any) -> None:
+        return None
+
+    hooks: dict[str, Any] = {"log": noop, "log_dict": noop}
+    if not module.automatic_optimization:
+        hooks.update(optimizers=lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else list(opts),
+                     manual_backward=lambda loss, *a, **k: loss.backward(*a, **k),
+                     toggle_optimizer=noop, untoggle_optimizer=noop, lr_schedulers=noop,
+                     clip_gradients=noop)
+    saved = {k: vars(module)[k] for k in hooks if k in vars(module)}
+    for k, v in hooks.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k in hooks:
+            if k in saved:
+                setattr(module, k, saved[k])
+            elif k in vars(module):
+                delattr(module, k)
+
+
+def _takes_batch_idx(module: LightningModule) -> bool:
+    """Lightning passes ``batch_idx`` only to a ``training_step`` that declares it."""
+    try:
+        params = inspect.signature(module.training_step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
+
+
+def _trial(module: LightningModule, data: Any, size: int, device: torch.device, steps: int,
+           autocast: torch.dtype | None) -> tuple[float, int]:
+    """Run ``steps`` train steps at ``size``; returns (median step time of steps after the first,
+    the largest batch the data yielded: a dataset's last partial batch is not its limit)."""
+    loader = _loader_for(module, data, size)
+    it = iter(loader)
+    opt_conf = module.configure_optimizers()
+    opts = _optimizers_from(opt_conf)
+    ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with_idx = _takes_batch_idx(module)
+    times, got = [], 0
+    try:
+        for i in range(steps):
+            try:
+                host = next(it)
+            except StopIteration:  # fewer batches than trial steps: start the epoch again
+                it = iter(loader)
+                host = next(it)
+            batch = to_device(host, device)
+            t = first_tensor(batch)
+            got = max(got, int(t.shape[0]) if t is not None and t.dim() else size)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            with ctx, _trial_hooks(module, opts):
+                out = module.training_step(batch, i) if with_idx else module.training_step(batch)
+            loss = out["loss"] if isinstance(out, dict) else out
+            if module.automatic_optimization and torch.is_tensor(loss):
+                loss.backward()
+                for o in opts:
+                    o.step()
+                    o.zero_grad(set_to_none=True)
+            del out, loss, batch
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    finally:
+        module.zero_grad(set_to_none=True)
+        for o in opts:
+            o.state.clear()
+        del opts, opt_conf, it, loader
+    rest = sorted(times[1:] or times)
+    return rest[len(rest) // 2], got or size
+
+
+def _optimizers_from(conf: Any) -> list[torch.optim.Optimizer]:
+    if isinstance(conf, torch.optim.Optimizer):
+        return [conf]
+    if conf is None:
+        return []
+    if isinstance(conf, dict):
+        return [conf["optimizer"]]
+    if isinstance(conf, (list, tuple)):
+        out = []
+        for c in conf:
+            if isinstance(c, torch.optim.Optimizer):
+                out.append(c)
+            elif isinstance(c, dict):
+                out.append(c["optimizer"])
+            elif isinstance(c, (list, tuple)):
+                out += [x for x in c if isinstance(x, torch.optim.Optimizer)]
+        return out
+    raise FastloopError(f"configure_optimizers returned {type(conf).__name__}; cannot build a trial optimizer")
+
+
+def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list | None = None,
+                      device: str = "auto", init: int | None = None, max_size: int = 4096,
+                      objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
+                      precision: float = 0.0625, trainer_optimizers: list | None = None, attached: bool = False,
+                      progress: Callable[[str], None] | None = None) -> dict:
+    """Find the batch size; write it where the target keeps it; return the JSON document part.
+
+    Args:
+        init: first size tried (default: the target's current batch size).
+        max_size: never try above this.
+        objective: ``"max"`` (largest under the margin) or ``"throughput"`` (fastest under it).
+        margin: the chosen size is at most ``margin * max_fitting``.
+        attached: True when called from a running Trainer (its DataModule is set up already);
+            otherwise a DataModule's ``prepare_data()`` and ``setup("fit")`` are called first.
+        precision: bisection stops when the gap between fitting and failing sizes is at most this
+            fraction of the failing size (1/16: the largest fitting size is found within ~6%).
+    """
+
+    if objective not in ("max", "throughput"):
+        raise FastloopError(f"--objective must be max or throughput, got {objective!r}")
+    if not 0 < margin <= 1:
+        raise FastloopError(f"--margin must be in (0, 1], got {margin}")
+    if max_size < 1:
+        raise FastloopError(f"--max must be >= 1, got {max_size}")
+    dev = resolve_device(device)
+    plan, ctx = StepPlan(), Context(dev)
+    for s in resolve(speedups):
+        if s.why_not(ctx) is None:
+            s.apply_step(plan, ctx)  # the precision the run will train in
+    autocast = plan.autocast_dtype
+    if isinstance(data, LightningDataModule) and not attached:
+        # as Trainer.fit would, before asking for the loader (a DataModule makes its datasets here)
+        data.prepare_data()
+        data.setup("fit")
+    current = _current(_holders(module, data))
+    if current is None and isinstance(data, DataLoader):
+        current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
+    if not _holders(module, data) and not isinstance(data, DataLoader):
+        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
+    start = max(1, min(int(init or current or 1), max_size))
+    module.to(dev)
+    was_training = module.training
+    before = _digest(module, trainer_optimizers or [])
+    rng = _rng_state()
+    snap = _snapshot(module)
+    mem0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+    t_start = time.perf_counter()
+    trials: list[dict] = []
+    limit: list[int | None] = [None]  # the data's own batch limit (a dataset smaller than the batch)
+
+    def attempt(size: int) -> bool:
+        if progress:
+            progress(f"trying batch size {size}")
+        oom, step_s, got, t0 = False, 0.0, size, time.perf_counter()
+        try:
+            step_s, got = _trial(module, data, size, dev, trial_steps, autocast)
+        except Exception as err:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(err):
+                raise
+            oom = True
+        if oom:
+            _free(dev)  # outside the except block: the traceback no longer pins the failed step's tensors
+        oom, step_s = _agree(oom, step_s, dev)
+        ok = not oom
+        trials.append({"batch_size": size, "ok": ok, "step_s": step_s if ok else None,
+                       "throughput": got / step_s if ok and step_s > 0 else None, "trial_s": time.perf_counter() - t0})
+        if ok and got < size:
+            trials[-1]["note"] = f"the data yields only {got} samples per batch"
+            limit[0] = got if limit[0] is None else min(limit[0], got)
+        return ok
+
+    try:
+        module.train()
+        if not attempt(start):
+            if start == 1:
+                raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device "
+                                    "(try bf16, a smaller model, or more GPUs via FSDP)")
+            lo, hi = 0, start
+        else:
+            lo, hi = start, None
+            while hi is None and limit[0] is None:
+                nxt = min(lo * 2, max_size)
+                if nxt == lo:
+                    break
+                if attempt(nxt):
+                    lo = nxt
+                else:
+                    hi = nxt
+        if hi is not None:
+            while hi - lo > max(1, int(precision * hi)):
+                mid = (lo + hi) // 2
+                if attempt(mid):
+                    lo = mid
+                else:
+                    hi = mid
+        if lo == 0:
+            lo = 1
+            if not attempt(1):
+                raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device")
+        max_fitting = lo if limit[0] is None else min(lo, limit[0])
+        cap = max(1, int(margin * max_fitting))
+        ok = [t for t in trials if t["ok"] and t["batch_size"] <= cap]
+        if objective == "throughput" and not any(t["batch_size"] == cap for t in ok) and cap != max_fitting:
+            attempt(cap)
+            ok = [t for t in trials if t["ok"] and t["batch_size"] <= cap]
+        if objective == "max" or not ok:
+            chosen = cap
+        else:
+            best = max(t["throughput"] or 0 for t in ok)
+            # the largest size within 2% of the best throughput: noise should not pick a tiny batch
+            chosen = max(t["batch_size"] for t in ok if (t["throughput"] or 0) >= 0.98 * best)
+    finally:
+        _restore(module, snap)
+        module.zero_grad(set_to_none=True)
+        module.train(was_training)
+        _set_rng_state(rng)
+        _free(dev)
+    written = set_batch_size(module, data, chosen)
+    mem1 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+    return {
+        "batch_size": chosen, "max_fitting": max_fitting, "objective": objective, "margin": margin,
+        "trials": trials, "search_s": time.perf_counter() - t_start,
+        "restored": _digest(module, trainer_optimizers or []) == before, "written_to": written,
+        "memory_allocated_before": mem0, "memory_allocated_after": mem1,
+        "compile_note": "trials run eagerly; compile (if requested) happens once afterwards, so no trial recompiles",
+    }
 
 
 @register
@@ -32,7 +489,6 @@ class BatchSize(Speedup):
     def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device) -> tuple[Any, Record, dict]:
         """Search with the other speedups on, then train at the size found (a DataLoader, fixed
         at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``)."""
-        from fastloop.batch_size import search_batch_size  # the search imports the speedups: no cycle at load
 
         search = search_batch_size(module, data, speedups=others, device=str(device))
         if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:

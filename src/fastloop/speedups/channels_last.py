@@ -32,11 +32,12 @@ class ChannelsLast(Speedup):
     name = "channels_last"
     changes = "model"
     order = 40
+    in_default_ladder = True
+
+    def why_not_model(self, model: torch.nn.Module) -> str | None:
+        return None if has_conv2d(model) else "model has no Conv2d layers"
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        if not has_conv2d(model):
-            ctx.record(self.name, "skipped", "model has no Conv2d layers")
-            return model
         return apply_channels_last(model)
 
     def apply_step(self, plan: StepPlan, ctx: Context) -> None:

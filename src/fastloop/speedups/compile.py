@@ -47,6 +47,8 @@ class Compile(Speedup):
     name = "compile"
     changes = "model"
     order = 50
+    in_default_ladder = True
+    warmup_cost = True
 
     option_help = f"compile:MODE with MODE one of {', '.join(MODES)}"
 

@@ -21,7 +21,13 @@ Changes the train step.
 from __future__ import annotations
 
 from fastloop.graph_step import GraphIneligible
-from fastloop.speedups.base import Context, Speedup, StepPlan, raised_by_compiler, register
+from fastloop.speedups.base import (
+    Context,
+    Speedup,
+    StepPlan,
+    raised_by_compiler,
+    register,
+)
 
 __all__ = ["CudaGraph"]
 
@@ -32,6 +38,8 @@ class CudaGraph(Speedup):
     name = "cuda_graph"
     changes = "step"
     order = 60
+    in_default_ladder = True
+    warmup_cost = True
     needs_cuda = True
 
     def apply_step(self, plan: StepPlan, ctx: Context) -> None:

@@ -16,10 +16,13 @@ switch as Lightning's ``Trainer(benchmark=True)``. Models without convolutions a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from fastloop._torch_private import CONV_TYPES
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["CudnnBenchmark", "apply_cudnn_benchmark", "has_conv"]
 
@@ -52,5 +55,13 @@ class CudnnBenchmark(Speedup):
     def why_not(self, ctx: Context) -> str | None:
         return None if ctx.cuda else "no CUDA"
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.cudnn_benchmark = True
+    def why_not_model(self, model: torch.nn.Module) -> str | None:
+        return None if has_conv(model) else "model has no convolution layers: nothing for cuDNN to tune"
+
+    @contextlib.contextmanager
+    def run_context(self, ctx: Context) -> Iterator[None]:
+        prev = apply_cudnn_benchmark(True)
+        try:
+            yield
+        finally:
+            apply_cudnn_benchmark(prev)

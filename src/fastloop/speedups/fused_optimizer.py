@@ -57,6 +57,7 @@ class FusedOptimizer(Speedup):
     name = "fused_optimizer"
     changes = "optimizer"
     order = 35
+    in_default_ladder = True
 
     def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
         reason = _fused_ok(optimizer)

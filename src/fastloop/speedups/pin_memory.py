@@ -32,6 +32,7 @@ class PinMemory(Speedup):
     name = "pin_memory"
     changes = "data"
     order = 11
+    in_default_ladder = True
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:

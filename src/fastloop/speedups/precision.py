@@ -28,6 +28,8 @@ class BF16(Speedup):
     name = "bf16"
     changes = "step"
     order = 30
+    in_default_ladder = True
+    math_dtype = "bf16"
     conflicts = ("fp16",)
 
     def why_not(self, ctx: Context) -> str | None:
@@ -45,6 +47,7 @@ class FP16(Speedup):
     name = "fp16"
     changes = "step"
     order = 31
+    math_dtype = "fp16"
     conflicts = ("bf16",)
 
     def why_not(self, ctx: Context) -> str | None:

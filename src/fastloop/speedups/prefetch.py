@@ -29,6 +29,7 @@ class Prefetch(Speedup):
     name = "prefetch"
     changes = "data"
     order = 12
+    in_default_ladder = True
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:

@@ -10,9 +10,12 @@ Card:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["TF32", "apply_tf32"]
 
@@ -40,6 +43,8 @@ class TF32(Speedup):
     changes = "step"
     order = 20
     needs_cuda = True
+    math_dtype = "tf32"
+    in_default_ladder = True
 
     def why_not(self, ctx: Context) -> str | None:
         if not ctx.cuda:
@@ -48,5 +53,10 @@ class TF32(Speedup):
             return f"{torch.cuda.get_device_name(ctx.device)} has no TF32 (needs Ampere, sm_80+)"
         return None
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.tf32 = True
+    @contextlib.contextmanager
+    def run_context(self, ctx: Context) -> Iterator[None]:
+        prev = apply_tf32(True)
+        try:
+            yield
+        finally:
+            restore_tf32(prev)

@@ -130,6 +130,7 @@ class Workers(Speedup):
     name = "workers"
     changes = "data"
     order = 10
+    in_default_ladder = True
 
     option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
 

@@ -1,0 +1,123 @@
+"""The import graph of fastloop's modules has no cycle.
+
+How it is checked: every module under ``src/fastloop`` (and the recipes) is parsed with ``ast``;
+its module-level imports of ``fastloop.*`` (not those inside functions, nor under
+``TYPE_CHECKING``) are edges; ``from fastloop.a import b`` points at ``fastloop.a.b`` when that
+is a module, else at ``fastloop.a``. A depth-first search over that graph must find no cycle.
+Importing a submodule runs its package's ``__init__`` first, so an import of
+``fastloop.speedups.base`` from outside ``fastloop.speedups`` is also an edge to the package
+(``fastloop.speedups``, whose ``__init__`` imports every speedup); a module inside the package
+gets no such edge (the package is already being imported when it runs).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for base, prefix in ((ROOT / "src" / "fastloop", "fastloop"), (ROOT / "recipes", "fastloop.recipes")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([prefix, *parts])] = path
+    return out
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.stmt]:
+    found: list[ast.stmt] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, ast.If):
+                if "TYPE_CHECKING" in ast.unparse(node.test):
+                    continue
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for h in node.handlers:
+                    visit(h.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")
+                    base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for t in targets:
+                if t in modules and t != name:
+                    graph[name].add(t)
+                parts = t.split(".")
+                for i in range(2, len(parts)):  # the packages the import runs first
+                    pkg = ".".join(parts[:i])
+                    if pkg in modules and not (name + ".").startswith(pkg + "."):
+                        graph[name].add(pkg)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = dfs(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = dfs(n)
+            if found:
+                return found
+    return None
+
+
+def test_the_checker_sees_cycles_through_a_package_init():
+    # fastloop.speedups.batch_size must not import a module outside the package that imports
+    # fastloop.speedups.base at the top (it did: the search core lived in fastloop.batch_size)
+    graph = import_graph()
+    assert "fastloop.speedups" in graph["fastloop.loop"]
+    assert "fastloop.speedups" not in graph["fastloop.speedups.workers"]
+
+
+def test_the_checker_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 40 and graph["fastloop.lightning"], "the graph was not built"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
