@@ -42,4 +42,6 @@ PARITY: dict[str, Parity] = {
     "cuda_graph": Parity(MLP, 0.0, cpu=False),
     "batch_size": Parity(MLP, 0.0, cpu=True, plain_loop=False),
     "dali": Parity(MLP, 0.0, cpu=False),
+    "fp8": Parity(MLP, 0.0, cpu=False),  # GPU parity: tests/test_gpu.py
+    "fused_loss": Parity(MLP, 0.0, cpu=False),
 }

@@ -219,3 +219,50 @@ def test_lightning_demo_transformer_with_cuda_graphs_ends_cleanly(spec):
     assert graph["status"] in ("applied", "fallback"), graph
     if graph["status"] == "fallback":  # cuda_graph is dropped; compile keeps its kernels without the graphs
         assert ("repeated as compile:default" if spec.startswith("compile") else "repeated without it") in graph["reason"]
+
+
+def _gpt_tiny_batches(n: int = 4):
+    from fastloop.recipes.gpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny")).cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    toks = torch.randint(0, model.cfg.vocab_size, (n, 8, model.cfg.block_size + 1), device="cuda", generator=g)
+    return model, [(t[:, :-1], t[:, 1:]) for t in toks]
+
+
+def test_fused_loss_equals_the_reference_cross_entropy():
+    pytest.importorskip("liger_kernel")
+    from fastloop.speedups.fused_loss import fused_linear_cross_entropy
+
+    model, batches = _gpt_tiny_batches(1)
+    x, y = batches[0]
+    _, ref = model(x, y)
+    ref.backward()
+    ref_grad = model.lm_head.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    model.fused_loss = fused_linear_cross_entropy()
+    logits, fused = model(x, y)
+    fused.backward()
+    assert logits is None
+    assert abs(fused.item() - ref.item()) <= 1e-4 * abs(ref.item()), (fused.item(), ref.item())
+    assert torch.allclose(model.lm_head.weight.grad, ref_grad, rtol=1e-3, atol=1e-5)
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # under bf16 autocast: within bf16 rounding
+        _, fused_bf16 = model(x, y)
+    assert abs(fused_bf16.item() - ref.item()) <= 2e-2 * abs(ref.item())
+
+
+def test_fp8_applies_on_hopper_and_tracks_bf16():
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89+")
+    from fastloop.runner import run_configuration
+
+    common = dict(steps=30, warmup=2, device="cuda", steady_warmup=False,
+                  target_kwargs={"preset": "small", "batch_size": 8})
+    bf16 = run_configuration("gpt", "bf16,compile", **common)
+    fp8 = run_configuration("gpt", "bf16,fp8,compile", **common)
+    rec = {r["name"]: r for r in fp8["speedups"]}["fp8"]
+    assert rec["status"] == "applied" and "Linear layers in fp8" in rec["detail"], rec
+    diff = max(abs(a - b) / abs(b) for a, b in zip(fp8["losses"], bf16["losses"]))
+    assert diff < 0.05, f"fp8 loss differs from bf16 by {diff:.3f} (> 5%)"

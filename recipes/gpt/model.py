@@ -96,6 +96,9 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying: one matrix, two uses
+        self.fused_loss = None
+        """fastloop's ``fused_loss`` hook: a callable (weight, hidden, targets) -> loss that
+        replaces lm_head + cross-entropy (no logits are materialised)."""
         self.apply(self._init)
 
     def _init(self, m: nn.Module) -> None:
@@ -124,6 +127,9 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.h:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.fused_loss is not None:
+            return None, self.fused_loss(self.lm_head.weight, x.view(-1, x.size(-1)), targets.view(-1))
+        logits = self.lm_head(x)
         loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
         return logits, loss

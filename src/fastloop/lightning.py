@@ -322,6 +322,9 @@ class SpeedupCallback(Callback):
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
 
     def _run_undo(self) -> None:
+        if self.ctx is not None:
+            while self.ctx.undo:
+                self.ctx.undo.pop()()
         while self._undo:
             self._undo.pop()()
         for loader in self._loaders:  # a rebuilt loader's persistent workers end with the fit

@@ -7,6 +7,8 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     cuda_graph,
     cudnn_benchmark,
     dali,
+    fp8,
+    fused_loss,
     fused_optimizer,
     gpu_resident,
     pin_memory,

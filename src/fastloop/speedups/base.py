@@ -72,6 +72,9 @@ class Context:
     """Counters speedups report (fp16 skipped steps, recompilations, ...)."""
     details: dict[str, str] = field(default_factory=dict)
     """What each applied speedup changed, by name (see :meth:`describe`)."""
+    undo: list = field(default_factory=list)
+    """Functions that put the user's objects back (a swapped layer, a set attribute); the
+    Lightning adapter calls them, newest first, when the fit is torn down."""
 
     @property
     def cuda(self) -> bool:
