@@ -14,7 +14,7 @@ python3 - <<'PY'
 import glob, json, os, statistics
 out = os.environ["OUT"]
 rows = {}
-for p in sorted(glob.glob(os.path.join(out, "vs_hand_*.json"))):
+for p in sorted(glob.glob(os.path.join(out, "vs_hand_*_*_*_*.json"))):
     d = json.load(open(p))
     rows.setdefault((d["case"], d["batch"]), {}).setdefault(d["side"], []).append(d["throughput"])
 print(f"{'case':6} {'B':>4} {'hand':>12} {'fastloop':>12} {'ratio':>7}  runs")

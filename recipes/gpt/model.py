@@ -129,7 +129,7 @@ class GPT(nn.Module):
             x = block(x)
         x = self.ln_f(x)
         if targets is not None and self.fused_loss is not None:
-            return None, self.fused_loss(self.lm_head.weight, x.view(-1, x.size(-1)), targets.view(-1))
+            return None, self.fused_loss(self.lm_head.weight, x.reshape(-1, x.size(-1)), targets.reshape(-1))
         logits = self.lm_head(x)
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
         return logits, loss

@@ -62,7 +62,11 @@ class FusedLoss(Speedup):
         return None
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        loss = fused_linear_cross_entropy()
+        kernel = fused_linear_cross_entropy()
+        # Dynamo cannot trace liger's Triton autograd function (measured on the H200: "RuntimeError
+        # when making fake tensor call", and compile fell back for the whole model); left out of
+        # the graph, compile keeps the transformer and the loss runs as liger's own kernels
+        loss = torch.compiler.disable(lambda weight, hidden, targets: kernel(weight, hidden, targets))
         hooked = hooks_of(model)
         for m in hooked:
             m.fused_loss = loss
