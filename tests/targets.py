@@ -187,3 +187,23 @@ def dies_fourth(batch_size: int = 16, seed: int = 0):
     if n == 4:
         os.kill(os.getpid(), signal.SIGKILL)
     return tiny_mlp(batch_size, seed)
+
+
+class _FailsOnRank(Classifier):
+    def __init__(self, rank: int, at: int) -> None:
+        super().__init__()
+        self.fail_rank, self.fail_at = rank, at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == self.fail_rank and batch_idx == self.fail_at:
+            raise RuntimeError(f"boom on rank {self.fail_rank} at step {batch_idx}")
+        return super().training_step(batch, batch_idx)
+
+
+def fails_on_rank_1():
+    """Under DDP: rank 1 raises at its fourth step (the other rank waits in a collective)."""
+    return _FailsOnRank(rank=1, at=3), DataLoader(_data(False), batch_size=16, shuffle=True)
+
+
+def fails_on_rank_0():
+    return _FailsOnRank(rank=0, at=3), DataLoader(_data(False), batch_size=16, shuffle=True)

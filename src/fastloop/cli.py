@@ -69,11 +69,20 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
                         help="steps before measuring (compile and capture happen here)")
 
+    def ranks(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--devices", type=_positive("--devices", most=1024), default=1,
+                        help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy")
+        sp.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
+                        help="Lightning's strategy for --devices > 1 (default ddp)")
+
     sp = sub.add_parser("run", help="measure one configuration")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help="comma-separated speedup names, or none")
+    sp.add_argument("--no-scaling", action="store_true",
+                    help="with --devices N: skip the 1-device run that scaling efficiency is measured against")
     steps(sp)
     common(sp)
+    ranks(sp)
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
     sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
@@ -86,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
     steps(sp)
     common(sp)
+    ranks(sp)
     sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
     sp.add_argument("target")
     sp.add_argument("--a", required=True)
@@ -94,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="runs a side, interleaved (fewer than 3: too few runs to tell)")
     steps(sp)
     common(sp)
+    ranks(sp)
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none")
@@ -156,6 +167,36 @@ def _check_speedup_lists(args: argparse.Namespace) -> None:
             resolve(value)
 
 
+def _measure_on(args: argparse.Namespace):
+    """How ladder and ab measure a configuration: a fresh process, on ``--devices`` ranks."""
+    import functools
+
+    from fastloop.subproc import run_in_subprocess
+
+    if args.devices > 1 or args.strategy:
+        return functools.partial(run_in_subprocess, devices=args.devices, strategy=args.strategy or "ddp")
+    return run_in_subprocess
+
+
+def _scaling_run(args: argparse.Namespace, device: str) -> dict:
+    """``run --devices N``: the same configuration on 1 device, then on N (each in its own
+    process; the N ranks are started by Lightning), and the scaling efficiency between them:
+    N-device throughput / (N x 1-device throughput), same per-device batch."""
+    from fastloop.subproc import run_in_subprocess
+
+    kw = dict(steps=args.steps, warmup=args.warmup, device=device)
+    one = run_in_subprocess(args.target, args.speedups, **kw)
+    many = run_in_subprocess(args.target, args.speedups, **kw, devices=args.devices, strategy=args.strategy or "ddp")
+    t1, tn = one["throughput"]["value"], many["throughput"]["value"]
+    many["scaling"] = {"devices": args.devices, "throughput_1": t1, "throughput_n": tn,
+                       "speedup": tn / t1 if t1 and tn else None,
+                       "efficiency": tn / (args.devices * t1) if t1 and tn else None,
+                       "basis": "the same per-device batch; each side one fresh process (the N ranks started by "
+                                "Lightning); throughput summed over ranks at the slowest rank's pace",
+                       "one_device": {k: one[k] for k in ("step_s", "throughput", "data_wait_frac", "speedups")}}
+    return many
+
+
 def _dispatch(args: argparse.Namespace) -> dict:
     _check_speedup_lists(args)
     from fastloop.device import resolve_device
@@ -164,8 +205,11 @@ def _dispatch(args: argparse.Namespace) -> dict:
     if args.cmd == "run":
         from fastloop.runner import run_configuration
 
+        if args.devices > 1 and not args.no_scaling:
+            return _stamp({"kind": "run", **_scaling_run(args, device)}, args, device)
         return _stamp({"kind": "run", **run_configuration(args.target, args.speedups, steps=args.steps,
-                                                         warmup=args.warmup, device=device)}, args, device)
+                                                         warmup=args.warmup, device=device, devices=args.devices,
+                                                         strategy=args.strategy)}, args, device)
     if args.cmd in ("ladder", "ab"):
         prog, update = _progress(args)
         from fastloop.report import write_reports
@@ -183,14 +227,15 @@ def _dispatch(args: argparse.Namespace) -> dict:
                 rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
                 doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
                                  budget=args.budget, mode="cumulative" if args.cumulative else "select",
-                                 device=device, progress=update, on_update=partial)
+                                 device=device, progress=update, on_update=partial, measure=_measure_on(args))
                 if doc["rungs"]:
                     doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
             else:
                 from fastloop.ab import run_ab
 
                 doc = run_ab(args.target, args.a, args.b, repeats=args.repeats, steps=args.steps,
-                             warmup=args.warmup, device=device, progress=update, on_update=partial)
+                             warmup=args.warmup, device=device, progress=update, on_update=partial,
+                             measure=_measure_on(args))
         finally:
             if prog:
                 prog.stop()
@@ -279,6 +324,25 @@ def _arm_interrupt_deadline() -> None:
     signal.signal(signal.SIGINT, on_sigint)
 
 
+_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "remote worker", "distbackenderror",
+                 "communicator was aborted", "broken pipe")
+
+
+def _peer_failed(err: BaseException) -> bool:
+    """In a multi-rank run: did this rank fail only because another rank died (a collective
+    lost its peer)?"""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 and "MASTER_PORT" not in os.environ:
+        return False  # not a rank (Lightning's launcher sets MASTER_PORT in rank 0, WORLD_SIZE in the others)
+    seen, e = set(), err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = f"{type(e).__name__}: {e}".lower()
+        if any(m in text for m in _PEER_MARKERS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
     if argv is None and threading.current_thread() is threading.main_thread():
@@ -292,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_outputs(args)
         doc = _dispatch(args)
+        if doc.get("global_rank", 0) != 0:
+            return 0  # a rank Lightning started: rank 0 reports for all of them
         from fastloop.report import write_reports
 
         write_reports(doc, args.out, args.json)
@@ -308,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the user's code raised (or, with no frame of theirs, fastloop did)
         from fastloop.errors import format_user_error
 
+        if _peer_failed(err):  # one clear error: the failing rank's own, not its peers' echo
+            sys.stderr.write("fastloop: this rank stopped because another rank failed (its error is above)\n")
+            return 1
         sys.stderr.write(format_user_error(err))
         return 1
     if doc.get("interrupted"):

@@ -15,13 +15,15 @@ import hashlib
 import io
 import logging
 import math
+import os
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop._compat import Callback, Trainer
+from fastloop._compat import Callback, DDPStrategy, FSDPStrategy, Trainer
 from fastloop._torch_private import CONV_TYPES
 from fastloop.data import tensor_dataset_parts
 from fastloop.device import resolve_device
@@ -171,11 +173,17 @@ def _first_line(err: BaseException) -> str:
 
 def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
                       device: str = "auto", target_kwargs: dict[str, Any] | None = None,
-                      quiet: bool = True, steady_warmup: bool = True) -> dict:
+                      quiet: bool = True, steady_warmup: bool = True, devices: int = 1,
+                      strategy: str | None = None) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
 
     ``steady_warmup``: extend the warm-up until step times are steady (reported as
     ``warmup_extended_steps``); off, exactly ``warmup + steps`` steps are trained.
+
+    ``devices`` > 1 (or a ``strategy``): the ranks are started by Lightning's own DDP/FSDP
+    strategy (its launcher runs this command once per rank); every rank measures itself and
+    the document (returned on every rank; ``global_rank`` says which) holds ``world_size`` and
+    a ``ranks`` section, its throughput summed over ranks at the slowest rank's pace.
 
     Runtime fallback: when a speedup fails while training (a compile or capture error, a CUDA
     graph whose output was overwritten, ...), the run is repeated from a freshly built target
@@ -186,14 +194,23 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         raise FastloopError(f"--steps must be >= 1, got {steps}")
     if not isinstance(warmup, int) or warmup < 0:
         raise FastloopError(f"--warmup must be >= 0, got {warmup}")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise FastloopError(f"--devices must be an integer >= 1, got {devices!r}")
+    if strategy not in (None, "ddp", "fsdp"):
+        raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
     dev = resolve_device(device)
+    if strategy == "fsdp" and dev.type != "cuda":
+        raise FastloopError("--strategy fsdp needs CUDA devices (use ddp on a CPU)")
+    if dev.type == "cuda" and devices > torch.cuda.device_count():
+        raise FastloopError(f"--devices {devices} asked for, but this machine has {torch.cuda.device_count()} GPU(s)")
     chosen = resolve(speedups)
     order = [s.name for s in chosen]
     fallbacks: list[Record] = []
     while True:
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
         try:
-            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup)
+            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup,
+                            devices, strategy)
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
             torch.compiler.reset()
@@ -211,8 +228,58 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         return doc
 
 
+def _strategy(name: str | None, dev: torch.device) -> Any:
+    """Lightning's own strategy for ``--strategy`` (never a home-made one). A short process-group
+    timeout: a rank stuck in a collective fails in minutes, not the default half hour."""
+    timeout = timedelta(seconds=float(os.environ.get("FASTLOOP_DIST_TIMEOUT", 300)))
+    if name == "fsdp":
+        return FSDPStrategy(timeout=timeout)
+    return DDPStrategy(process_group_backend="nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
+
+
+class _GatherRanks(Callback):
+    """At the end of training, every rank's measurement to every rank (``all_gather_object``)."""
+
+    def __init__(self, measure: MeasureCallback, cbs: list) -> None:
+        self.measure, self.cbs = measure, cbs
+        self.ranks: list[dict] | None = None
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.world_size <= 1 or not torch.distributed.is_initialized():
+            return
+        stats = self.measure.result()
+        summary = stats.summary()
+        mine = {"rank": trainer.global_rank, "steps": stats.steps, "step_s": summary, "step_s_all": stats.step_s,
+                "wait_s_all": stats.wait_s, "data_wait_frac": stats.data_wait_frac,
+                "items_per_step": self.measure.items_per_step, "peak_mem_bytes": self.measure.peak_mem_bytes,
+                "throughput": (self.measure.items_per_step or 0) / summary["mean"] if summary["mean"] else None,
+                "speedups": [c.record.to_dict() for c in self.cbs]}
+        gathered: list = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, mine)
+        self.ranks = sorted(gathered, key=lambda r: r["rank"])
+
+
+def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> None:
+    """The JSON contract's multi-rank part: each rank's figures, the slowest rank, and the
+    throughput of all ranks together (items summed, at the slowest rank's mean step)."""
+    slowest = max(ranks, key=lambda r: r["step_s"]["mean"])
+    doc["world_size"] = world_size
+    doc["strategy"] = strategy
+    doc["ranks"] = ranks
+    doc["slowest_rank"] = slowest["rank"]
+    items = sum(r["items_per_step"] or 0 for r in ranks)
+    doc["throughput"] = {"value": items / slowest["step_s"]["mean"] if slowest["step_s"]["mean"] else None,
+                         "unit": doc["throughput"]["unit"],
+                         "basis": "items per step summed over the ranks / the slowest rank's mean step time"}
+    doc["per_rank_throughput"] = [r["throughput"] for r in ranks]
+    first = [(s["name"], s["status"], s["reason"]) for s in ranks[0]["speedups"]]
+    doc["speedups_agree_across_ranks"] = all([(s["name"], s["status"], s["reason"]) for s in r["speedups"]] == first
+                                             for r in ranks)
+
+
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
-              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool) -> dict:
+              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
+              devices: int = 1, strategy: str | None = None) -> dict:
 
     module, data = build_target(target, **(target_kwargs or {}))
     extra: dict = {}
@@ -228,11 +295,14 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     cbs = [SpeedupCallback(s) for s in in_training]
     measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps)
     monitored = _MonitoredSchedulers()
+    gather = _GatherRanks(measure, cbs)
+    distributed = devices > 1 or strategy is not None
     trainer = Trainer(
-        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, max_steps=-1,
+        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
         max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[*cbs, measure, monitored],
+        callbacks=[*cbs, measure, monitored, gather],
+        **({"strategy": _strategy(strategy, dev)} if distributed else {}),
     )
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     with ctx, warnings.catch_warnings():
@@ -280,6 +350,10 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
         doc["warnings"].append(f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
                                f"(Lightning skipped their optimizer step; their loss is null)")
     doc["warnings"] += monitored.notes(trainer)
+    doc["global_rank"] = trainer.global_rank
+    doc["world_size"] = trainer.world_size
+    if gather.ranks:
+        _per_rank(doc, gather.ranks, trainer.world_size, strategy or "ddp")
     bad = next((i for i, v in enumerate(doc["losses"]) if v is not None and not math.isfinite(v)), None)
     if bad is not None:
         doc["loss_finite"] = False

@@ -50,7 +50,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
-                      timeout: float = 3600) -> dict:
+                      timeout: float = 3600, devices: int = 1, strategy: str | None = None) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
 
     Raises :class:`ConfigurationFailed` when the child ends without a result (its last stderr
@@ -60,6 +60,8 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         path = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "fastloop.cli", "run", target, "--speedups", speedups or "none",
                "--steps", str(steps), "--warmup", str(warmup), "--device", device, "--json", path, "--quiet"]
+        if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
+            cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = dict(os.environ)
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])

@@ -70,3 +70,21 @@ def rows(doc: dict) -> list[dict]:
             "bottleneck": (c.get("bottleneck") or {}).get("bottleneck", ""),
         })
     return out
+
+
+def ranks_lines(doc: dict) -> list[str]:
+    """For a multi-rank run: each rank's figures, the slowest rank, and the scaling efficiency."""
+    if not doc.get("ranks"):
+        return []
+    unit = (doc.get("throughput") or {}).get("unit", "")
+    out = [f"{doc['world_size']} ranks ({doc.get('strategy', 'ddp')}), slowest rank {doc['slowest_rank']}; "
+           f"speedups {'identical on every rank' if doc.get('speedups_agree_across_ranks') else 'DIFFER between ranks'}"]
+    for r in doc["ranks"]:
+        wait = r.get("data_wait_frac")
+        out.append(f"rank {r['rank']}: median step {fmt_s(r['step_s']['median'])}, "
+                   f"{(r.get('throughput') or 0):,.0f} {unit}, data wait {'-' if wait is None else f'{100 * wait:.0f}%'}")
+    sc = doc.get("scaling")
+    if sc and sc.get("efficiency") is not None:
+        out.append(f"scaling: 1 device {sc['throughput_1']:,.0f} {unit}, {sc['devices']} devices "
+                   f"{sc['throughput_n']:,.0f} {unit}: {sc['speedup']:.2f}x, efficiency {100 * sc['efficiency']:.0f}%")
+    return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastloop.report.format import rows, selected_line
+from fastloop.report.format import ranks_lines, rows, selected_line
 
 __all__ = ["render_markdown"]
 
@@ -54,6 +54,8 @@ def render_markdown(doc: dict) -> str:
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
+    if ranks_lines(doc):
+        lines += [""] + [f"- {line}" for line in ranks_lines(doc)]
     warns = sorted({f"- {r.get('rung', 'run')}: {w}" for r in (doc.get("rungs") or [doc.get("a"), doc.get("b")] if doc.get("kind") in ("ladder", "ab") else [doc])
                     if r for w in r.get("warnings", [])})
     if warns:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from fastloop.report.format import rows, selected_line
+from fastloop.report.format import ranks_lines, rows, selected_line
 
 __all__ = ["make_console", "print_document"]
 
@@ -39,6 +39,8 @@ def print_document(doc: dict, console: Console | None = None) -> None:
     for c in configs:
         for w in (c or {}).get("warnings", []):
             console.print(f"[yellow]warning[/yellow] ({(c or {}).get('rung', 'run')}): {w}")
+    for line in ranks_lines(doc):
+        console.print(line)
     if doc.get("kind") == "ab":
         console.print(f"verdict: {doc['verdict']}")
     if doc.get("diagnosis"):

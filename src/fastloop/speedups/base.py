@@ -29,6 +29,7 @@ from fastloop.errors import FastloopError
 __all__ = [
     "parse_number",
     "raised_by_compiler",
+    "rank_zero_value",
     "REGISTRY",
     "Context",
     "Record",
@@ -233,6 +234,17 @@ def parse_number(text: str, convert: type, low: float, high: float, *, message: 
     if not (low < value if low_open else low <= value) or value > high:
         raise FastloopError(message)
     return value
+
+
+def rank_zero_value(fn: Any) -> Any:
+    """``fn()`` computed on rank 0 only and handed to every rank under torch.distributed (a
+    decision made by measuring, such as the worker count, must be the same on all ranks);
+    ``fn()`` otherwise. Every rank must call it at the same point."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return fn()
+    box = [fn() if torch.distributed.get_rank() == 0 else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def raised_by_compiler(err: BaseException) -> bool:

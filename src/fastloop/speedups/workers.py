@@ -149,6 +149,12 @@ class Workers(Speedup):
             ctx.record(self.name, "skipped", f"loader already has {loader.num_workers} workers")
             return loader
         n = self.options.get("mode")
+        if n is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            # measuring forks probe loaders on every rank at a point Lightning does not align
+            # across ranks (it hung a 2-rank gloo run): ask for a count instead
+            ctx.record(self.name, "skipped", "the worker count is not measured in a multi-rank run: give it as "
+                                             "workers:N (measure it with a 1-device `fastloop run`)")
+            return loader
         if n is None:
             n, rates = choose_num_workers(loader)
             ctx.stats["loader_rates"] = rates
