@@ -42,6 +42,7 @@ PARITY: dict[str, Parity] = {
     "cuda_graph": Parity(MLP, 0.0, cpu=False),
     "batch_size": Parity(MLP, 0.0, cpu=True, plain_loop=False),
     "dali": Parity(MLP, 0.0, cpu=False),
-    "fp8": Parity(MLP, 0.0, cpu=False),  # GPU parity: tests/test_gpu.py
+    "fp8": Parity(MLP, 0.0, cpu=False),
+    "ddp_comm": Parity(MLP, 0.0, cpu=False),  # multi-rank only: tests/test_ddp.py  # GPU parity: tests/test_gpu.py
     "fused_loss": Parity(MLP, 0.0, cpu=False),
 }

@@ -48,16 +48,16 @@ def test_two_ranks_report_per_rank_and_scaling(tmp_path):
     assert "2 ranks (ddp)" in proc.stdout and "scaling:" in proc.stdout
 
 
-def test_workers_without_a_count_is_skipped_on_every_rank(tmp_path):
+def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):
     out = tmp_path / "w.json"
     proc, _ = _fastloop("run", "tests/targets.py:sleepy", "--devices", "2", "--device", "cpu", "--speedups", "workers",
                         "--steps", "4", "--warmup", "1", "--no-scaling", "--json", str(out), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["speedups_agree_across_ranks"] is True
-    for r in doc["ranks"]:
-        (rec,) = r["speedups"]
-        assert rec["status"] == "skipped" and "give it as workers:N" in rec["reason"]
+    recs = [r["speedups"][0] for r in doc["ranks"]]
+    assert recs[0] == recs[1], recs  # measured once (rank 0), used by both
+    assert recs[0]["status"] == "applied" and recs[0]["detail"].endswith("(measured fastest)")
 
 
 @pytest.mark.parametrize("target,failing", [("fails_on_rank_1", 1), ("fails_on_rank_0", 0)])
@@ -78,3 +78,21 @@ def test_a_failing_rank_ends_every_rank_with_one_clear_error(target, failing):
 def test_bad_multi_device_input_exits_2(args, message):
     proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--no-scaling", *args, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-1000:]
+
+
+def test_ddp_comm_tunes_ddp_on_every_rank_and_is_skipped_on_one_device(tmp_path):
+    out = tmp_path / "c.json"
+    proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--devices", "2", "--device", "cpu", "--speedups", "ddp_comm:50",
+                        "--steps", "4", "--warmup", "1", "--no-scaling", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    for r in doc["ranks"]:
+        (rec,) = r["speedups"]
+        assert rec["status"] == "applied" and rec["detail"] == "gradient_as_bucket_view=True, bucket_cap_mb=50"
+    one = tmp_path / "one.json"
+    proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--speedups", "ddp_comm",
+                        "--steps", "2", "--warmup", "0", "--json", str(one))
+    (rec,) = json.loads(one.read_text())["speedups"]
+    assert rec["status"] == "skipped" and "not a multi-rank DDP run" in rec["reason"]
+    proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--speedups", "ddp_comm:0")
+    assert proc.returncode == 2 and "bucket size must be an integer" in proc.stderr

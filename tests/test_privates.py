@@ -76,3 +76,12 @@ def test_loader_auto_collation_and_base_seed_order():
         "fastloop/_torch_private.draw_loader_base_seed")
     plain = indexed()
     assert list(iter(plain.sampler)) != want  # without the draw the order differs: the pin can fail
+
+
+def test_lightning_ddp_kwargs_reach_distributed_data_parallel():
+    from fastloop._compat import DDPStrategy
+
+    strategy = DDPStrategy(bucket_cap_mb=7)
+    kwargs = lp.ddp_kwargs(strategy)
+    assert kwargs == {"bucket_cap_mb": 7}, "DDPStrategy._ddp_kwargs changed: update fastloop/_lightning_private.py"
+    assert lp.ddp_kwargs(object()) is None

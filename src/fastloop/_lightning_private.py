@@ -10,7 +10,7 @@ from typing import Any
 
 from fastloop._compat import Trainer
 
-__all__ = ["set_train_source", "train_source"]
+__all__ = ["ddp_kwargs", "set_train_source", "train_source"]
 
 
 def train_source(trainer: Trainer) -> Any:
@@ -27,3 +27,13 @@ def train_source(trainer: Trainer) -> Any:
 def set_train_source(trainer: Trainer, source: Any) -> None:
     """Replace what ``train_source`` returns (same private, same reason)."""
     trainer.fit_loop._data_source.instance = source
+
+
+def ddp_kwargs(strategy: Any) -> dict | None:
+    """The keyword arguments Lightning's DDPStrategy passes to ``DistributedDataParallel``
+    (``strategy._ddp_kwargs``; None for another strategy). Why: the ``ddp_comm`` speedup tunes
+    DDP's gradient buckets of a Trainer it did not build, before the strategy wraps the model
+    (after the callbacks' ``setup``). The public route is ``DDPStrategy(**kwargs)`` given to the
+    Trainer by the user."""
+    kwargs = getattr(strategy, "_ddp_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else None

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningModule, Trainer
-from fastloop._lightning_private import set_train_source, train_source
+from fastloop._lightning_private import ddp_kwargs, set_train_source, train_source
 from fastloop._torch_private import (
     compiled_call,
     scaler_scale,
@@ -161,6 +161,8 @@ class SpeedupCallback(Callback):
             return
         s = self.speedup
         self.ctx = ctx = Context(trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
         reason = s.why_not(ctx) or s.why_not_model(pl_module)
         if reason:
             ctx.record(s.name, "skipped", reason)

@@ -84,6 +84,11 @@ class MeasureCallback(Callback):
         self._pending_fetch = False
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.world_size > 1:
+            # every rank must train the same number of steps (a rank that stops early leaves the
+            # others waiting in a collective), and extending the warm-up until steady is decided
+            # from each rank's own timings: the warm-up stays fixed in multi-rank runs
+            self.steady = False
         if self.drain and not self.drain_steps:
             self.drain_steps = 2 * prefetch_buffer(trainer.train_dataloader)
             limited = trainer.fit_loop.epoch_loop.max_steps > 0

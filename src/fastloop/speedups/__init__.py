@@ -7,6 +7,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     cuda_graph,
     cudnn_benchmark,
     dali,
+    ddp_comm,
     fp8,
     fused_loss,
     fused_optimizer,

@@ -73,6 +73,10 @@ class Context:
     """Counters speedups report (fp16 skipped steps, recompilations, ...)."""
     details: dict[str, str] = field(default_factory=dict)
     """What each applied speedup changed, by name (see :meth:`describe`)."""
+    ddp_kwargs: dict | None = None
+    """In a multi-rank DDP run under Lightning: the keyword arguments its strategy will give
+    ``DistributedDataParallel`` (a speedup may edit them before the model is wrapped); None
+    otherwise."""
     undo: list = field(default_factory=list)
     """Functions that put the user's objects back (a swapped layer, a set attribute); the
     Lightning adapter calls them, newest first, when the fit is torn down."""

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
-from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.base import Context, Speedup, parse_number, rank_zero_value, register
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
 
@@ -149,14 +149,8 @@ class Workers(Speedup):
             ctx.record(self.name, "skipped", f"loader already has {loader.num_workers} workers")
             return loader
         n = self.options.get("mode")
-        if n is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            # measuring forks probe loaders on every rank at a point Lightning does not align
-            # across ranks (it hung a 2-rank gloo run): ask for a count instead
-            ctx.record(self.name, "skipped", "the worker count is not measured in a multi-rank run: give it as "
-                                             "workers:N (measure it with a 1-device `fastloop run`)")
-            return loader
-        if n is None:
-            n, rates = choose_num_workers(loader)
+        if n is None:  # measured on rank 0 only; every rank uses its result
+            n, rates = rank_zero_value(lambda: choose_num_workers(loader))
             ctx.stats["loader_rates"] = rates
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
@@ -165,4 +159,5 @@ class Workers(Speedup):
                                                  f"{loader.num_workers or 'the main process alone'}")
                 return loader
         ctx.stats["num_workers"] = n
+        ctx.describe(self.name, f"{n} worker processes" + (" (measured fastest)" if self.options.get("mode") is None else ""))
         return apply_workers(loader, int(n))
