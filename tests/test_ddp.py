@@ -46,6 +46,19 @@ def test_two_ranks_report_per_rank_and_scaling(tmp_path):
     assert sc["devices"] == 2 and sc["throughput_1"] > 0
     assert sc["efficiency"] == pytest.approx(sc["throughput_n"] / (2 * sc["throughput_1"]))
     assert "2 ranks (ddp)" in proc.stdout and "scaling:" in proc.stdout
+    assert sc["step_time_growth"] == pytest.approx(slowest["step_s"]["mean"] / sc["one_device"]["step_s"]["mean"] - 1)
+    assert doc["diagnosis"]["bottleneck"]  # on 2 CPU cores the gloo all-reduce dominates: usually communication-bound
+
+
+def test_doctor_calls_poor_scaling_communication_bound():
+    from fastloop.doctor import diagnose
+
+    cfg = {"data_wait_frac": 0.02, "step_s": {"median": 0.05}, "speedups": [],
+           "scaling": {"devices": 2, "efficiency": 0.6, "step_time_growth": 0.66}}
+    d = diagnose(cfg)
+    assert d["bottleneck"] == "communication-bound" and "66% longer" in d["evidence"] and "ddp_comm" in d["recommendation"]
+    cfg["scaling"]["efficiency"] = 0.95
+    assert diagnose(cfg)["bottleneck"] != "communication-bound"
 
 
 def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):

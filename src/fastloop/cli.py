@@ -182,6 +182,7 @@ def _scaling_run(args: argparse.Namespace, device: str) -> dict:
     """``run --devices N``: the same configuration on 1 device, then on N (each in its own
     process; the N ranks are started by Lightning), and the scaling efficiency between them:
     N-device throughput / (N x 1-device throughput), same per-device batch."""
+    from fastloop.doctor import diagnose
     from fastloop.subproc import run_in_subprocess
 
     kw = dict(steps=args.steps, warmup=args.warmup, device=device)
@@ -194,6 +195,9 @@ def _scaling_run(args: argparse.Namespace, device: str) -> dict:
                        "basis": "the same per-device batch; each side one fresh process (the N ranks started by "
                                 "Lightning); throughput summed over ranks at the slowest rank's pace",
                        "one_device": {k: one[k] for k in ("step_s", "throughput", "data_wait_frac", "speedups")}}
+    slowest = many["ranks"][many["slowest_rank"]]["step_s"]["mean"] if many.get("ranks") else None
+    many["scaling"]["step_time_growth"] = slowest / one["step_s"]["mean"] - 1 if slowest and one["step_s"]["mean"] else None
+    many["diagnosis"] = diagnose(many)
     return many
 
 

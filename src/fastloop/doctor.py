@@ -26,7 +26,13 @@ import torch
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
 from fastloop.speedups.base import REGISTRY
 
-__all__ = ["diagnose", "machine_ceilings"]
+__all__ = ["COMM_BOUND_EFFICIENCY", "diagnose", "machine_ceilings"]
+
+COMM_BOUND_EFFICIENCY = 0.8
+"""Below this scaling efficiency (N-device throughput / N x 1-device, same per-device batch) and
+without a data wait, a multi-rank step is called communication-bound. A proxy: the step-time
+growth from 1 to N devices is the all-reduce (and rank skew) not overlapped with compute; a
+profile would split the two."""
 
 
 def _events_time(fn, iters: int) -> float:
@@ -131,6 +137,17 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     mfu = cfg.get("mfu")
     applied = {x["name"] for x in cfg.get("speedups", []) if x.get("status") == "applied"}
+    scaling = cfg.get("scaling") or {}
+    if wait < 0.2 and scaling.get("efficiency") is not None and scaling["efficiency"] < COMM_BOUND_EFFICIENCY:
+        growth = scaling.get("step_time_growth")
+        return {"bottleneck": "communication-bound",
+                "evidence": (f"on {scaling['devices']} devices each step takes "
+                             f"{'?' if growth is None else f'{100 * growth:.0f}%'} longer than on one (same per-device "
+                             f"batch, data wait {100 * wait:.0f}%): scaling efficiency {100 * scaling['efficiency']:.0f}%; "
+                             f"the gradient all-reduce is not hidden behind the backward pass."),
+                "recommendation": ("ddp_comm (gradient_as_bucket_view; try ddp_comm:50 or :100 for larger buckets), a "
+                                   "larger batch per device (more compute to overlap), compile (shorter backward, but "
+                                   "measure: it also shrinks the window the all-reduce hides in)." )}
     if wait >= 0.2:
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
