@@ -228,11 +228,11 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         return doc
 
 
-def _strategy(name: str | None, dev: torch.device) -> Any:
+def _strategy(kind: str | None, dev: torch.device) -> Any:
     """Lightning's own strategy for ``--strategy`` (never a home-made one). A short process-group
     timeout: a rank stuck in a collective fails in minutes, not the default half hour."""
     timeout = timedelta(seconds=float(os.environ.get("FASTLOOP_DIST_TIMEOUT", 300)))
-    if name == "fsdp":
+    if kind == "fsdp":
         return FSDPStrategy(timeout=timeout)
     return DDPStrategy(process_group_backend="nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
 
