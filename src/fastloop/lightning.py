@@ -29,10 +29,10 @@ from fastloop._torch_private import (
     set_compiled_call,
     shutdown_workers,
 )
-from fastloop.batch_size import search_batch_size
 from fastloop.data import rebuild_loader, to_channels_last
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.batch_size import BatchSize, search_batch_size
 from fastloop.speedups.compile import CUDAGRAPH_MODES
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 
@@ -115,7 +115,6 @@ class SpeedupCallback(Callback):
         self.speedup = found[0]
         self.ctx: Context | None = None
         self.plan = StepPlan()
-        self._undo: list = []
         self._loaders: list = []
         self._scale_before: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None
@@ -128,10 +127,7 @@ class SpeedupCallback(Callback):
     def record(self) -> Record:
         if self.ctx is None or self.speedup.name not in self.ctx.records:
             return Record(self.speedup.name, "skipped", "the Trainer never ran setup")
-        rec = self.ctx.records[self.speedup.name]
-        if rec.status == "applied" and not rec.detail and self.speedup.name in self.ctx.details:
-            rec.detail = self.ctx.details[self.speedup.name]
-        return rec
+        return self.ctx.records[self.speedup.name]
 
     def _fail(self, status: str, reason: str) -> None:
         assert self.ctx is not None
@@ -154,7 +150,7 @@ class SpeedupCallback(Callback):
         if inst is None:
             raise RuntimeError("no training data source found on the Trainer")
         original = inst.train_dataloader
-        _patch(inst, "train_dataloader", lambda: wrapped(original()), self._undo)
+        _patch(inst, "train_dataloader", lambda: wrapped(original()), self._undo())
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -168,8 +164,7 @@ class SpeedupCallback(Callback):
             ctx.record(s.name, "skipped", reason)
             return
         plan = StepPlan()
-        s.apply_step(plan, ctx)  # only fills a plan: nothing changes yet
-        plan.owners.update({f: s.name for f, v in plan.flags().items() if v != StepPlan().flags()[f]})
+        plan.apply(s, ctx)  # only fills a plan: nothing changes yet
         if plan.autocast_dtype is not None:
             reason = _trainer_precision_conflict(trainer, plan.autocast_dtype, s.name)
             if reason:
@@ -208,20 +203,20 @@ class SpeedupCallback(Callback):
         for name, child in children:
             self._compile(child, lambda c=child: s.apply_model(c, ctx))
         _COMPILE_MODE[pl_module] = mode
-        self._undo.append(lambda: _COMPILE_MODE.pop(pl_module, None))
+        self._undo().append(lambda: _COMPILE_MODE.pop(pl_module, None))
         ctx.describe(s.name, "compiled " + ", ".join(f"{n} ({type(c).__name__})" for n, c in children)
                      + (f" in mode {mode}" if mode != "default" else ""))
 
     def _compile(self, child: torch.nn.Module, apply: Any) -> None:
         before = compiled_call(child)
         apply()
-        self._undo.append(lambda: set_compiled_call(child, before))
+        self._undo().append(lambda: set_compiled_call(child, before))
 
     def _apply_plan(self, trainer: Trainer, pl_module: LightningModule, ctx: Context) -> None:
         plan = self.plan
         held = contextlib.ExitStack()  # the speedup's run context (TF32, cuDNN, ...) until teardown
         held.enter_context(self.speedup.run_context(ctx))
-        self._undo.append(held.close)
+        self._undo().append(held.close)
         if plan.autocast_dtype is not None:
             try:
                 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -238,7 +233,7 @@ class SpeedupCallback(Callback):
             def batch_to_device(*args: Any, **kwargs: Any) -> Any:
                 return to_channels_last(original(*args, **kwargs))
 
-            _patch(trainer.strategy, "batch_to_device", batch_to_device, self._undo)
+            _patch(trainer.strategy, "batch_to_device", batch_to_device, self._undo())
         if plan.cuda_graph:
             # Lightning owns the optimizer step, so graph forward+backward through compile's
             # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start. If the
@@ -258,7 +253,7 @@ class SpeedupCallback(Callback):
                 if already is not None:
                     ctx.stats[self.speedup.name] = f"compile's mode raised from {already} to reduce-overhead"
                 _COMPILE_MODE[pl_module] = "reduce-overhead"
-                self._undo.append(lambda: _COMPILE_MODE.pop(pl_module, None))
+                self._undo().append(lambda: _COMPILE_MODE.pop(pl_module, None))
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
@@ -292,7 +287,7 @@ class SpeedupCallback(Callback):
                     return None
                 return _original(*args, **kwargs)
 
-            _patch(sched, "step", step, self._undo)
+            _patch(sched, "step", step, self._undo())
 
     def _last_step_skipped(self, trainer: Trainer) -> bool:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -323,12 +318,15 @@ class SpeedupCallback(Callback):
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
 
+    def _undo(self) -> list:
+        """Where every change to the user's objects registers how to put it back (run at teardown)."""
+        assert self.ctx is not None
+        return self.ctx.undo
+
     def _run_undo(self) -> None:
         if self.ctx is not None:
             while self.ctx.undo:
                 self.ctx.undo.pop()()
-        while self._undo:
-            self._undo.pop()()
         for loader in self._loaders:  # a rebuilt loader's persistent workers end with the fit
             shutdown_workers(loader)
         self._loaders.clear()
@@ -391,7 +389,7 @@ class BatchSizeSearch(Callback):
             resolve(speedups)  # unknown names fail here, not at fit
         self.objective, self.margin, self.max_size, self.speedups = objective, margin, max_size, speedups
         self.result: dict | None = None
-        self._record = Record("batch_size", "skipped", "the Trainer never started fit")
+        self._record = Record(BatchSize.name, "skipped", "the Trainer never started fit")
 
     @property
     def record(self) -> Record:
@@ -409,11 +407,11 @@ class BatchSizeSearch(Callback):
                                             objective=self.objective, margin=self.margin,
                                             trainer_optimizers=trainer.optimizers, attached=True)
         except FastloopError as err:
-            self._record = Record("batch_size", "skipped", str(err))
+            self._record = Record(BatchSize.name, "skipped", str(err))
             return
         r = self.result
         if isinstance(src, DataLoader) and src.batch_size != r["batch_size"]:
             set_train_source(trainer, rebuild_loader(src, batch_size=r["batch_size"]))
-        self._record = Record("batch_size", "applied", detail=f"batch size {r['batch_size']} (largest fitting "
+        self._record = Record(BatchSize.name, "applied", detail=f"batch size {r['batch_size']} (largest fitting "
                                                               f"{r['max_fitting']}, written to {r['written_to']}, "
                                                               f"search {r['search_s']:.1f} s)")

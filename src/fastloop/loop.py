@@ -58,9 +58,7 @@ def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Mod
             if s.name not in ctx.records and loader is not None:
                 loader = s.apply_loader(loader, ctx)
             if s.name not in ctx.records and plan is not None:
-                before = plan.flags()
-                s.apply_step(plan, ctx)
-                plan.owners.update({f: s.name for f, v in plan.flags().items() if v != before[f]})
+                plan.apply(s, ctx)
         except Exception as err:  # a speedup that breaks falls back, with the reason
             ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             continue

@@ -71,8 +71,8 @@ class Context:
     """One record per requested speedup, filled as they are applied."""
     stats: dict[str, Any] = field(default_factory=dict)
     """Counters speedups report (fp16 skipped steps, recompilations, ...)."""
-    details: dict[str, str] = field(default_factory=dict)
-    """What each applied speedup changed, by name (see :meth:`describe`)."""
+    _details: dict[str, str] = field(default_factory=dict)
+    """What a speedup said it changed before its record was written (see :meth:`describe`)."""
     ddp_kwargs: dict | None = None
     """In a multi-rank DDP run under Lightning: the keyword arguments its strategy will give
     ``DistributedDataParallel`` (a speedup may edit them before the model is wrapped); None
@@ -86,11 +86,17 @@ class Context:
         return self.device.type == "cuda"
 
     def record(self, name: str, status: Status, reason: str = "", detail: str = "") -> None:
+        if status == "applied" and not detail:
+            detail = self._details.get(name, "")
         self.records[name] = Record(name, status, reason, detail)
 
     def describe(self, name: str, detail: str) -> None:
-        """Say what an applied speedup changed (kept with its record, set when it is applied)."""
-        self.details[name] = detail
+        """Say what an applied speedup changed: lands in its record's ``detail`` (now, or when the
+        record is written)."""
+        self._details[name] = detail
+        rec = self.records.get(name)
+        if rec is not None and rec.status == "applied":
+            rec.detail = detail
 
     def decided(self, name: str) -> bool:
         """Has this speedup's outcome been recorded already (skipped or fallback at a stage)?"""
@@ -122,6 +128,12 @@ class StepPlan:
     def flags(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in ("autocast_dtype", "grad_scaler", "channels_last_inputs", "prefetch",
                                               "cuda_graph")}
+
+    def apply(self, speedup: Speedup, ctx: Context) -> None:
+        """``speedup.apply_step(self, ctx)``, noting it as the owner of every flag it changed."""
+        before = self.flags()
+        speedup.apply_step(self, ctx)
+        self.owners.update({f: speedup.name for f, v in self.flags().items() if v != before[f]})
 
 
 class Speedup:
