@@ -105,3 +105,27 @@ def test_a_failed_configuration_keeps_the_others(tmp_path):
 
     for i, u in enumerate(updates[::7]):
         write_reports({"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t", **u}, str(tmp_path / "r"), None)
+
+
+def test_a_base_set_is_the_baseline_and_every_rung_builds_on_it():
+    effects = {"tf32": 2.0, "workers": 0.8, "bf16": 1.25, "fused_optimizer": 1.0}
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", base="tf32")
+    by = {r["rung"]: r for r in doc["rungs"]}
+    assert by["baseline (tf32)"]["spec"] == "tf32"
+    assert by["+workers"]["vs_spec"] == "tf32" and by["+workers"]["decision"].startswith("dropped")
+    assert by["+bf16"]["vs_spec"] == "tf32" and by["+fused_optimizer"]["vs_spec"] == "tf32,bf16"
+    assert doc["base"] == ["tf32"] and doc["selected"] == ["bf16"]
+    final = doc["rungs"][-1]
+    assert final["spec"] == "tf32,bf16"
+    ci = final["speedup_vs_baseline"]  # against the base set, not plain training: 1.25, not 2.5
+    assert ci["ci_low"] <= 1.25 <= ci["ci_high"]
+    assert 'callbacks("tf32,bf16")' in doc["callbacks_line"]
+
+
+def test_a_rung_that_is_already_in_the_base_is_refused():
+    import pytest
+
+    from fastloop.errors import FastloopError
+
+    with pytest.raises(FastloopError, match="already in --base"):
+        run_ladder("x", ["bf16", "tf32"], measure=_fake({"tf32": 1.0, "bf16": 1.0}), device="cpu", base="tf32")

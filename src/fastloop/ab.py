@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, measure_interleaved, merge_runs
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import resolve
 from fastloop.subproc import run_in_subprocess
@@ -38,8 +38,10 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int) -> dict:
         verdict = "no verdict: " + ("; ".join(failed) + " failed" if failed else "nothing measured yet")
     else:
         verdict = speedup.pop("verdict")
+    first = [r.docs[0].get("losses") if r.docs else None for r in (ra, rb)]
     return {"kind": "ab", "a_spec": a, "b_spec": b, "a": sides["a"], "b": sides["b"], "repeats": repeats,
-            "speedup": speedup, "verdict": verdict,
+            "speedup": speedup, "verdict": verdict, "loss_agreement": loss_agreement(*first),
+            "losses": {"a": first[0], "b": first[1]},
             "method": "run-level paired t-interval on the log of mean-step-time ratios (A1 B1 A2 B2 ... interleaved, "
                       "each run a fresh process); fewer than 3 runs per side: too few runs to tell"}
 

@@ -90,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="most runs a side per comparison (3 first; more only while the answer is unclear)")
     sp.add_argument("--budget", type=_seconds, default=None,
                     help="seconds: stop adding runs to a comparison once the ladder has run this long")
+    sp.add_argument("--base", default=None,
+                    help="speedups every configuration has: the baseline is this set, the rungs are tried on top")
     sp.add_argument("--cumulative", action="store_true",
                     help="add every rung on top of all before it (the story), instead of selecting")
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
@@ -161,7 +163,7 @@ def _check_speedup_lists(args: argparse.Namespace) -> None:
     modules need torch, so this is the first check that pays for the torch import)."""
     from fastloop.speedups import resolve
 
-    for flag in ("speedups", "a", "b", "rungs"):
+    for flag in ("speedups", "a", "b", "rungs", "base"):
         value = getattr(args, flag, None)
         if value is not None:
             resolve(value)
@@ -231,7 +233,8 @@ def _dispatch(args: argparse.Namespace) -> dict:
                 rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
                 doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
                                  budget=args.budget, mode="cumulative" if args.cumulative else "select",
-                                 device=device, progress=update, on_update=partial, measure=_measure_on(args))
+                                 device=device, progress=update, on_update=partial, measure=_measure_on(args),
+                                 base=args.base)
                 if doc["rungs"]:
                     doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
             else:

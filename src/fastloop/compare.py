@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,6 +78,44 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
 def loss_finite(doc: dict) -> bool:
     """False when the run's loss went NaN/inf (the runner sets ``loss_finite``)."""
     return doc.get("loss_finite", True) is not False
+
+
+def loss_agreement(a: list | None, b: list | None, tail: int = 50) -> dict | None:
+    """How far B's per-step losses are from A's (same seed, so the same batches in the same order).
+
+    ``max_rel_diff``: the largest per-step ``|b - a| / |a|``; ``tail_rel_diff``: the relative
+    difference of the mean over the last ``tail`` steps (a quarter of the run when shorter), the
+    figure that says whether B trains to the same loss. None without comparable finite losses.
+
+    Example:
+        >>> d = loss_agreement([2.0, 1.0, 0.5, 0.5], [2.0, 1.1, 0.5, 0.5])
+        >>> round(d["max_rel_diff"], 3), d["identical"], d["steps"]
+        (0.1, False, 4)
+    """
+    if not a or not b:
+        return None
+    pairs = [(float(x), float(y)) for x, y in zip(a, b)
+             if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    if not pairs:
+        return None
+    rel = [abs(y - x) / max(abs(x), 1e-12) for x, y in pairs]
+    k = min(tail, max(1, len(pairs) // 4))
+    ma = sum(x for x, _ in pairs[-k:]) / k
+    mb = sum(y for _, y in pairs[-k:]) / k
+    return {"steps": len(pairs), "max_rel_diff": max(rel), "tail_steps": k, "a_tail_mean": ma, "b_tail_mean": mb,
+            "tail_rel_diff": (mb - ma) / max(abs(ma), 1e-12), "identical": all(x == y for x, y in pairs)}
+
+
+def loss_line(agreement: dict | None, a: str = "A", b: str = "B") -> str | None:
+    """One sentence for the reports."""
+    if not agreement:
+        return None
+    if agreement["identical"]:
+        return f"{b}'s loss equals {a}'s at every one of {agreement['steps']} steps (bitwise)."
+    return (f"{b} vs {a} over {agreement['steps']} steps (first run of each, same batches): mean of the last "
+            f"{agreement['tail_steps']} steps {agreement['b_tail_mean']:.4f} vs {agreement['a_tail_mean']:.4f} "
+            f"({100 * agreement['tail_rel_diff']:+.3g}%); largest per-step difference "
+            f"{100 * agreement['max_rel_diff']:.3g}%.")
 
 
 def merge_runs(runs: Runs) -> dict:

@@ -89,8 +89,11 @@ def _feed_line(doc: dict) -> str:
 class _Ladder:
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
-                 max_repeats: int, budget: float | None, mode: str) -> None:
+                 max_repeats: int, budget: float | None, mode: str, base: list[str] | None = None) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
+        self.base = list(base or [])
+        """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
+        self.base_spec = _join(self.base)
         self.measure, self.progress, self.on_update = measure, progress, on_update
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.rungs: list[dict] = []
@@ -100,6 +103,10 @@ class _Ladder:
         self._pending: dict[str, Runs] | None = None
         self.interrupted = False
         self.best_runs: dict[str, Runs] = {}
+
+    def _spec(self, extra: list[str] | None = None) -> str:
+        """The configuration: the base, the kept candidates, and ``extra``."""
+        return _join(self.base + self.selected + list(extra or []))
 
     # -- measurement -------------------------------------------------------------------------
     def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None) -> None:
@@ -155,7 +162,7 @@ class _Ladder:
                 rungs.append(self._rung_doc(f"{state}: {spec}", spec, runs, state,
                                             f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
-               "selected_spec": _join(self.selected), "wall_s": time.perf_counter() - self.t0,
+               "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget,
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
@@ -163,8 +170,8 @@ class _Ladder:
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
         if self.selected and measured:
-            out["callbacks_line"] = f'Trainer(..., callbacks=fastloop.lightning.callbacks("{_join(self.selected)}"))'
-            out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{_join(self.selected)}")'
+            out["callbacks_line"] = f'Trainer(..., callbacks=fastloop.lightning.callbacks("{self._spec()}"))'
+            out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{self._spec()}")'
         elif self.selected:
             out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
         else:
@@ -181,7 +188,8 @@ class _Ladder:
         if not runs.docs:
             raise _baseline_failed(runs)
         if not any(r["rung"] == "baseline" for r in self.rungs):
-            self.rungs.insert(0, self._rung_doc("baseline", "none", runs, "applied", ""))
+            label = "baseline" if not self.base else f"baseline ({self.base_spec})"
+            self.rungs.insert(0, self._rung_doc(label, self.base_spec, runs, "applied", ""))
             self.base_runs = runs
 
     def run(self, candidates: list) -> dict:
@@ -193,14 +201,14 @@ class _Ladder:
             label = f"+{s.spec}"
             reason = s.why_not(ctx)
             if reason:
-                self.rungs.append(self._rung_doc(label, _join(self.selected + [s.spec]), None, "skipped", reason))
+                self.rungs.append(self._rung_doc(label, self._spec([s.spec]), None, "skipped", reason))
                 self._update()
                 continue
-            base_spec = _join(self.selected)
-            cand_spec = _join(self.selected + [s.spec])
+            base_spec = self._spec()
+            cand_spec = self._spec([s.spec])
             fresh, ci, n = self._compare_adaptive(base_spec, cand_spec)
             if self.base_runs is None:
-                self._baseline(fresh["none"])
+                self._baseline(fresh[self.base_spec])
                 prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
             cand, base = fresh[cand_spec], fresh[base_spec]
             if cand.failures or base.failures:  # a process died: no verdict, the ladder goes on
@@ -241,9 +249,9 @@ class _Ladder:
             self._update()
         if self.base_runs is None:  # nothing could be measured on top of it: the baseline alone
             fresh = {}
-            self._measure(["none"], MIN_REPEATS, fresh)
-            self._baseline(fresh["none"])
-        if len(self.selected) == 1 and last_kept is not None and last_kept[1] == "none":
+            self._measure([self.base_spec], MIN_REPEATS, fresh)
+            self._baseline(fresh[self.base_spec])
+        if len(self.selected) == 1 and last_kept is not None and last_kept[1] == self.base_spec:
             # the one kept speedup was already measured against the baseline, interleaved
             fresh, _ = last_kept
             self._final_from(fresh)
@@ -253,23 +261,23 @@ class _Ladder:
 
     def _final_from(self, fresh: dict[str, Runs]) -> None:
         """The final rung from interleaved runs of the baseline and the selected set."""
-        spec = _join(self.selected)
+        spec = self._spec()
         runs = fresh[spec]
         status = "applied" if runs.docs else "failed"
         self.final = self._rung_doc("selected: " + spec, spec, runs, status, runs.failures[-1] if runs.failures else "")
-        self.final["speedup_vs_baseline"] = compare(fresh["none"], runs)
+        self.final["speedup_vs_baseline"] = compare(fresh[self.base_spec], runs)
         self.final["final"] = True
 
     def _final(self) -> None:
         if not self.selected:
             assert self.base_runs is not None
-            self.final = self._rung_doc("selected: none", "none", self.base_runs, "applied",
+            self.final = self._rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
                                         "nothing was kept: the baseline")
             self.final["speedup_vs_baseline"] = None
             self.final["final"] = True
             return
         fresh: dict[str, Runs] = {}
-        self._measure(["none", _join(self.selected)], max(MIN_REPEATS, self.max_repeats), fresh)
+        self._measure([self.base_spec, self._spec()], max(MIN_REPEATS, self.max_repeats), fresh)
         self._final_from(fresh)
 
 
@@ -287,19 +295,30 @@ def _baseline_failed(runs: Runs) -> Exception:
 def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
                max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
                measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
-               on_update: Callable[[dict], None] | None = None) -> dict:
+               on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None) -> dict:
     """Run the ladder; returns its document (without the env stamp).
 
-    ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
+    ``base``: speedups every configuration has (the baseline is that set; the candidates are
+    tried on top of it). ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
     document of what finished is returned with ``"interrupted": True``.
     """
     if mode not in ("select", "cumulative"):
         raise FastloopError(f"ladder mode must be 'select' or 'cumulative', got {mode!r}")
     if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
         raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
+    base_names = [s.spec for s in resolve(base or [])]
     chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
+    taken = {b.split(":")[0] for b in base_names}
+    if rungs is None:
+        chosen = [s for s in chosen if s.name not in taken]
+    clash = [s.name for s in chosen if s.name in taken]
+    if clash:
+        raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {_join(base_names)}: "
+                            "a rung is tried on top of the base, so list each speedup in one of them")
+    resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
     ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure or run_in_subprocess,
-                     progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode)
+                     progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
+                     base=base_names)
     try:
         return ladder.run(chosen)
     except KeyboardInterrupt:

@@ -30,7 +30,8 @@ def selected_line(doc: dict) -> str | None:
     vs = fmt_ratio(final.get("speedup_vs_baseline")) if final else "not measured yet"
     tp = ((final or {}).get("throughput") or {})
     rate = f", {tp['value']:,.0f} {tp['unit']}" if tp.get("value") else ""
-    return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{rate})"
+    base = f" ({','.join(doc['base'])})" if doc.get("base") else ""
+    return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{base}{rate})"
 
 
 def config_label(cfg: dict) -> str:

@@ -1,7 +1,8 @@
 """A self-contained HTML page: environment stamp, the table, and matplotlib plots as inline PNGs.
 
 Plots: throughput per rung (waterfall of gains), step time split into data wait and compute,
-peak memory and compile time per configuration.
+peak memory and compile time per configuration, and the loss per step (A/B: the first run of each
+side, which saw the same batches).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import base64
 import html
 import io
 
+from fastloop.compare import loss_line
 from fastloop.report.format import rows, selected_line
 
 __all__ = ["render_html"]
@@ -76,7 +78,30 @@ def _plots(doc: dict) -> list[tuple[str, str]]:
         a.tick_params(axis="x", rotation=30)
     out.append(("memory_compile", _png(fig)))
     plt.close(fig)
+    # 4. loss per step: does the faster configuration train the same?
+    curves = _loss_curves(doc)
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        for name, losses in curves:
+            pts = [(i, v) for i, v in enumerate(losses) if v is not None]
+            ax.plot([i for i, _ in pts], [v for _, v in pts], label=name, linewidth=1)
+        ax.set_xlabel("step (warm-up included)")
+        ax.set_ylabel("training loss")
+        ax.set_title("Loss per step (first run of each configuration: the same batches)" if doc.get("kind") == "ab"
+                     else "Loss per step")
+        ax.legend(fontsize=8)
+        out.append(("loss", _png(fig)))
+        plt.close(fig)
     return out
+
+
+def _loss_curves(doc: dict) -> list[tuple[str, list]]:
+    if doc.get("kind") == "ab":
+        got = doc.get("losses") or {}
+        curves = [(f"A: {doc.get('a_spec')}", got.get("a")), (f"B: {doc.get('b_spec')}", got.get("b"))]
+    else:
+        curves = [(n, c.get("losses")) for n, c in _configs(doc)]
+    return [(n, v) for n, v in curves if v and any(x is not None for x in v)][:12]
 
 
 def render_html(doc: dict) -> str:
@@ -108,6 +133,8 @@ def render_html(doc: dict) -> str:
         notes.append(f"<p class='stamp'>Method: {e(doc['method'])}.</p>")
     if doc.get("verdict"):
         notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
+    if loss_line(doc.get("loss_agreement")):
+        notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         notes.append(f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fastloop.compare import loss_line
 from fastloop.report.format import ranks_lines, rows, selected_line
 
 __all__ = ["render_markdown"]
@@ -51,6 +52,8 @@ def render_markdown(doc: dict) -> str:
         lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":
         lines += ["", f"**Verdict:** {doc['verdict']}"]
+        if loss_line(doc.get("loss_agreement")):
+            lines += ["", f"**Loss:** {loss_line(doc.get('loss_agreement'))}"]
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]

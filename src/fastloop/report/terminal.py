@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from fastloop.compare import loss_line
 from fastloop.report.format import ranks_lines, rows, selected_line
 
 __all__ = ["make_console", "print_document"]
@@ -43,6 +44,8 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         console.print(line)
     if doc.get("kind") == "ab":
         console.print(f"verdict: {doc['verdict']}")
+        if loss_line(doc.get("loss_agreement")):
+            console.print(f"loss: {loss_line(doc.get('loss_agreement'))}")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")

@@ -42,4 +42,7 @@ class PinMemory(Speedup):
         if not isinstance(loader, DataLoader):
             ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
             return loader
+        if loader.pin_memory:
+            ctx.record(self.name, "skipped", "the loader already pins memory (pin_memory=True)")
+            return loader
         return apply_pin_memory(loader)
