@@ -1,5 +1,12 @@
 """Where the time of a compiled bf16 GPT-2 124M step goes: GPU time per kernel family from
-torch.profiler (plain PyTorch loop, fused AdamW, B16 x T1024), to say what limits tokens/s."""
+torch.profiler (plain PyTorch loop, fused AdamW, B16 x T1024), to say what limits tokens/s.
+
+``--fp8 tensorwise|rowwise`` swaps the Linear layers for torchao Float8Linear first (fastloop's
+``apply_fp8``, lm_head kept), ``--fused-loss`` routes the LM head + loss through liger-kernel's
+fused linear cross-entropy (fastloop's ``fused_loss`` hook, kept out of the compiled graph).
+
+    python3 benchmarks/gpt_profile.py --fp8 tensorwise --batch 16
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,10 @@ from fastloop.recipes.gpt.model import GPT, GPTConfig
 
 def family(name: str) -> str:
     n = name.lower()
+    if "float8" in n or "fp8" in n or "scale" in n or "amax" in n or "e4m3" in n:
+        return "fp8 casts/scales"
+    if "liger" in n or "fused_linear_cross" in n or "_cross_entropy_kernel" in n or "element_mul" in n:
+        return "fused loss (liger)"
     if "flash" in n or "fmha" in n or "attention" in n:
         return "attention (flash/SDPA)"
     if "gemm" in n or "cutlass" in n or "nvjet" in n or "sm90" in n or "wgmma" in n or "cublas" in n:
@@ -28,10 +39,20 @@ def family(name: str) -> str:
     return "other"
 
 
-def main(batch: int = 16, steps: int = 10) -> None:
+def main(batch: int = 16, steps: int = 10, fp8: str | None = None, fused_loss: bool = False) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("gpt2")).cuda()
+    converted = None
+    if fp8:
+        from fastloop.speedups.fp8 import apply_fp8
+
+        converted, kept, _ = apply_fp8(model, fp8)
+    if fused_loss:
+        from fastloop.speedups.fused_loss import fused_linear_cross_entropy
+
+        kernel = fused_linear_cross_entropy()
+        model.fused_loss = torch.compiler.disable(lambda w, h, t: kernel(w, h, t))
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
     model.compile()
     x = torch.randint(0, 50257, (batch, 1024), device="cuda")
@@ -63,10 +84,20 @@ def main(batch: int = 16, steps: int = 10) -> None:
         if ev.key and t and not ev.key.startswith("ProfilerStep"):
             fam[family(ev.key)] += t / 1e3 / steps
     busy = sum(fam.values())
-    emit("gpt_profile", {"batch": batch, "step_ms": step_ms, "tokens_per_s": batch * 1024 / step_ms * 1e3,
+    tag = "".join([f"_fp8{fp8}" if fp8 else "", "_fusedloss" if fused_loss else "", f"_b{batch}"])
+    emit("gpt_profile" + tag, {"batch": batch, "fp8": fp8, "fp8_linear_layers": converted, "fused_loss": fused_loss,
+                         "step_ms": step_ms, "tokens_per_s": batch * 1024 / step_ms * 1e3,
                          "gpu_busy_ms": busy, "ms_per_family": dict(sorted(fam.items(), key=lambda kv: -kv[1])),
                          "note": "device time summed per family over kernels; busy < step means idle gaps"})
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--fp8", choices=["tensorwise", "rowwise"], default=None)
+    ap.add_argument("--fused-loss", action="store_true")
+    a = ap.parse_args()
+    main(a.batch, a.steps, a.fp8, a.fused_loss)
