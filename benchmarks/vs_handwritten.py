@@ -39,7 +39,7 @@ def _fastloop(target: str, speedups: str, steps: int, warmup: int, kwargs: dict)
     return {"throughput": doc["throughput"]["value"], "unit": doc["throughput"]["unit"],
             "median_step_s": doc["step_s"]["median"], "mean_step_s": doc["step_s"]["mean"],
             "steps": doc["steps"], "warmup_steps": doc["warmup_steps"], "compile_s": doc["compile_s"],
-            "speedups": doc["speedups"], "loss_last": doc["loss"]["last"]}
+            "speedups": doc["speedups"], "loss_last": doc["loss"]["last"], "gpu_profile": doc.get("gpu_profile")}
 
 
 def _timed(step, batches, steps: int, warmup: int, items: int) -> dict:
@@ -52,8 +52,14 @@ def _timed(step, batches, steps: int, warmup: int, items: int) -> dict:
         loss = step(next(batches))
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    from fastloop.measure.gpu_busy import GpuProfile
+
+    prof = GpuProfile()  # 3 extra steps under the profiler, as fastloop's runner does
+    prof.start()
+    for _ in range(3):
+        step(next(batches))
     return {"throughput": items * steps / wall, "mean_step_s": wall / steps, "steps": steps, "warmup_steps": warmup,
-            "loss_last": float(loss) if loss is not None else None}
+            "loss_last": float(loss) if loss is not None else None, "gpu_profile": prof.stop(3)}
 
 
 def _forever(loader):

@@ -207,3 +207,17 @@ def fails_on_rank_1():
 
 def fails_on_rank_0():
     return _FailsOnRank(rank=0, at=3), DataLoader(_data(False), batch_size=16, shuffle=True)
+
+
+class ItemEveryStep(Classifier):
+    """Reads its loss on the host every step (``.item()``): the GPU waits for the host."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()
+        return loss
+
+
+def item_every_step(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return ItemEveryStep(batch_size=batch_size), DataLoader(_data(False), batch_size=batch_size, shuffle=False)

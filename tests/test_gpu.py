@@ -266,3 +266,20 @@ def test_fp8_applies_on_hopper_and_tracks_bf16():
     assert rec["status"] == "applied" and "Linear layers in fp8" in rec["detail"], rec
     diff = max(abs(a - b) / abs(b) for a, b in zip(fp8["losses"], bf16["losses"]))
     assert diff < 0.05, f"fp8 loss differs from bf16 by {diff:.3f} (> 5%)"
+
+
+def test_gpu_profile_splits_the_step_and_counts_host_syncs():
+    from fastloop.doctor import diagnose
+    from fastloop.runner import run_configuration
+
+    plain = run_configuration("tests/targets.py:tiny_mlp", "none", steps=20, warmup=5, device="cuda")
+    prof = plain["gpu_profile"]
+    assert prof and "error" not in prof, prof
+    assert prof["profiled_steps"] == 3 and 0 < prof["gpu_busy_frac"] <= 1
+    assert len(plain["losses"]) == plain["steps"] + plain["warmup_steps"]  # profiled steps left out
+    synced = run_configuration("tests/targets.py:item_every_step", "none", steps=20, warmup=5, device="cuda")
+    sp = synced["gpu_profile"]
+    assert sp["host_syncs_per_step"] >= 1, sp  # loss.item() every step
+    # a tiny MLP keeps the H200 busy for a sliver of each Lightning step: host-bound, syncs named
+    d = diagnose(synced)
+    assert d["bottleneck"] == "host-bound" and "waits for the GPU" in d["evidence"], d

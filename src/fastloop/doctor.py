@@ -6,7 +6,9 @@ measures what it can (CPU matmul rate).
 
 Diagnosis: from a measured baseline configuration:
 - data-bound: the step waits for its batch >= 20% of the time;
-- launch-bound (CUDA): the GPU is idle between kernels: step time far above the time its
+- host-bound (CUDA, with the run's GPU profile): the GPU is busy for less than 85% of the step
+  outside data wait; it idles while the host works (the profile also counts host syncs);
+- launch-bound (CUDA, no profile): the GPU is idle between kernels: step time far above the time its
   FLOPs need at the measured ceiling, and small steps (< 5 ms);
 - memory-bound: peak memory above 90% of the device;
 - compute-bound: otherwise.
@@ -26,7 +28,11 @@ import torch
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
 from fastloop.speedups.base import REGISTRY
 
-__all__ = ["COMM_BOUND_EFFICIENCY", "diagnose", "machine_ceilings"]
+__all__ = ["COMM_BOUND_EFFICIENCY", "HOST_BOUND_BUSY", "diagnose", "machine_ceilings"]
+
+HOST_BOUND_BUSY = 0.85
+"""With a GPU profile: when GPU busy + data wait cover less than this share of the step, the rest
+is the GPU idling while the host works, and the run is called host-bound."""
 
 COMM_BOUND_EFFICIENCY = 0.8
 """Below this scaling efficiency (N-device throughput / N x 1-device, same per-device batch) and
@@ -161,6 +167,21 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     if mem and total and mem > 0.9 * total:
         return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
                 "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}
+    prof = cfg.get("gpu_profile") or {}
+    busy = prof.get("gpu_busy_frac")
+    if busy is not None and busy + wait < HOST_BOUND_BUSY:
+        syncs = prof.get("host_syncs_per_step") or 0.0
+        sync_note = (f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
+                     f".item(), .cpu(), print of a tensor, a copy from pageable memory)") if syncs >= 0.5 else ""
+        fix = ("remove the per-step host syncs first (keep losses on the GPU, pin_memory for batches), then "
+               if syncs >= 0.5 else "")
+        return {"bottleneck": "host-bound",
+                "evidence": (f"the GPU is busy {100 * busy:.0f}% of the step and idle "
+                             f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
+                             f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
+                             f"{prof.get('profiled_steps')} steps)."),
+                "recommendation": fix + "cuda_graph (whole-step capture) or compile (fewer launches); a larger batch "
+                                        "(more GPU work per host step)."}
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1):
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",

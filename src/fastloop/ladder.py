@@ -66,13 +66,19 @@ def _join(specs: list[str]) -> str:
 
 
 def _breakdown(doc: dict) -> dict:
-    """Where a rung's mean step goes: waiting for data, and the rest (host + GPU work)."""
+    """Where a rung's mean step goes: waiting for data, and the rest (host + GPU work); on CUDA,
+    with the run's GPU profile, the rest splits into GPU busy and GPU idle while the host works."""
     mean = (doc.get("step_s") or {}).get("mean")
     wait = doc.get("data_wait_frac")
     if not mean or wait is None:
         return {}
-    return {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait),
-            "data_wait_frac": wait}
+    out = {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait), "data_wait_frac": wait}
+    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+    if busy is not None:  # CUDA: the rest of the step splits into GPU busy and GPU idle while the host works
+        out["gpu_busy_s"] = mean * busy
+        out["host_idle_s"] = max(0.0, mean * (1 - busy - wait))
+        out["gpu_busy_frac"] = busy
+    return out
 
 
 def _feed_line(doc: dict) -> str:

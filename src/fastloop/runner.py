@@ -37,6 +37,19 @@ from fastloop.targets import build_target
 __all__ = ["measured_configuration", "run_configuration", "weights_digest"]
 
 
+def profile_steps() -> int:
+    """Extra steps profiled after the measured ones on CUDA (GPU busy fraction, host syncs):
+    ``FASTLOOP_PROFILE_STEPS`` (default 3; 0 turns the profile off)."""
+    text = os.environ.get("FASTLOOP_PROFILE_STEPS", "3")
+    try:
+        n = int(text)
+    except ValueError:
+        raise FastloopError(f"FASTLOOP_PROFILE_STEPS must be a whole number of steps (0 = off), got {text!r}") from None
+    if n < 0:
+        raise FastloopError(f"FASTLOOP_PROFILE_STEPS must be >= 0, got {n}")
+    return n
+
+
 def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
     """The dtype whose peak MFU is rated against: the lowest precision an applied speedup runs
     its matmuls in (:attr:`Speedup.math_dtype`). cuDNN runs fp32 convolutions in TF32 by
@@ -133,6 +146,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "loss": {"first": next((v for v in losses if v is not None), None),
                  "last": next((v for v in reversed(losses) if v is not None), None)},
         "losses": losses,
+        "gpu_profile": measure.gpu_profile,
         "extra": extra or {},
         "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
     }
@@ -293,7 +307,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     cbs = [SpeedupCallback(s) for s in in_training]
-    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps)
+    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps,
+                              profile_steps=profile_steps() if dev.type == "cuda" else 0)
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None

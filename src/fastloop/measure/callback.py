@@ -49,7 +49,8 @@ class MeasureCallback(Callback):
     """
 
     def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True,
-                 steady: bool = True, max_extra_warmup: int | None = None, steps: int | None = None) -> None:
+                 steady: bool = True, max_extra_warmup: int | None = None, steps: int | None = None,
+                 profile_steps: int = 0) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.warmup = warmup
@@ -57,6 +58,13 @@ class MeasureCallback(Callback):
         """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
         not optimizer steps: with manual optimization or a training_step that returns None,
         Lightning's ``max_steps`` counts something else."""
+        self.profile_steps = profile_steps
+        """On CUDA with ``steps`` set: this many extra steps after the measured ones run under
+        :class:`~fastloop.measure.gpu_busy.GpuProfile` (GPU busy fraction, host syncs per step);
+        they never enter the step statistics or the losses."""
+        self.gpu_profile: dict | None = None
+        self._profiler = None
+        self._measured_end: int | None = None
         self.none_steps = 0
         """Batches whose training_step returned None (Lightning skipped their optimizer step)."""
         self.manual = False
@@ -143,10 +151,29 @@ class MeasureCallback(Callback):
         self.timer.step_end()
         if self.steady and self.timer.recorded_steps <= self.warmup:
             self._extend_warmup_until_steady(trainer)
-        if self.steps is not None and self.timer.recorded_steps >= self.warmup + self.steps:
-            trainer.should_stop = True
+        if self.steps is not None:
+            self._maybe_stop(trainer)
         self.timer.fetch_start()
         self._pending_fetch = True
+
+    def _maybe_stop(self, trainer: Trainer) -> None:
+        assert self.timer is not None
+        n = self.timer.recorded_steps
+        if self._measured_end is None:
+            if n < self.warmup + (self.steps or 0):
+                return
+            self._measured_end = n
+            if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
+                from fastloop.measure.gpu_busy import GpuProfile
+
+                self._profiler = GpuProfile()
+                self._profiler.start()
+                return
+            trainer.should_stop = True
+        elif self._profiler is not None and n - self._measured_end >= self.profile_steps:
+            self.gpu_profile = self._profiler.stop(n - self._measured_end)
+            self._profiler = None
+            trainer.should_stop = True
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if self.manual:
@@ -154,6 +181,11 @@ class MeasureCallback(Callback):
             self._manual_loss = loss if self._manual_loss is None else self._manual_loss + loss
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._profiler is not None:  # the fit ended while profiling: what was profiled counts
+            assert self.timer is not None and self._measured_end is not None
+            done = self.timer.recorded_steps - self._measured_end
+            self.gpu_profile = self._profiler.stop(done) if done else {"error": "no step ran under the profiler"}
+            self._profiler = None
         if self.timer is not None and self.timer.cuda:
             torch.cuda.synchronize(self.timer.device)
             self.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.timer.device))
@@ -187,22 +219,28 @@ class MeasureCallback(Callback):
         if self._flop_mode is not None:  # the first step raised while FLOPs were being counted
             self._flop_mode.__exit__(None, None, None)
             self._flop_mode = None
+        if self._profiler is not None:
+            self._profiler.stop(1)
+            self._profiler = None
 
     @property
     def measured_steps(self) -> int:
         """Steps recorded after the warm-up (0 when the loader yielded nothing)."""
-        return max(0, self.timer.recorded_steps - self.warmup) if self.timer is not None else 0
+        if self.timer is None:
+            return 0
+        return max(0, min(self.timer.recorded_steps, self._measured_end or self.timer.recorded_steps) - self.warmup)
 
     def result(self) -> StepStats:
         if self.timer is None or self.timer.recorded_steps == 0:
             raise RuntimeError("no training step was measured (did the loader yield any batch?)")
-        stats = self.timer.result()
+        stats = self.timer.result(upto=self._measured_end)
         stats.set_warmup_overhead(self.wall_s)
         return stats
 
     def loss_values(self) -> list[float | None]:
         """One entry per step: the loss, or None where training_step returned None (with manual
         optimization: the sum of the losses passed to ``manual_backward``)."""
-        present = [t for t in self.losses if t is not None]
+        losses = self.losses[:self._measured_end] if self._measured_end is not None else self.losses
+        present = [t for t in losses if t is not None]
         values = iter(torch.stack(present).cpu().tolist() if present else [])
-        return [None if t is None else next(values) for t in self.losses]
+        return [None if t is None else next(values) for t in losses]

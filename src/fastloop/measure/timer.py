@@ -127,13 +127,13 @@ class StepTimer:
     def recorded_steps(self) -> int:
         return len(self._step_end)
 
-    def result(self) -> StepStats:
-        """Synchronize once and turn the marks into per-step times."""
-        n = len(self._step_end)
+    def result(self, upto: int | None = None) -> StepStats:
+        """Synchronize once and turn the marks into per-step times (of the first ``upto`` steps)."""
+        n = len(self._step_end) if upto is None else min(upto, len(self._step_end))
         if len(self._fetch_start) < n or len(self._fetch_end) < n:
             raise RuntimeError("StepTimer: every step_end needs a fetch_start and fetch_end before it")
         if self.cuda and n:
-            self._step_end[-1].synchronize()
+            self._step_end[n - 1].synchronize()
         step_s, wait_s = [], []
         for i in range(self.warmup, n):
             # a step runs from the end of the previous step (when it starts asking for data)

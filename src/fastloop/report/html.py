@@ -59,11 +59,20 @@ def _plots(doc: dict) -> list[tuple[str, str]]:
     # 2. step-time breakdown
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.4))
     med = [c["step_s"]["median"] * 1e3 for _, c in cfgs]
-    wait = [m * c["data_wait_frac"] for m, (_, c) in zip(med, cfgs)]
-    ax.bar(names, [m - w for m, w in zip(med, wait)], label="compute", color="tab:blue")
-    ax.bar(names, wait, bottom=[m - w for m, w in zip(med, wait)], label="data wait", color="tab:orange")
+    wait = [m * (c.get("data_wait_frac") or 0.0) for m, (_, c) in zip(med, cfgs)]
+    busy = [(c.get("gpu_profile") or {}).get("gpu_busy_frac") for _, c in cfgs]
+    if any(b is not None for b in busy):  # CUDA with a profile: GPU busy / GPU idle while the host works
+        gpu = [m * b if b is not None else m - w for m, w, b in zip(med, wait, busy)]
+        idle = [max(0.0, m - w - g) for m, w, g in zip(med, wait, gpu)]
+        ax.bar(names, gpu, label="GPU busy", color="tab:blue")
+        ax.bar(names, idle, bottom=gpu, label="GPU idle while the host works", color="tab:red")
+        ax.bar(names, wait, bottom=[g + i for g, i in zip(gpu, idle)], label="data wait", color="tab:orange")
+        ax.set_title("Step time: GPU busy, GPU idle while the host works, data wait")
+    else:
+        ax.bar(names, [m - w for m, w in zip(med, wait)], label="compute", color="tab:blue")
+        ax.bar(names, wait, bottom=[m - w for m, w in zip(med, wait)], label="data wait", color="tab:orange")
+        ax.set_title("Step time: compute vs data wait")
     ax.set_ylabel("median step (ms)")
-    ax.set_title("Step time: compute vs data wait")
     ax.legend()
     ax.tick_params(axis="x", rotation=30)
     out.append(("breakdown", _png(fig)))

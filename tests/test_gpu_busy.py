@@ -1,0 +1,52 @@
+"""The GPU-busy arithmetic and what the ladder, the doctor and the report make of a profile
+(the profile itself needs CUDA: tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastloop.doctor import diagnose
+from fastloop.ladder import _breakdown
+from fastloop.measure.gpu_busy import busy_span, summarize_trace
+from fastloop.report.html import render_html
+
+
+def test_busy_is_the_union_of_overlapping_intervals_over_the_span():
+    assert busy_span([]) == (0.0, 0.0)
+    assert busy_span([(10, 20), (0, 5), (15, 30), (40, 50)]) == (35.0, 50.0)  # [0,5] [10,30] [40,50]
+    assert busy_span([(0, 100), (10, 20)]) == (100.0, 100.0)  # nested
+
+
+def test_trace_summary_counts_syncing_host_calls_per_step():
+    s = summarize_trace([(0, 600), (1000, 1600)], ["cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpy",
+                                                   "cudaStreamSynchronize", "cudaMemcpyAsync"], steps=2)
+    assert s["gpu_busy_frac"] == pytest.approx(1200 / 1600)
+    assert s["gpu_busy_ms_per_step"] == pytest.approx(0.6) and s["span_ms_per_step"] == pytest.approx(0.8)
+    assert s["sync_calls"] == {"cudaStreamSynchronize": 2, "cudaMemcpy": 1} and s["host_syncs_per_step"] == 1.5
+
+
+def _cfg(busy, wait=0.0, syncs=0.0):
+    return {"data_wait_frac": wait, "step_s": {"median": 0.010, "mean": 0.010}, "peak_mem_bytes": None, "mfu": None,
+            "speedups": [{"name": "bf16", "status": "applied"}],
+            "gpu_profile": {"gpu_busy_frac": busy, "profiled_steps": 3, "host_syncs_per_step": syncs,
+                            "sync_calls": {"cudaStreamSynchronize": 3} if syncs else {}}}
+
+
+def test_doctor_calls_a_mostly_idle_gpu_host_bound_and_names_the_syncs():
+    d = diagnose(_cfg(0.4, syncs=1.0))
+    assert d["bottleneck"] == "host-bound"
+    assert "busy 40%" in d["evidence"] and "idle 60%" in d["evidence"] and "1.0 times per step" in d["evidence"]
+    assert d["recommendation"].startswith("remove the per-step host syncs")
+    assert diagnose(_cfg(0.4))["recommendation"].startswith("cuda_graph")
+    assert diagnose(_cfg(0.97))["bottleneck"] != "host-bound"
+    assert diagnose(_cfg(0.5, wait=0.45))["bottleneck"] == "data-bound"  # the wait explains the idle time
+
+
+def test_ladder_breakdown_and_html_split_the_step_three_ways():
+    cfg = _cfg(0.5, wait=0.2)
+    b = _breakdown(cfg)
+    assert b["gpu_busy_s"] == pytest.approx(0.005) and b["data_wait_s"] == pytest.approx(0.002)
+    assert b["host_idle_s"] == pytest.approx(0.003)
+    assert "host_idle_s" not in _breakdown({**cfg, "gpu_profile": None})  # CPU: no profile, no split
+    doc = {"kind": "run", "target": "x", **cfg, "throughput": {"value": 1.0, "unit": "samples/s"}}
+    assert 'id="plot-breakdown"' in render_html(doc)
