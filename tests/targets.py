@@ -213,9 +213,9 @@ class ItemEveryStep(Classifier):
     """Reads its loss on the host every step (``.item()``): the GPU waits for the host."""
 
     def training_step(self, batch, batch_idx):
-        loss = super().training_step(batch, batch_idx)
-        self.last_loss = loss.item()
-        return loss
+        out = super().training_step(batch, batch_idx)
+        self.last_loss = out["loss"].item()
+        return out
 
 
 def item_every_step(batch_size: int = 16, seed: int = 0):

@@ -128,7 +128,7 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     assert f"{v['ratio']:.2f}x [{v['ci_low']:.2f}, {v['ci_high']:.2f}]" in row
     assert f"{workers['throughput']['value']:,.0f} samples/s" in row
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count('<img class="plot"') == 3
+    assert html.count('<img class="plot"') == 4 and 'id="plot-loss"' in html  # throughput, breakdown, memory, loss
     _screenshot(tmp_path / "rep" / "report.html", tmp_path / "shot.png")
 
 

@@ -50,3 +50,9 @@ def test_ladder_breakdown_and_html_split_the_step_three_ways():
     assert "host_idle_s" not in _breakdown({**cfg, "gpu_profile": None})  # CPU: no profile, no split
     doc = {"kind": "run", "target": "x", **cfg, "throughput": {"value": 1.0, "unit": "samples/s"}}
     assert 'id="plot-breakdown"' in render_html(doc)
+
+
+def test_doctor_names_prog_bar_logging_as_a_sync():
+    cfg = _cfg(0.5, syncs=1.0)
+    cfg["extra"] = {"prog_bar_keys": ["train_loss"]}
+    assert "self.log of train_loss with prog_bar=True" in diagnose(cfg)["recommendation"]

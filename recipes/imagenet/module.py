@@ -60,7 +60,7 @@ class ImageClassifier(LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = self.criterion(self.model(x), y)
-        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_loss", loss)  # no prog_bar: it would read the loss to the host every step (a sync)
         return loss
 
     def validation_step(self, batch, batch_idx):

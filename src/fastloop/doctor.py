@@ -173,8 +173,10 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         syncs = prof.get("host_syncs_per_step") or 0.0
         sync_note = (f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
                      f".item(), .cpu(), print of a tensor, a copy from pageable memory)") if syncs >= 0.5 else ""
-        fix = ("remove the per-step host syncs first (keep losses on the GPU, pin_memory for batches), then "
-               if syncs >= 0.5 else "")
+        pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
+        fix = (("remove the per-step host syncs first (" + (f"self.log of {', '.join(pbar)} with prog_bar=True is one: "
+                                                              "Lightning calls .item() on it every step; " if pbar else "")
+                + "keep losses on the GPU, pin_memory for batches), then ") if syncs >= 0.5 else "")
         return {"bottleneck": "host-bound",
                 "evidence": (f"the GPU is busy {100 * busy:.0f}% of the step and idle "
                              f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
