@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -100,7 +101,18 @@ class _Ladder:
         self.base = list(base or [])
         """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
         self.base_spec = _join(self.base)
-        self.measure, self.progress, self.on_update = measure, progress, on_update
+        self.progress, self.on_update = progress, on_update
+        self.process_s: list[float] = []
+        """Wall time of each configuration run (a fresh process each): where the ladder's time goes."""
+
+        def timed(*args: Any, **kwargs: Any) -> dict:
+            t = time.perf_counter()
+            try:
+                return measure(*args, **kwargs)
+            finally:
+                self.process_s.append(time.perf_counter() - t)
+
+        self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.rungs: list[dict] = []
         self.selected: list[str] = []
@@ -169,7 +181,8 @@ class _Ladder:
                                             f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
                "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
-               "max_repeats": self.max_repeats, "budget_s": self.budget,
+               "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
+               "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks)"}

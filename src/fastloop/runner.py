@@ -16,6 +16,7 @@ import io
 import logging
 import math
 import os
+import time
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -305,7 +306,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
               target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
               devices: int = 1, strategy: str | None = None) -> dict:
 
+    t_build = time.perf_counter()
     module, data = build_target(target, **(target_kwargs or {}))
+    build_s = time.perf_counter() - t_build
     extra: dict = {}
     prepared: list[Record] = []
     in_training = [s for s in chosen if not s.prepares_run]
@@ -330,6 +333,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
         **({"strategy": _strategy(strategy, dev)} if distributed else {}),
     )
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
+    t_fit = time.perf_counter()
     with ctx, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -351,6 +355,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
             raise UserCodeError(f"while training {target}") from err
     if trainer.interrupted:
         raise KeyboardInterrupt
+    fit_s = time.perf_counter() - t_fit
     pbar = sorted(trainer.progress_bar_metrics) if dev.type == "cuda" else []
     if pbar:
         extra["prog_bar_keys"] = pbar
@@ -372,6 +377,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                                                               for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     doc["weights_sha256"] = weights_digest(module)
+    # where a run's wall time goes (a ladder pays it per process): building the target, and the
+    # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
+    doc["timings"] = {"build_s": build_s, "fit_s": fit_s}
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from fastloop.errors import FastloopError
 
@@ -67,6 +68,7 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])
         err_path = os.path.join(tmp, "stderr.txt")
         with open(err_path, "w") as err_file:
+            t0 = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
                                     preexec_fn=_die_with_parent)
             try:
@@ -85,4 +87,7 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
             last = lines[-1].removeprefix("fastloop: error: ")
             raise ConfigurationFailed(f"configuration {speedups!r} failed in its process: {last}", rc, stderr)
         with open(path) as f:
-            return json.load(f)
+            doc = json.load(f)
+        # the child's whole life as the leader saw it (interpreter start and imports included)
+        doc.setdefault("timings", {})["process_s"] = time.perf_counter() - t0
+        return doc

@@ -48,6 +48,9 @@ def render_markdown(doc: dict) -> str:
     lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
                  "ratio = before / after; (n.s.) = not significant. "
                  + (f"Method: {doc['method']}." if doc.get("method") else "95% bootstrap CI over the steps of one run."))
+    if ladder and doc.get("runs"):
+        lines.append(f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
+                     f"average) in {doc.get('wall_s', 0):.0f} s.")
     for move in doc.get("moves", []):
         lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":
