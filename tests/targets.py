@@ -221,3 +221,13 @@ class ItemEveryStep(Classifier):
 def item_every_step(batch_size: int = 16, seed: int = 0):
     torch.manual_seed(seed)
     return ItemEveryStep(batch_size=batch_size), DataLoader(_data(False), batch_size=batch_size, shuffle=False)
+
+
+def fork_trouble(batch_size: int = 16, seed: int = 0):
+    """Fails as CUDA does in a child forked after the driver started, but only in a forked run
+    (the fork server names its children's argv[0] "fastloop"); a fresh interpreter trains."""
+    import sys
+
+    if sys.argv[0] == "fastloop":
+        raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, ...")
+    return tiny_mlp(batch_size, seed)

@@ -379,7 +379,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     doc["weights_sha256"] = weights_digest(module)
     # where a run's wall time goes (a ladder pays it per process): building the target, and the
     # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
-    doc["timings"] = {"build_s": build_s, "fit_s": fit_s}
+    doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid()}
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:

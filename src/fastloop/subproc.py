@@ -9,9 +9,11 @@ workers notice that their parent is gone and exit.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +52,98 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+class _ForkServer:
+    """The leader's side of :mod:`fastloop.forkserver` (one per leader process, started lazily)."""
+
+    def __init__(self, env: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.forkserver"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                     preexec_fn=_die_with_parent)
+        self._buf = b""
+        msg = self._read(120)
+        if not msg or not msg.get("ready"):
+            self.close()
+            raise RuntimeError((msg or {}).get("error", "the fork server did not start"))
+
+    def _read(self, timeout: float | None) -> dict | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise subprocess.TimeoutExpired("fastloop.forkserver", timeout or 0)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None  # the server died
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, argv: list[str], err_path: str, env: dict, timeout: float) -> int | None:
+        """Run ``fastloop <argv>`` in a forked child; its exit status (None: the server died)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"argv": argv, "stderr": err_path, "env": env, "cwd": os.getcwd()}) + "\n").encode())
+        self.proc.stdin.flush()
+        started = self._read(60)
+        if started is None:
+            return None
+        pid = started["pid"]
+        try:
+            done = self._read(timeout)
+        except BaseException:  # timeout, Ctrl-C or any error in the leader: the child's group ends
+            _killpg(pid)
+            self.close()
+            raise
+        _killpg(pid)  # loader workers the child left behind
+        return None if done is None else done["rc"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+_SERVER: _ForkServer | None = None
+_SERVER_OFF = False
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _fork_server(env: dict) -> _ForkServer | None:
+    """The running fork server, started on first use; None when off or it cannot start."""
+    global _SERVER, _SERVER_OFF
+    if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0":
+        return None
+    if _SERVER is not None and _SERVER.proc.poll() is None:
+        return _SERVER
+    try:
+        _SERVER = _ForkServer(env)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
+        _SERVER, _SERVER_OFF = None, True
+        return None
+    atexit.register(_SERVER.close)
+    return _SERVER
+
+
+def _stop_fork_server() -> None:
+    """End the fork server (and stop using one in this process)."""
+    global _SERVER, _SERVER_OFF
+    if _SERVER is not None:
+        _SERVER.close()
+    _SERVER, _SERVER_OFF = None, True
+
+
+_FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver initialization failed")
+"""A forked child that failed with one of these is run again the plain way, without the server."""
+
+
 def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
                       timeout: float = 3600, devices: int = 1, strategy: str | None = None) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
@@ -67,19 +161,23 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])
         err_path = os.path.join(tmp, "stderr.txt")
-        with open(err_path, "w") as err_file:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
-                                    preexec_fn=_die_with_parent)
+        t0 = time.perf_counter()
+        server = _fork_server(env) if devices == 1 and not strategy else None
+        rc: int | None = None
+        if server is not None:
             try:
-                rc = proc.wait(timeout=timeout)
+                rc = server.run(cmd[3:], err_path, env, timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                _stop_fork_server()
                 raise ConfigurationFailed(f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None) from None
-            except BaseException:  # Ctrl-C or any error in the leader: the group ends with it
-                _kill_group(proc)
-                raise
-            _kill_group(proc)  # loader workers the child left behind
+            with open(err_path, errors="replace") as f:
+                trouble = any(t in f.read() for t in _FORK_TROUBLE)
+            if rc is None or (rc != 0 and trouble):  # the server died, or CUDA cannot start in a fork
+                _stop_fork_server()
+                server, rc = None, None
+                t0 = time.perf_counter()
+        if server is None:
+            rc = _plain_run(cmd, env, err_path, timeout, speedups)
         with open(err_path, errors="replace") as f:
             stderr = f.read()
         if rc != 0 or not os.path.exists(path):
@@ -88,6 +186,24 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
             raise ConfigurationFailed(f"configuration {speedups!r} failed in its process: {last}", rc, stderr)
         with open(path) as f:
             doc = json.load(f)
-        # the child's whole life as the leader saw it (interpreter start and imports included)
+        # the child's whole life as the leader saw it (with the fork server: from the fork)
         doc.setdefault("timings", {})["process_s"] = time.perf_counter() - t0
+        doc["timings"]["forked"] = server is not None
         return doc
+
+
+def _plain_run(cmd: list[str], env: dict, err_path: str, timeout: float, speedups: str) -> int:
+    """``python -m fastloop.cli run ...`` as a new interpreter; its exit status."""
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
+                                preexec_fn=_die_with_parent)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise ConfigurationFailed(f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None) from None
+        except BaseException:  # Ctrl-C or any error in the leader: the group ends with it
+            _kill_group(proc)
+            raise
+        _kill_group(proc)  # loader workers the child left behind
+    return rc

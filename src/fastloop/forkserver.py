@@ -1,0 +1,103 @@
+"""A fork server for configuration runs: the slow imports once, a fresh process per run.
+
+Every measured configuration runs in a process of its own (caches, allocator state and global
+flags must not leak between the configurations being compared). Starting Python and importing
+torch and Lightning costs ~3.5 s on a 2-core machine, several times the run itself for a small
+model, and a ladder makes dozens of runs. This server imports fastloop's runner (torch,
+Lightning) once and forks one child per run: each child is still a new process, with its own
+CUDA context (the server never initializes CUDA), its own process group and the same exit
+status and files as ``python -m fastloop.cli run ...``.
+
+Protocol (one JSON object per line): the leader writes ``{"argv", "stderr", "env", "cwd"}``; the
+server answers ``{"pid"}`` when the child starts and ``{"pid", "rc"}`` when it ends. The server
+dies with the leader (``PR_SET_PDEATHSIG``), and each child with the server.
+
+``FASTLOOP_FORKSERVER=0`` turns it off (every run then starts Python afresh).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import traceback
+
+__all__ = ["serve"]
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # pragma: no cover - not Linux
+        pass
+
+
+def _child(req: dict) -> int:
+    os.setpgrp()  # its own group: the leader ends it (and its loader workers) with one killpg
+    _die_with_parent()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(err, 2)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    if req["cwd"] not in sys.path:
+        sys.path.insert(0, req["cwd"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = ["fastloop", *req["argv"]]
+    from fastloop.cli import main
+
+    return main(req["argv"])
+
+
+def _send(msg: dict) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def serve() -> None:
+    """Import, report ready, then fork one child per request line until stdin closes."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the leader's to handle
+    # torch.cuda.is_available() without initializing the CUDA driver here (a driver initialized
+    # before fork() is unusable in the child); each child initializes its own
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    import fastloop.cli  # noqa: F401 - the imports every run needs, paid once
+    import fastloop.runner  # noqa: F401
+    import torch
+
+    if torch.cuda.is_initialized():
+        _send({"error": "CUDA was initialized while importing; forked runs could not use it"})
+        return
+    _send({"ready": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            rc = 1
+            try:
+                rc = _child(req)
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+            except BaseException:  # noqa: BLE001 - reported on the child's stderr file
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(rc)
+        _send({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _send({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,50 @@
+"""Configuration runs through the fork server: a fresh process per run without paying Python's
+start-up and the torch/Lightning imports each time; the same results as a new interpreter; a
+plain run when the server is off or a forked child cannot start CUDA."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastloop import subproc
+from fastloop.subproc import run_in_subprocess
+
+
+@pytest.fixture
+def fresh_server(monkeypatch):
+    monkeypatch.delenv("FASTLOOP_FORKSERVER", raising=False)
+    subproc._stop_fork_server()
+    monkeypatch.setattr(subproc, "_SERVER_OFF", False)
+    yield
+    subproc._stop_fork_server()
+    subproc._SERVER_OFF = False
+
+
+def _run(target="tests/targets.py:tiny_mlp"):
+    return run_in_subprocess(target, "none", steps=6, warmup=2, device="cpu")
+
+
+def test_forked_runs_are_separate_processes_and_train_as_a_new_interpreter_does(fresh_server, monkeypatch):
+    a, b = _run(), _run()
+    assert a["timings"]["forked"] and b["timings"]["forked"]
+    assert a["timings"]["pid"] != b["timings"]["pid"]  # one process per run
+    server = subproc._SERVER
+    assert server is not None and server.proc.poll() is None and server.proc.pid not in (a["timings"]["pid"], b["timings"]["pid"])
+    monkeypatch.setenv("FASTLOOP_FORKSERVER", "0")
+    plain = _run()
+    assert plain["timings"]["forked"] is False
+    n = min(len(a["losses"]), len(plain["losses"]))
+    assert n >= 8 and a["losses"][:n] == plain["losses"][:n]  # bitwise: same seed, same batches, same math
+
+
+def test_a_user_error_in_a_forked_run_is_reported_like_a_plain_one(fresh_server):
+    with pytest.raises(subproc.ConfigurationFailed) as err:
+        _run("tests/targets.py:raises")
+    assert err.value.returncode == 1 and "dataset folder /data/x is empty" in err.value.detail
+    assert subproc._SERVER is not None and subproc._SERVER.proc.poll() is None  # the server carries on
+
+
+def test_a_child_that_cannot_start_cuda_in_a_fork_reruns_the_plain_way(fresh_server):
+    doc = _run("tests/targets.py:fork_trouble")
+    assert doc["timings"]["forked"] is False and doc["steps"] == 6
+    assert subproc._SERVER is None and subproc._SERVER_OFF  # later runs start Python afresh
