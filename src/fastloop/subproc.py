@@ -140,7 +140,8 @@ def _stop_fork_server() -> None:
     _SERVER, _SERVER_OFF = None, True
 
 
-_FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver initialization failed")
+_FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver initialization failed",
+                 "CUDA error: initialization error")
 """A forked child that failed with one of these is run again the plain way, without the server."""
 
 
