@@ -5,6 +5,10 @@ The child runs in its own process group, so Ctrl-C in the terminal reaches only 
 which then ends the whole group (the child and its DataLoader workers) at once. If the leader
 is killed outright, the kernel sends the child SIGKILL (``PR_SET_PDEATHSIG``), and its loader
 workers notice that their parent is gone and exit.
+
+On Linux the process is forked from :mod:`fastloop.forkserver` (torch and Lightning imported
+once per leader, not once per run); ``FASTLOOP_FORKSERVER=0``, another OS, a server that cannot
+start, or a child that cannot start CUDA in a fork fall back to a new interpreter per run.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def _killpg(pid: int) -> None:
 def _fork_server(env: dict) -> _ForkServer | None:
     """The running fork server, started on first use; None when off or it cannot start."""
     global _SERVER, _SERVER_OFF
-    if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0":
+    if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0" or not sys.platform.startswith("linux"):
         return None
     if _SERVER is not None and _SERVER.proc.poll() is None:
         return _SERVER
