@@ -65,6 +65,7 @@ class MeasureCallback(Callback):
         self.gpu_profile: dict | None = None
         self._profiler = None
         self._measured_end: int | None = None
+        self._measured_wall: float | None = None
         self.none_steps = 0
         """Batches whose training_step returned None (Lightning skipped their optimizer step)."""
         self.manual = False
@@ -166,6 +167,10 @@ class MeasureCallback(Callback):
             if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
                 from fastloop.measure.gpu_busy import GpuProfile
 
+                # the run's wall time ends here: the profiled steps are not part of it
+                torch.cuda.synchronize(self.timer.device)
+                self._measured_wall = time.perf_counter() - self._t0
+
                 self._profiler = GpuProfile()
                 self._profiler.start()
                 return
@@ -189,7 +194,7 @@ class MeasureCallback(Callback):
         if self.timer is not None and self.timer.cuda:
             torch.cuda.synchronize(self.timer.device)
             self.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self.timer.device))
-        self.wall_s = time.perf_counter() - self._t0
+        self.wall_s = self._measured_wall if self._measured_wall is not None else time.perf_counter() - self._t0
 
     def _extend_warmup_until_steady(self, trainer: Trainer) -> None:
         """During warm-up only (a sync per step is fine there): one more warm-up step while the
