@@ -129,3 +129,32 @@ def test_a_rung_that_is_already_in_the_base_is_refused():
 
     with pytest.raises(FastloopError, match="already in --base"):
         run_ladder("x", ["bf16", "tf32"], measure=_fake({"tf32": 1.0, "bf16": 1.0}), device="cpu", base="tf32")
+
+
+def _with_profile(busy, wait, effects):
+    inner = _fake(effects)
+
+    def measure(target, spec, **kw):
+        doc = inner(target, spec, **kw)
+        doc["gpu_profile"] = {"gpu_busy_frac": busy, "profiled_steps": 3}
+        doc["data_wait_frac"] = wait
+        return doc
+    return measure
+
+
+def test_default_ladder_feeds_the_fast_step_last_and_skips_a_feed_that_cannot_help():
+    effects = {"workers": 1.0, "bf16": 1.25, "fused_optimizer": 1.0}
+    # the demo recipe's rungs are workers, bf16, fused_optimizer: data is tried last
+    doc = run_ladder("demo", None, measure=_with_profile(0.98, 0.004, effects), device="cpu")
+    names = [r["rung"] for r in doc["rungs"] if r["rung"].startswith("+")]
+    assert names == ["+bf16", "+fused_optimizer", "+workers"]
+    w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
+    assert w["rung_status"] == "skipped" and "busy 98%" in w["rung_reason"] and "at most 1.020x" in w["rung_reason"]
+    assert "step_s" not in w and "speedup_vs_prev" not in w  # not measured, no ratio
+    # a GPU that idles: the feed is measured
+    doc = run_ladder("demo", None, measure=_with_profile(0.6, 0.004, effects), device="cpu")
+    w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
+    assert w["rung_status"] == "applied" and w["speedup_vs_prev"] is not None
+    # explicit rungs keep their order, and the cumulative story is not reordered
+    doc = run_ladder("demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu")
+    assert [r["rung"] for r in doc["rungs"]][1:3] == ["+workers", "+bf16"]

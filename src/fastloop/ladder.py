@@ -6,6 +6,11 @@ significantly faster (the run-level CI lies above 1), otherwise dropped, and the
 starts from the previous best. The last rung measures the selected set against the baseline
 again, interleaved, and the callbacks line names exactly that measured set.
 
+The default rungs are tried compute first, data last ("feed the fast step": a loader that keeps
+up with an fp32 step may be the wall after compile), and a data speedup is not measured when the
+best configuration's GPU profile shows the GPU busy >= 95% of the step with <= 2% data wait (a
+faster feed could gain at most that little).
+
 Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
 
 Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
@@ -47,6 +52,10 @@ __all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder"]
 DEFAULT_RUNGS = default_ladder()
 """The registered speedups marked ``in_default_ladder``, in ladder order."""
 MIN_REPEATS = 3
+FEED_BUSY = 0.95
+FEED_WAIT = 0.02
+"""A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
+the step (its profile, CUDA only) and it waits for data at most FEED_WAIT."""
 
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
@@ -218,7 +227,7 @@ class _Ladder:
         last_kept: tuple[dict[str, Runs], str] | None = None
         for s in candidates:
             label = f"+{s.spec}"
-            reason = s.why_not(ctx)
+            reason = s.why_not(ctx) or self._feed_cannot_help(s)
             if reason:
                 self.rungs.append(self._rung_doc(label, self._spec([s.spec]), None, "skipped", reason))
                 self._update()
@@ -278,6 +287,24 @@ class _Ladder:
             self._final()
         return self.document()
 
+    def _feed_cannot_help(self, s: Any) -> str | None:
+        """A data speedup can only give back the time the GPU does not work: when the best
+        configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
+        most a faster feed could gain is below what the ladder can detect, so it is not measured."""
+        if s.changes != "data":
+            return None
+        best = self.best_runs.get(self._spec())
+        if best is None or not best.docs:
+            return None
+        doc = merge_runs(best)
+        busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+        wait = doc.get("data_wait_frac")
+        if busy is None or wait is None or busy < FEED_BUSY or wait > FEED_WAIT:
+            return None
+        bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
+        return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
+                f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+
     def _final_from(self, fresh: dict[str, Runs]) -> None:
         """The final rung from interleaved runs of the baseline and the selected set."""
         spec = self._spec()
@@ -327,6 +354,10 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
     base_names = [s.spec for s in resolve(base or [])]
     chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
+    if rungs is None and mode == "select":
+        # feed the fast step: data speedups are tried once the step is as fast as the others make
+        # it (a loader that keeps up with an fp32 step may be the wall after compile)
+        chosen = [s for s in chosen if s.changes != "data"] + [s for s in chosen if s.changes == "data"]
     taken = {b.split(":")[0] for b in base_names}
     if rungs is None:
         chosen = [s for s in chosen if s.name not in taken]
