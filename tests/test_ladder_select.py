@@ -158,3 +158,27 @@ def test_default_ladder_feeds_the_fast_step_last_and_skips_a_feed_that_cannot_he
     # explicit rungs keep their order, and the cumulative story is not reordered
     doc = run_ladder("demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu")
     assert [r["rung"] for r in doc["rungs"]][1:3] == ["+workers", "+bf16"]
+
+
+def test_a_rung_the_model_rules_out_is_not_measured():
+    inner = _fake({"bf16": 1.25, "channels_last": 1.0, "fused_optimizer": 1.0})
+    calls = []
+
+    def measure(target, spec, **kw):
+        calls.append(spec)
+        doc = inner(target, spec, **kw)
+        doc["model_checks"] = {"channels_last": "model has no Conv2d layers"}
+        return doc
+
+    doc = run_ladder("x", ["bf16", "channels_last", "fused_optimizer"], measure=measure, device="cpu")
+    cl = next(r for r in doc["rungs"] if r["rung"] == "+channels_last")
+    assert cl["rung_status"] == "skipped" and cl["rung_reason"] == "not measured: model has no Conv2d layers"
+    assert "step_s" not in cl and not any("channels_last" in c for c in calls)
+
+
+def test_runs_record_which_speedups_the_model_rules_out():
+    from fastloop.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=2, warmup=1, device="cpu", steady_warmup=False)
+    assert doc["model_checks"]["channels_last"] == "model has no Conv2d layers"
+    assert "fused_loss" in doc["model_checks"] and "bf16" not in doc["model_checks"]

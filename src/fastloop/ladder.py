@@ -227,7 +227,7 @@ class _Ladder:
         last_kept: tuple[dict[str, Runs], str] | None = None
         for s in candidates:
             label = f"+{s.spec}"
-            reason = s.why_not(ctx) or self._feed_cannot_help(s)
+            reason = s.why_not(ctx) or self._model_says_no(s) or self._feed_cannot_help(s)
             if reason:
                 self.rungs.append(self._rung_doc(label, self._spec([s.spec]), None, "skipped", reason))
                 self._update()
@@ -286,6 +286,15 @@ class _Ladder:
         else:
             self._final()
         return self.document()
+
+    def _model_says_no(self, s: Any) -> str | None:
+        """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
+        known from a run that already built it: not measured."""
+        runs = self.base_runs
+        if runs is None or not runs.docs:
+            return None
+        reason = (runs.docs[-1].get("model_checks") or {}).get(s.name)
+        return f"not measured: {reason}" if reason else None
 
     def _feed_cannot_help(self, s: Any) -> str | None:
         """A data speedup can only give back the time the GPU does not work: when the best

@@ -38,6 +38,20 @@ from fastloop.targets import build_target
 __all__ = ["measured_configuration", "run_configuration", "weights_digest"]
 
 
+def model_checks_of(module: Any) -> dict[str, str]:
+    """Every registered speedup that cannot apply to this model, with its reason (a ladder skips
+    such a rung without measuring it: the model was built once already)."""
+    out = {}
+    for name, cls in REGISTRY.items():
+        try:
+            reason = cls().why_not_model(module)
+        except Exception:  # noqa: BLE001 - a check that cannot run decides nothing here
+            reason = None
+        if reason:
+            out[name] = reason
+    return out
+
+
 def profile_steps() -> int:
     """Extra steps profiled after the measured ones on CUDA (GPU busy fraction, host syncs):
     ``FASTLOOP_PROFILE_STEPS`` (default 3; 0 turns the profile off)."""
@@ -309,6 +323,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     t_build = time.perf_counter()
     module, data = build_target(target, **(target_kwargs or {}))
     build_s = time.perf_counter() - t_build
+    model_checks = model_checks_of(module)
     extra: dict = {}
     prepared: list[Record] = []
     in_training = [s for s in chosen if not s.prepares_run]
@@ -380,6 +395,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     # where a run's wall time goes (a ladder pays it per process): building the target, and the
     # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
     doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid()}
+    doc["model_checks"] = model_checks
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:
