@@ -48,3 +48,13 @@ def test_a_child_that_cannot_start_cuda_in_a_fork_reruns_the_plain_way(fresh_ser
     doc = _run("tests/targets.py:fork_trouble")
     assert doc["timings"]["forked"] is False and doc["steps"] == 6
     assert subproc._SERVER is None and subproc._SERVER_OFF  # later runs start Python afresh
+
+
+def test_a_changed_environment_gets_a_new_server(fresh_server, monkeypatch):
+    # torch reads some variables at import (TORCHINDUCTOR_*, ...): runs see the leader's env as of now
+    a = _run()
+    first = subproc._SERVER.proc.pid
+    monkeypatch.setenv("FASTLOOP_TEST_MARK", "1")
+    b = _run()
+    assert b["timings"]["forked"] and subproc._SERVER.proc.pid != first
+    assert a["losses"][:8] == b["losses"][:8]

@@ -60,6 +60,7 @@ class _ForkServer:
     """The leader's side of :mod:`fastloop.forkserver` (one per leader process, started lazily)."""
 
     def __init__(self, env: dict) -> None:
+        self.env = dict(env)  # torch and Lightning read some variables at import: a new env, a new server
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                      preexec_fn=_die_with_parent)
@@ -126,7 +127,9 @@ def _fork_server(env: dict) -> _ForkServer | None:
     if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0" or not sys.platform.startswith("linux"):
         return None
     if _SERVER is not None and _SERVER.proc.poll() is None:
-        return _SERVER
+        if _SERVER.env == env:
+            return _SERVER
+        _SERVER.close()
     try:
         _SERVER = _ForkServer(env)
     except (OSError, RuntimeError, subprocess.TimeoutExpired):
