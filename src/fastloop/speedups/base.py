@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -159,9 +160,23 @@ class Speedup:
 
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""
+    options_type: ClassVar[type | None] = None
+    """A frozen dataclass of this speedup's options: each field documented in its metadata
+    ``doc``, checked in ``__post_init__`` (FastloopError saying what is accepted); the first
+    field is the one typed after the colon (``workers:8``)."""
 
     def __init__(self, **options: Any) -> None:
         self.options = options
+        self.opts: Any = None
+        """The typed options (an instance of :attr:`options_type`), None without options."""
+        if self.options_type is not None:
+            first = dataclasses.fields(self.options_type)[0].name
+            kw = dict(options)
+            if "mode" in kw:  # the value typed after the colon
+                value = kw.pop("mode")
+                if value is not None:
+                    kw[first] = value
+            self.opts = self.options_type(**kw)
 
     @classmethod
     def parse_option(cls, text: str) -> Any:

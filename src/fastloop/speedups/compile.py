@@ -12,6 +12,8 @@ Changes the model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from fastloop._torch_private import dynamo_counters
@@ -41,6 +43,18 @@ def compile_counters() -> dict:
             "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0}
 
 
+@dataclass(frozen=True)
+class CompileOptions:
+    """Options of ``compile``."""
+
+    mode: str = field(default="default", metadata={
+        "doc": "torch.compile mode: " + ", ".join(MODES) + " (reduce-overhead and max-autotune replay CUDA graphs)"})
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise FastloopError(f"unknown compile mode {self.mode!r}; accepted: {', '.join(MODES)}")
+
+
 @register
 class Compile(Speedup):
     __doc__ = __doc__
@@ -51,6 +65,7 @@ class Compile(Speedup):
     warmup_cost = True
 
     option_help = f"compile:MODE with MODE one of {', '.join(MODES)}"
+    options_type = CompileOptions
 
     @classmethod
     def parse_option(cls, text: str) -> str:
@@ -59,13 +74,13 @@ class Compile(Speedup):
         return text
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        return apply_compile(model, self.options.get("mode") or "default")
+        return apply_compile(model, self.opts.mode)
 
     def uses_cudagraphs(self) -> bool:
         return self.compile_mode() in CUDAGRAPH_MODES
 
     def compile_mode(self) -> str:
-        return self.options.get("mode") or "default"
+        return self.opts.mode
 
     def run_stats(self) -> dict:
         return {"compile_counters": compile_counters()}

@@ -16,8 +16,10 @@ Changes the train step (the DDP wrapper).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, parse_number, register
 
 __all__ = ["DDPComm", "ddp_comm_kwargs"]
@@ -31,6 +33,20 @@ def ddp_comm_kwargs(bucket_mb: int | None = None) -> dict[str, Any]:
     return kw
 
 
+@dataclass(frozen=True)
+class DDPCommOptions:
+    """Options of ``ddp_comm``."""
+
+    bucket_mb: int | None = field(default=None, metadata={
+        "doc": "DDP gradient bucket size in MiB, 1 to 1024; None: DDP's default (25)"})
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb is not None and (isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, int)
+                                           or not 1 <= self.bucket_mb <= 1024):
+            raise FastloopError(f"ddp_comm: the bucket size must be an integer number of MiB from 1 to 1024, "
+                                f"got {self.bucket_mb!r}")
+
+
 @register
 class DDPComm(Speedup):
     __doc__ = __doc__
@@ -39,6 +55,7 @@ class DDPComm(Speedup):
     order = 66
 
     option_help = "ddp_comm:MB with MB the gradient bucket size in MiB, an integer from 1 to 1024"
+    options_type = DDPCommOptions
 
     @classmethod
     def parse_option(cls, text: str) -> int:
@@ -54,6 +71,6 @@ class DDPComm(Speedup):
         kwargs = ctx.ddp_kwargs
         assert kwargs is not None
         before = dict(kwargs)
-        kwargs.update(ddp_comm_kwargs(self.options.get("mode")))
+        kwargs.update(ddp_comm_kwargs(self.opts.bucket_mb))
         ctx.undo.append(lambda: (kwargs.clear(), kwargs.update(before)))  # the user's strategy as it was
-        ctx.describe(self.name, ", ".join(f"{k}={v}" for k, v in ddp_comm_kwargs(self.options.get("mode")).items()))
+        ctx.describe(self.name, ", ".join(f"{k}={v}" for k, v in ddp_comm_kwargs(self.opts.bucket_mb).items()))

@@ -22,6 +22,7 @@ Skipped without CUDA, before sm_89, and when torchao is not installed
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +61,18 @@ def apply_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> tuple[int, 
     return eligible, len(linears) - eligible, swaps
 
 
+@dataclass(frozen=True)
+class FP8Options:
+    """Options of ``fp8``."""
+
+    recipe: str = field(default="tensorwise", metadata={
+        "doc": "torchao scaling recipe: tensorwise (one scale per tensor, fastest) or rowwise (closer to bf16)"})
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise FastloopError(f"unknown fp8 recipe {self.recipe!r}; accepted: {', '.join(RECIPES)}")
+
+
 @register
 class FP8(Speedup):
     __doc__ = __doc__
@@ -70,6 +83,7 @@ class FP8(Speedup):
 
 
     option_help = f"fp8:RECIPE with RECIPE one of {', '.join(RECIPES)}"
+    options_type = FP8Options
 
     @classmethod
     def parse_option(cls, text: str) -> str:
@@ -94,14 +108,14 @@ class FP8(Speedup):
         return None
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        converted, kept, swaps = apply_fp8(model, self.options.get("mode") or "tensorwise")
+        converted, kept, swaps = apply_fp8(model, self.opts.recipe)
 
         def restore() -> None:  # the original Linear layers hold the same (trained) parameters
             for parent, name, original in swaps:
                 setattr(parent, name, original)
 
         ctx.undo.append(restore)
-        ctx.describe(self.name, f"{converted} Linear layers in fp8 ({self.options.get('mode') or 'tensorwise'})"
+        ctx.describe(self.name, f"{converted} Linear layers in fp8 ({self.opts.recipe})"
                                 + (f", {kept} left in their dtype (output layer, or shapes not multiples of 16)"
                                    if kept else ""))
         return model

@@ -31,6 +31,7 @@ Example (CPU tensors standing in for the device):
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import tensor_dataset_parts
+from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, parse_number, register
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
@@ -114,6 +116,18 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
     return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader)
 
 
+@dataclass(frozen=True)
+class ResidentOptions:
+    """Options of ``gpu_resident``."""
+
+    share: float = field(default=0.5, metadata={
+        "doc": "the largest share of free GPU memory the dataset may take, in (0, 0.9]"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)) or not 0 < self.share <= 0.9:
+            raise FastloopError(f"gpu_resident: the memory share must be in (0, 0.9], got {self.share!r}")
+
+
 @register
 class GPUResident(Speedup):
     __doc__ = __doc__
@@ -122,6 +136,7 @@ class GPUResident(Speedup):
     order = 9
     needs_cuda = True
     option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"
+    options_type = ResidentOptions
 
     @classmethod
     def parse_option(cls, text: str) -> float:
@@ -129,7 +144,7 @@ class GPUResident(Speedup):
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         try:
-            resident = make_resident(loader, ctx.device, share=self.options.get("mode") or 0.5)  # type: ignore[arg-type]
+            resident = make_resident(loader, ctx.device, share=self.opts.share)  # type: ignore[arg-type]
         except NotResident as why:
             ctx.record(self.name, "skipped", str(why))
             return loader

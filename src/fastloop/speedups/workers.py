@@ -21,13 +21,21 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
-from fastloop.speedups.base import Context, Speedup, parse_number, rank_zero_value, register
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import (
+    Context,
+    Speedup,
+    parse_number,
+    rank_zero_value,
+    register,
+)
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
 
@@ -124,6 +132,19 @@ def choose_num_workers(loader: DataLoader, *, most: int | None = None) -> tuple[
     return best, rates
 
 
+@dataclass(frozen=True)
+class WorkersOptions:
+    """Options of ``workers``."""
+
+    count: int | None = field(default=None, metadata={
+        "doc": "loader worker processes, 1 to 256; None: measure 0, 1, 2, 4, ... and use the fastest"})
+
+    def __post_init__(self) -> None:
+        if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int)
+                                       or not 1 <= self.count <= 256):
+            raise FastloopError(f"workers: the worker count must be an integer from 1 to 256, got {self.count!r}")
+
+
 @register
 class Workers(Speedup):
     __doc__ = __doc__
@@ -133,6 +154,7 @@ class Workers(Speedup):
     in_default_ladder = True
 
     option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
+    options_type = WorkersOptions
 
     @classmethod
     def parse_option(cls, text: str) -> int:
@@ -148,7 +170,7 @@ class Workers(Speedup):
         if loader.num_workers >= default_num_workers():
             ctx.record(self.name, "skipped", f"loader already has {loader.num_workers} workers")
             return loader
-        n = self.options.get("mode")
+        n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
             ctx.stats["loader_rates"] = rates
@@ -159,5 +181,5 @@ class Workers(Speedup):
                                                  f"{loader.num_workers or 'the main process alone'}")
                 return loader
         ctx.stats["num_workers"] = n
-        ctx.describe(self.name, f"{n} worker processes" + (" (measured fastest)" if self.options.get("mode") is None else ""))
+        ctx.describe(self.name, f"{n} worker processes" + (" (measured fastest)" if self.opts.count is None else ""))
         return apply_workers(loader, int(n))
