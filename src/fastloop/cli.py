@@ -350,8 +350,32 @@ def _peer_failed(err: BaseException) -> bool:
     return False
 
 
+def _distributed_left_open() -> bool:
+    """True when this process still holds a torch.distributed process group (a multi-rank run
+    that ended in an error: Lightning's teardown did not destroy it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+    except Exception:  # noqa: BLE001 - a probe at exit
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
+    rc = _main(argv)
+    if argv is None and _distributed_left_open():
+        # a rank whose peer failed holds a process group whose C++ threads can abort the
+        # interpreter's shutdown ("terminate called without an active exception", SIGABRT),
+        # replacing this exit status: leave at once with it, output flushed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _main(argv: list[str] | None = None) -> int:
     if argv is None and threading.current_thread() is threading.main_thread():
         _arm_interrupt_deadline()
     try:
