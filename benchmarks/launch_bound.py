@@ -46,7 +46,11 @@ def main(steps: int = 500, warmup: int = 20, rounds: int = 3) -> None:
         g, lg, cap = run("cuda_graph", steps, warmup)
         eager.append(e)
         graph.append(g)
+    # over all 520 steps the MLP memorises its 64 random-label batches and the loss heads for
+    # zero, where float rounding (capturable AdamW's on-device arithmetic) becomes a large relative
+    # difference; the first 20 steps are the equivalence figure, the full run's is kept beside it
     max_rel = max(abs(a - b) / abs(a) for a, b in zip(le, lg))
+    max_rel_20 = max(abs(a - b) / abs(a) for a, b in zip(le[:20], lg[:20]))
     from fastloop.runner import run_configuration
 
     lb = run_configuration("benchmarks/launch_bound.py:lightning_target", "none", steps=300, warmup=20, device="cuda")
@@ -55,7 +59,8 @@ def main(steps: int = 500, warmup: int = 20, rounds: int = 3) -> None:
     emit("launch_bound", {
         "plain_eager_ms": [1e3 * x for x in eager], "plain_cuda_graph_ms": [1e3 * x for x in graph],
         "plain_speedup": speedup, "target": ">= 7", "pass": speedup >= 7,
-        "loss_max_rel_diff": max_rel, "capture_overhead_s": cap,
+        "loss_max_rel_diff": max_rel, "loss_max_rel_diff_first20": max_rel_20,
+        "loss_last": {"eager": le[-1], "cuda_graph": lg[-1]}, "capture_overhead_s": cap,
         "lightning_eager_ms": 1e3 * lb["step_s"]["median"], "lightning_cuda_graph_ms": 1e3 * lg_["step_s"]["median"],
         "lightning_speedup": lb["step_s"]["median"] / lg_["step_s"]["median"],
         "lightning_records": lg_["speedups"],
