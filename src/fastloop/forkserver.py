@@ -17,27 +17,19 @@ dies with the leader (``PR_SET_PDEATHSIG``), and each child with the server.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import sys
 import traceback
 
+from fastloop.subproc import die_with_parent
+
 __all__ = ["serve"]
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # pragma: no cover - not Linux
-        pass
-
-
 def _child(req: dict) -> int:
-    os.setpgrp()  # its own group: the leader ends it (and its loader workers) with one killpg
-    _die_with_parent()
+    die_with_parent()  # its own group (the leader ends it and its loader workers with one killpg)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
@@ -61,8 +53,8 @@ def _send(msg: dict) -> None:
 
 
 def serve() -> None:
-    """Import, report ready, then fork one child per request line until stdin closes."""
-    _die_with_parent()
+    """Import, report ready, then fork one child per request line until stdin closes (the leader
+    started this process in its own group, to be killed when the leader dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the leader's to handle
     # torch.cuda.is_available() without initializing the CUDA driver here (a driver initialized
     # before fork() is unusable in the child); each child initializes its own

@@ -39,7 +39,9 @@ class ConfigurationFailed(FastloopError):
         self.detail = detail
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """In a child (between fork and exec, or in a forked run): its own process group, and
+    SIGKILL when its parent dies."""
     os.setpgrp()
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -49,10 +51,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _killpg(proc.pid)
     proc.wait()
 
 
@@ -63,7 +62,7 @@ class _ForkServer:
         self.env = dict(env)  # torch and Lightning read some variables at import: a new env, a new server
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         self._buf = b""
         msg = self._read(120)
         if not msg or not msg.get("ready"):
@@ -178,16 +177,15 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
             except subprocess.TimeoutExpired:
                 _stop_fork_server()
                 raise ConfigurationFailed(f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None) from None
-            with open(err_path, errors="replace") as f:
-                trouble = any(t in f.read() for t in _FORK_TROUBLE)
-            if rc is None or (rc != 0 and trouble):  # the server died, or CUDA cannot start in a fork
+            stderr = _read(err_path)
+            if rc is None or (rc != 0 and any(t in stderr for t in _FORK_TROUBLE)):
+                # the server died, or CUDA cannot start in a fork: this and later runs the plain way
                 _stop_fork_server()
                 server, rc = None, None
                 t0 = time.perf_counter()
         if server is None:
             rc = _plain_run(cmd, env, err_path, timeout, speedups)
-        with open(err_path, errors="replace") as f:
-            stderr = f.read()
+            stderr = _read(err_path)
         if rc != 0 or not os.path.exists(path):
             lines = [ln for ln in stderr.strip().splitlines() if ln.strip()] or [f"(exit status {rc}, no output)"]
             last = lines[-1].removeprefix("fastloop: error: ")
@@ -200,11 +198,16 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         return doc
 
 
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def _plain_run(cmd: list[str], env: dict, err_path: str, timeout: float, speedups: str) -> int:
     """``python -m fastloop.cli run ...`` as a new interpreter; its exit status."""
     with open(err_path, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

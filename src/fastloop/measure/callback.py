@@ -66,8 +66,6 @@ class MeasureCallback(Callback):
         self._profiler = None
         self._measured_end: int | None = None
         self._measured_wall: float | None = None
-        self.none_steps = 0
-        """Batches whose training_step returned None (Lightning skipped their optimizer step)."""
         self.manual = False
         self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
@@ -148,7 +146,6 @@ class MeasureCallback(Callback):
             self.losses.append(loss.detach().float().reshape(()))
         else:
             self.losses.append(None)
-            self.none_steps += 1
         self.timer.step_end()
         if self.steady and self.timer.recorded_steps <= self.warmup:
             self._extend_warmup_until_steady(trainer)
@@ -167,12 +164,9 @@ class MeasureCallback(Callback):
             if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
                 from fastloop.measure.gpu_busy import GpuProfile
 
-                # the run's wall time ends here: the profiled steps are not part of it
-                torch.cuda.synchronize(self.timer.device)
-                self._measured_wall = time.perf_counter() - self._t0
-
                 self._profiler = GpuProfile()
-                self._profiler.start()
+                self._profiler.start()  # synchronizes first: the run's wall time ends here
+                self._measured_wall = time.perf_counter() - self._t0
                 return
             trainer.should_stop = True
         elif self._profiler is not None and n - self._measured_end >= self.profile_steps:
@@ -233,7 +227,16 @@ class MeasureCallback(Callback):
         """Steps recorded after the warm-up (0 when the loader yielded nothing)."""
         if self.timer is None:
             return 0
-        return max(0, min(self.timer.recorded_steps, self._measured_end or self.timer.recorded_steps) - self.warmup)
+        return max(0, (self._measured_end or self.timer.recorded_steps) - self.warmup)
+
+    def _kept_losses(self) -> list[torch.Tensor | None]:
+        """The losses of the warm-up and measured steps (not of the profiled ones)."""
+        return self.losses[:self._measured_end] if self._measured_end is not None else self.losses
+
+    @property
+    def none_steps(self) -> int:
+        """Batches whose training_step returned None (Lightning skipped their optimizer step)."""
+        return sum(t is None for t in self._kept_losses())
 
     def result(self) -> StepStats:
         if self.timer is None or self.timer.recorded_steps == 0:
@@ -245,7 +248,7 @@ class MeasureCallback(Callback):
     def loss_values(self) -> list[float | None]:
         """One entry per step: the loss, or None where training_step returned None (with manual
         optimization: the sum of the losses passed to ``manual_backward``)."""
-        losses = self.losses[:self._measured_end] if self._measured_end is not None else self.losses
+        losses = self._kept_losses()
         present = [t for t in losses if t is not None]
         values = iter(torch.stack(present).cpu().tolist() if present else [])
         return [None if t is None else next(values) for t in losses]
