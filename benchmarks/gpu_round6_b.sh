@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# NOT RUN YET. Next session, call 2 (issue 12): the whole default selecting ladder of the GPT
-# recipe (goal <= 5 min; its report gives the run count and mean run time), then the ImageNet
-# recipe's selecting ladder on the synthetic loader; call 3: the cumulative ladders of both
-# (CUMULATIVE=1), to compare the selected set with the best cumulative rung.
+# Round 6, calls 2 and 3 (issue 12): one recipe's whole default selecting ladder, then its
+# cumulative ladder over the same default rungs, to compare the selected set's throughput with
+# the best cumulative rung, and the wall time of each. RECIPE=gpt|imagenet (ImageNet on the
+# synthetic loader); SELECT_S caps the selecting ladder; EXTRA adds ladder flags to both.
+# Each report is valid after every run; one tar comes back.
 set -u
 T0=$SECONDS
+RECIPE=${RECIPE:-gpt}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1
-R=$OUT/r6b; mkdir -p $R
-mode=${CUMULATIVE:+--cumulative}
-tag=${CUMULATIVE:+cumulative}; tag=${tag:-select}
-timeout 300 python3 -m fastloop.cli ladder gpt --device cuda $mode --out $R/gpt_$tag > $R/gpt_$tag.txt 2>&1
-echo "gpt ladder rc $? [$((SECONDS-T0)) s]"; tail -16 $R/gpt_$tag.txt
-left=$((565 - (SECONDS-T0)))
-FASTLOOP_IMAGENET_LOADER=synthetic timeout $left python3 -m fastloop.cli ladder imagenet --device cuda $mode \
-  --out $R/imagenet_$tag > $R/imagenet_$tag.txt 2>&1
-echo "imagenet ladder rc $? [$((SECONDS-T0)) s]"; tail -16 $R/imagenet_$tag.txt
-tar -C $OUT -czf $OUT/r6b.tgz r6b && rm -rf $R
+export PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1 FASTLOOP_IMAGENET_LOADER=synthetic
+R=$OUT/r6b_$RECIPE; mkdir -p $R
+summary() {
+python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1] + "/report.json"))
+print(sys.argv[1].split("/")[-1], "wall", round(d.get("wall_s") or 0, 1), "s; runs", d.get("runs"), "run_s_mean",
+      round(d.get("run_s_mean") or 0, 1), "partial", d.get("partial"), "selected", d.get("selected_spec"))
+for r in d["rungs"]:
+    tp = (r.get("throughput") or {}).get("value")
+    print(f"  {r['rung'][:44]:44} {str(r.get('rung_status')):9} {tp or 0:10,.0f} {str(r.get('decision') or r.get('rung_reason') or '')[:90]}")
+PY
+}
+timeout ${SELECT_S:-330} python3 -m fastloop.cli ladder $RECIPE --device cuda ${EXTRA:-} --out $R/select > $R/select.txt 2>&1
+echo "$RECIPE select rc $? [$((SECONDS-T0)) s]"; summary $R/select
+left=$((580 - (SECONDS-T0)))
+timeout $left python3 -m fastloop.cli ladder $RECIPE --device cuda --cumulative --max-repeats 3 ${EXTRA:-} \
+  --out $R/cumulative > $R/cumulative.txt 2>&1
+echo "$RECIPE cumulative rc $? [$((SECONDS-T0)) s]"; summary $R/cumulative
+tar -C $OUT -czf $OUT/r6b_$RECIPE.tgz r6b_$RECIPE && rm -rf $R
 echo "total $((SECONDS-T0)) s"
