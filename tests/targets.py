@@ -231,3 +231,12 @@ def fork_trouble(batch_size: int = 16, seed: int = 0):
     if sys.argv[0] == "fastloop":
         raise RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, ...")
     return tiny_mlp(batch_size, seed)
+
+
+def env_probe():
+    """tiny_mlp that appends the FASTLOOP_PROFILE_STEPS it sees to the file FASTLOOP_TEST_PROBE names."""
+    import os
+
+    with open(os.environ["FASTLOOP_TEST_PROBE"], "a") as f:
+        f.write(os.environ.get("FASTLOOP_PROFILE_STEPS", "unset") + "\n")
+    return tiny_mlp()

@@ -58,3 +58,22 @@ def test_a_changed_environment_gets_a_new_server(fresh_server, monkeypatch):
     b = _run()
     assert b["timings"]["forked"] and subproc._SERVER.proc.pid != first
     assert a["losses"][:8] == b["losses"][:8]
+
+
+def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypatch, tmp_path):
+    """A configuration's GPU profile is taken in its first run only; the flag travels in the
+    child's environment and is read at run time, so the server is kept."""
+    from fastloop.compare import measure_interleaved
+
+    probe = tmp_path / "probe.txt"
+    monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(probe))
+    monkeypatch.delenv("FASTLOOP_PROFILE_STEPS", raising=False)
+    runs = measure_interleaved("tests/targets.py:env_probe", ["none", "bf16"], 2, measure=run_in_subprocess,
+                               steps=4, warmup=1, device="cpu")
+    assert [len(r.docs) for r in runs.values()] == [2, 2]
+    assert probe.read_text().split() == ["unset", "unset", "0", "0"]  # none 1, bf16 1, none 2, bf16 2
+    assert len({d["timings"]["pid"] for r in runs.values() for d in r.docs}) == 4
+    assert all(d["timings"]["forked"] for r in runs.values() for d in r.docs)
+    first = subproc._SERVER.proc.pid
+    run_in_subprocess("tests/targets.py:env_probe", "none", steps=4, warmup=1, device="cpu", profile=False)
+    assert subproc._SERVER.proc.pid == first

@@ -182,3 +182,42 @@ def test_runs_record_which_speedups_the_model_rules_out():
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=2, warmup=1, device="cpu", steady_warmup=False)
     assert doc["model_checks"]["channels_last"] == "model has no Conv2d layers"
     assert "fused_loss" in doc["model_checks"] and "bf16" not in doc["model_checks"]
+
+
+def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
+    """batch_size changes the loader but also the step's work: the feed rule must not skip it,
+    and its longer step (more items) is compared per item, not per step (H200 round 6: the rule
+    skipped it; an A/B called B122 '7.31x slower' by step time while it trained 1.04x faster)."""
+    rng = np.random.default_rng(1)
+
+    def measure(target, spec, **kw):
+        big = "batch_size" in spec
+        items = 128 if big else 16
+        mean = 0.010 * items / 16 / (1.2 if big else 1.0)  # 8x the work per step, 1.2x the throughput
+        steps = list(mean * (1 + 0.01 * rng.standard_normal(30)))
+        return {"step_s_all": steps, "items_per_step": items, "throughput": {"value": items / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.001, "gpu_profile": {"gpu_busy_frac": 0.99},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in spec.split(",") if n != "none"],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+
+    doc = run_ladder("x", ["bf16", "batch_size"], measure=measure, device="cpu")
+    by = {r["rung"]: r for r in doc["rungs"]}
+    assert by["+bf16"]["decision"].startswith("dropped")  # the baseline (GPU busy 99%) is the best so far
+    bs = by["+batch_size"]
+    assert bs["rung_status"] == "applied" and bs["decision"].startswith("kept: 1.2")
+    assert "per item" in bs["decision"] and bs["speedup_vs_prev"]["per"] == "item"
+    assert doc["selected"] == ["batch_size"]
+    assert abs(bs["throughput"]["value"] / by["baseline"]["throughput"]["value"] - 1.2) < 0.05
+
+
+def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
+    """H200 round 6: fp8 was tried before compile (registry order) and measured 2.86x slower
+    eager, where it is not meant to run."""
+    from fastloop.ladder import DEFAULT_RUNGS, select_order
+    from fastloop.speedups.base import resolve
+    from fastloop.targets import RECIPE_RUNGS
+
+    order = [s.name for s in select_order(resolve(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"]), set(RECIPE_RUNGS["gpt"]))]
+    assert order.index("fp8") > order.index("compile") and order.index("fused_loss") > order.index("cuda_graph")
+    assert order[-3:] == ["workers", "pin_memory", "prefetch"]
+    assert sorted(order) == sorted(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"])

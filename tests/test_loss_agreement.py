@@ -40,3 +40,23 @@ def test_identical_losses_are_called_bitwise_equal_and_gaps_are_skipped():
     assert loss_agreement([], [1.0]) is None and loss_agreement([None], [1.0]) is None
     doc = run_ab("x", "none", "fused_optimizer", repeats=1, measure=_fake([2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.8, 0.8]))
     assert "equals A's at every one of 8 steps" in render_markdown(doc)
+
+
+def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
+    """H200 round 6: B (the batch-size search's B122) trained 1.04x faster per token, but the A/B
+    compared mean step times and said 'A is 7.31x faster', and compared losses of different batches."""
+    def measure(target, spec, **kw):
+        items = 122 if "batch_size" in spec else 16
+        mean = 0.032 * items / 16 / (1.04 if items == 122 else 1.0)
+        return {"step_s_all": [mean * (1 + 0.001 * (i % 3)) for i in range(20)], "items_per_step": items,
+                "throughput": {"value": items / mean, "unit": "tokens/s"}, "speedups": [], "data_wait_frac": 0.0,
+                "loss": {"first": 10.0, "last": 5.0}, "losses": [10.0 - 0.1 * i for i in range(20)]}
+
+    doc = run_ab("x", "compile", "compile,batch_size", repeats=3, measure=measure)
+    assert doc["verdict"].startswith("B is 1.04x faster")
+    assert "per item" in doc["verdict"] and "122 items per step, A on 16" in doc["verdict"]
+    assert doc["speedup"]["per"] == "item" and doc["speedup"]["items_per_step"] == {"a": [16], "b": [122]}
+    assert doc["loss_agreement"]["comparable"] is False
+    assert abs(doc["b"]["throughput"]["value"] / doc["a"]["throughput"]["value"] - 1.04) < 0.01
+    assert "not compared: B's steps hold 122 items and A's 16" in render_markdown(doc)
+    assert "not compared: B&#x27;s steps hold 122" in render_html(doc) or "not compared: B's steps hold 122" in render_html(doc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, per_item
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import resolve
 from fastloop.subproc import run_in_subprocess
@@ -39,10 +39,17 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int) -> dict:
     else:
         verdict = speedup.pop("verdict")
     first = [r.docs[0].get("losses") if r.docs else None for r in (ra, rb)]
+    agreement = loss_agreement(*first)
+    if per_item(ra, rb):  # a batch-size change: compared per item, and the steps see different batches
+        ia, ib = (", ".join(map(str, sorted({d["items_per_step"] for d in r.docs}))) for r in (ra, rb))
+        verdict += f"; per item (throughput): B trains on {ib} items per step, A on {ia}"
+        agreement = {"comparable": False,
+                     "note": f"not compared: B's steps hold {ib} items and A's {ia}, so their losses are over different batches"}
     return {"kind": "ab", "a_spec": a, "b_spec": b, "a": sides["a"], "b": sides["b"], "repeats": repeats,
-            "speedup": speedup, "verdict": verdict, "loss_agreement": loss_agreement(*first),
+            "speedup": speedup, "verdict": verdict, "loss_agreement": agreement,
             "losses": {"a": first[0], "b": first[1]},
-            "method": "run-level paired t-interval on the log of mean-step-time ratios (A1 B1 A2 B2 ... interleaved, "
+            "method": "run-level paired t-interval on the log of mean-step-time ratios (per item when the sides' batch "
+                      "sizes differ; A1 B1 A2 B2 ... interleaved, "
                       "each run a fresh process); fewer than 3 runs per side: too few runs to tell"}
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fastloop.measure.stats import run_ratio_ci, summarize, verdict
 from fastloop.subproc import ConfigurationFailed
 
-__all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs"]
+__all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item"]
 
 VERDICT_CONFIDENCE = 0.97
 """Confidence of the intervals behind every verdict. With 5 interleaved runs per side it keeps
@@ -50,7 +50,9 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                         steps: int, warmup: int, device: str, runs: dict[str, Runs] | None = None,
                         progress: Callable[[str], None] | None = None,
                         on_run: Callable[[], None] | None = None, up_to: int | None = None) -> dict[str, Runs]:
-    """``repeats`` rounds of one run per spec, in order (A B A B ...). With ``up_to``, a spec that
+    """``repeats`` rounds of one run per spec, in order (A B A B ...); ``measure`` is called with
+    ``profile=True`` for a spec's first run only (the GPU profile is taken once per configuration).
+    With ``up_to``, a spec that
     already has that many runs is not run again (runs are topped up, still interleaved). A failed
     run is kept as a failure and the spec is not run again; ``on_run`` is called after every run."""
     runs = runs if runs is not None else {}
@@ -64,7 +66,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
             if progress:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")
             try:
-                r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device))
+                # the first run of each configuration profiles its GPU; the others skip that cost
+                r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device, profile=not r.docs))
             except ConfigurationFailed as err:
                 r.failures.append(str(err))
                 r.returncodes.append(err.returncode)
@@ -109,6 +112,8 @@ def loss_line(agreement: dict | None, a: str = "A", b: str = "B") -> str | None:
     """One sentence for the reports."""
     if not agreement:
         return None
+    if agreement.get("comparable") is False:
+        return str(agreement.get("note") or "not compared")
     if agreement["identical"]:
         return f"{b}'s loss equals {a}'s at every one of {agreement['steps']} steps (bitwise)."
     return (f"{b} vs {a} over {agreement['steps']} steps (first run of each, same batches): mean of the last "
@@ -127,14 +132,18 @@ def merge_runs(runs: Runs) -> dict:
     doc["step_s"] = summarize(steps_all)
     doc["run_mean_step_s"] = [sum(r["step_s_all"]) / len(r["step_s_all"]) for r in runs.docs]
     tp = doc.get("throughput") or {}
-    if tp.get("value") and doc.get("items_per_step"):
-        doc["throughput"] = {"value": doc["items_per_step"] / doc["step_s"]["mean"], "unit": tp.get("unit")}
+    if tp.get("value") and all(_items(r) for r in runs.docs):
+        # every item trained over all measured time (runs may differ in batch size: the search's choice)
+        items = sum(_items(r) * len(r["step_s_all"]) for r in runs.docs)
+        doc["throughput"] = {"value": items / sum(steps_all), "unit": tp.get("unit")}
     waits = [r.get("data_wait_frac") for r in runs.docs if r.get("data_wait_frac") is not None]
     doc["data_wait_frac"] = sum(waits) / len(waits) if waits else None
     doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
     if not all(loss_finite(r) for r in runs.docs):
         doc["loss_finite"] = False
         doc["warnings"].append("the loss was not finite (NaN/inf) in at least one run: its speed says nothing")
+    profiled = [r["gpu_profile"] for r in runs.docs if r.get("gpu_profile")]
+    doc["gpu_profile"] = profiled[0] if profiled else None  # only the first run is profiled
     doc["repeats"] = len(runs.docs)
     doc["spec"] = runs.spec
     if runs.failures:
@@ -142,15 +151,45 @@ def merge_runs(runs: Runs) -> dict:
     return doc
 
 
+def _items(doc: dict) -> int | None:
+    items = doc.get("items_per_step")
+    return int(items) if isinstance(items, (int, float)) and items > 0 else None
+
+
+def per_item(a: Runs, b: Runs) -> bool:
+    """True when the two sides train on different numbers of items per step (a batch-size change):
+    then they are compared by time per item (1 / throughput), not by time per step."""
+    counts = [_items(r) for r in a.docs + b.docs]
+    return None not in counts and len(set(counts)) > 1
+
+
 def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE) -> dict | None:
     """Run-level CI of mean step time A / B (``ratio > 1``: B faster), None if a side has no run.
 
-    Runs are paired when both sides have the same count (they were interleaved)."""
+    When the sides train on different numbers of items per step (``batch_size``), each run's step
+    times are divided by its items per step first: the ratio is then one of throughputs, B / A.
+    Runs are paired when both sides have the same count (they were interleaved).
+
+    Example:
+        >>> a = Runs("x", docs=[{"step_s_all": [0.01] * 10, "items_per_step": 16}] * 3)
+        >>> b = Runs("y", docs=[{"step_s_all": [0.05] * 10, "items_per_step": 128}] * 3)
+        >>> d = compare(a, b)
+        >>> round(d["ratio"], 2), d["per"]
+        (1.6, 'item')
+    """
     if not a.docs or not b.docs:
         return None
-    ci = run_ratio_ci([r["step_s_all"] for r in a.docs], [r["step_s_all"] for r in b.docs], confidence=confidence)
+    by_item = per_item(a, b)
+
+    def times(r: dict) -> list[float]:
+        return [t / _items(r) for t in r["step_s_all"]] if by_item else r["step_s_all"]
+
+    ci = run_ratio_ci([times(r) for r in a.docs], [times(r) for r in b.docs], confidence=confidence)
     out = ci.to_dict()
     out["confidence"] = confidence
+    out["per"] = "item" if by_item else "step"
+    if by_item:
+        out["items_per_step"] = {"a": sorted({_items(r) for r in a.docs}), "b": sorted({_items(r) for r in b.docs})}
     tainted = not all(loss_finite(r) for r in a.docs + b.docs)
     if tainted:
         out["significant"] = False

@@ -6,8 +6,9 @@ significantly faster (the run-level CI lies above 1), otherwise dropped, and the
 starts from the previous best. The last rung measures the selected set against the baseline
 again, interleaved, and the callbacks line names exactly that measured set.
 
-The default rungs are tried compute first, data last ("feed the fast step": a loader that keeps
-up with an fp32 step may be the wall after compile), and a data speedup is not measured when the
+The default rungs are tried compute first (a recipe's own rungs, such as fp8, after the general
+ones and so after compile), data last ("feed the fast step": a loader that keeps
+up with an fp32 step may be the wall after compile), and a feed speedup is not measured when the
 best configuration's GPU profile shows the GPU busy >= 95% of the step with <= 2% data wait (a
 faster feed could gain at most that little).
 
@@ -47,7 +48,7 @@ from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
-__all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder"]
+__all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder", "select_order"]
 
 DEFAULT_RUNGS = default_ladder()
 """The registered speedups marked ``in_default_ladder``, in ladder order."""
@@ -64,6 +65,20 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     ctx = Context(torch.device(device))
     names = RECIPE_LADDER.get(target or "") or DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
+
+
+def select_order(speedups: list, recipe: set[str]) -> list:
+    """The order the selecting ladder tries its default rungs in: the general compute rungs, then
+    the recipe's own (fp8, fused_loss: made for the compiled step, so tried once compile is in),
+    then the data rungs (feed the fast step). Within each group, the registry's order.
+
+    Example:
+        >>> [s.name for s in select_order(resolve(["workers", "bf16", "fused_loss", "compile"]), {"fused_loss"})]
+        ['bf16', 'compile', 'fused_loss', 'workers']
+    """
+    return ([s for s in speedups if s.changes != "data" and s.name not in recipe]
+            + [s for s in speedups if s.changes != "data" and s.name in recipe]
+            + [s for s in speedups if s.changes == "data"])
 
 
 def _own_record(doc: dict, spec: str) -> dict | None:
@@ -260,7 +275,8 @@ class _Ladder:
             if self.mode == "cumulative":
                 doc["decision"] = "kept (cumulative ladder)"
             elif keep:
-                doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}"
+                per = " per item (throughput; its batch size differs)" if ci.get("per") == "item" else ""
+                doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}{per}"
             else:
                 doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
             if keep:
@@ -297,10 +313,10 @@ class _Ladder:
         return f"not measured: {reason}" if reason else None
 
     def _feed_cannot_help(self, s: Any) -> str | None:
-        """A data speedup can only give back the time the GPU does not work: when the best
+        """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the best
         configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
         most a faster feed could gain is below what the ladder can detect, so it is not measured."""
-        if s.changes != "data":
+        if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
             return None
         best = self.best_runs.get(self._spec())
         if best is None or not best.docs:
@@ -366,7 +382,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     if rungs is None and mode == "select":
         # feed the fast step: data speedups are tried once the step is as fast as the others make
         # it (a loader that keeps up with an fp32 step may be the wall after compile)
-        chosen = [s for s in chosen if s.changes != "data"] + [s for s in chosen if s.changes == "data"]
+        chosen = select_order(chosen, set(RECIPE_RUNGS.get(target or "", [])))
     taken = {b.split(":")[0] for b in base_names}
     if rungs is None:
         chosen = [s for s in chosen if s.name not in taken]

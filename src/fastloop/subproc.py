@@ -59,7 +59,7 @@ class _ForkServer:
     """The leader's side of :mod:`fastloop.forkserver` (one per leader process, started lazily)."""
 
     def __init__(self, env: dict) -> None:
-        self.env = dict(env)  # torch and Lightning read some variables at import: a new env, a new server
+        self.env = _import_env(env)  # torch and Lightning read some variables at import: a new env, a new server
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                      preexec_fn=die_with_parent)
@@ -109,6 +109,15 @@ class _ForkServer:
         self.proc.wait()
 
 
+RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS"})
+"""Variables fastloop reads while a run starts, not at import: a change needs no new fork server
+(each forked child gets the request's whole environment)."""
+
+
+def _import_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in RUN_TIME_ENV}
+
+
 _SERVER: _ForkServer | None = None
 _SERVER_OFF = False
 
@@ -126,7 +135,7 @@ def _fork_server(env: dict) -> _ForkServer | None:
     if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0" or not sys.platform.startswith("linux"):
         return None
     if _SERVER is not None and _SERVER.proc.poll() is None:
-        if _SERVER.env == env:
+        if _SERVER.env == _import_env(env):
             return _SERVER
         _SERVER.close()
     try:
@@ -152,8 +161,12 @@ _FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver 
 
 
 def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
-                      timeout: float = 3600, devices: int = 1, strategy: str | None = None) -> dict:
+                      timeout: float = 3600, devices: int = 1, strategy: str | None = None,
+                      profile: bool = True) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
+
+    ``profile=False`` turns the GPU profile of the extra steps after the measured ones off
+    (``FASTLOOP_PROFILE_STEPS=0`` in the child): a configuration's later runs need no second one.
 
     Raises :class:`ConfigurationFailed` when the child ends without a result (its last stderr
     line is the reason) and ``KeyboardInterrupt`` after ending the child's process group.
@@ -167,6 +180,8 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         env = dict(os.environ)
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])
+        if not profile:
+            env["FASTLOOP_PROFILE_STEPS"] = "0"
         err_path = os.path.join(tmp, "stderr.txt")
         t0 = time.perf_counter()
         server = _fork_server(env) if devices == 1 and not strategy else None

@@ -157,6 +157,10 @@ class Speedup:
     """True when the speedup compiles or captures during warm-up (reported as ``compile_s``)."""
     in_default_ladder: ClassVar[bool] = False
     """A rung of the default ladder (in :attr:`order`)."""
+    feeds: ClassVar[bool] = False
+    """It makes the input pipeline deliver batches sooner (it does not change the step's work): it
+    can only give back time the step spends waiting for data, so the ladder does not measure it
+    when the GPU is already busy nearly the whole step."""
 
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""

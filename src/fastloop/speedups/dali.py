@@ -32,6 +32,7 @@ class Dali(Speedup):
     __doc__ = __doc__
     name = "dali"
     changes = "data"
+    feeds = True
     order = 65
 
     def why_not(self, ctx: Context) -> str | None:

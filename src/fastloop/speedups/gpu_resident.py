@@ -133,6 +133,7 @@ class GPUResident(Speedup):
     __doc__ = __doc__
     name = "gpu_resident"
     changes = "data"
+    feeds = True
     order = 9
     needs_cuda = True
     option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"

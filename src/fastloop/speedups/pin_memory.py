@@ -31,6 +31,7 @@ class PinMemory(Speedup):
     __doc__ = __doc__
     name = "pin_memory"
     changes = "data"
+    feeds = True
     order = 11
     in_default_ladder = True
     needs_cuda = True

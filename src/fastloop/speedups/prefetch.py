@@ -28,6 +28,7 @@ class Prefetch(Speedup):
     __doc__ = __doc__
     name = "prefetch"
     changes = "data"
+    feeds = True
     order = 12
     in_default_ladder = True
     needs_cuda = True

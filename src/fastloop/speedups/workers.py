@@ -150,6 +150,7 @@ class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
     changes = "data"
+    feeds = True
     order = 10
     in_default_ladder = True
 
