@@ -221,3 +221,20 @@ def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
     assert order.index("fp8") > order.index("compile") and order.index("fused_loss") > order.index("cuda_graph")
     assert order[-3:] == ["workers", "pin_memory", "prefetch"]
     assert sorted(order) == sorted(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"])
+
+
+def test_a_candidate_that_skips_itself_is_run_once():
+    """channels_last skips itself in its process (the fake has no conv): further runs would only
+    measure the base again, so the ladder runs it once and goes on; the base keeps its runs."""
+    calls = []
+    inner = _fake()
+
+    def measure(target, spec, **kw):
+        calls.append(spec)
+        return inner(target, spec, **kw)
+
+    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu")
+    cl = next(r for r in doc["rungs"] if r["rung"] == "+channels_last")
+    assert cl["rung_status"] == "skipped" and cl["repeats"] == 1 and cl["speedup_vs_prev"] is None
+    assert calls.count("bf16,channels_last") == 1
+    assert doc["selected"] == ["bf16"] and doc["rungs"][-1]["speedup_vs_baseline"]["significant"]

@@ -40,6 +40,8 @@ class Runs:
     returncodes: list[int | None] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     """The failed processes' stderr (the user's frames when their code raised)."""
+    settled: str = ""
+    """Why this configuration is not run again although it has fewer runs than asked (``done``)."""
 
     @property
     def ok(self) -> bool:
@@ -49,9 +51,12 @@ class Runs:
 def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure: Callable[..., dict],
                         steps: int, warmup: int, device: str, runs: dict[str, Runs] | None = None,
                         progress: Callable[[str], None] | None = None,
-                        on_run: Callable[[], None] | None = None, up_to: int | None = None) -> dict[str, Runs]:
+                        on_run: Callable[[], None] | None = None, up_to: int | None = None,
+                        done: Callable[[str, dict], str] | None = None) -> dict[str, Runs]:
     """``repeats`` rounds of one run per spec, in order (A B A B ...); ``measure`` is called with
     ``profile=True`` for a spec's first run only (the GPU profile is taken once per configuration).
+    ``done(spec, doc)``, after each run, may return a reason to run that spec no more (the
+    ladder: the candidate's speedup skipped itself, so further runs would measure the base again).
     With ``up_to``, a spec that
     already has that many runs is not run again (runs are topped up, still interleaved). A failed
     run is kept as a failure and the spec is not run again; ``on_run`` is called after every run."""
@@ -61,13 +66,15 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
     for rep in range(repeats):
         for spec in specs:
             r = runs[spec]
-            if r.failures or (up_to is not None and len(r.docs) >= up_to):
+            if r.failures or r.settled or (up_to is not None and len(r.docs) >= up_to):
                 continue
             if progress:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")
             try:
                 # the first run of each configuration profiles its GPU; the others skip that cost
                 r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device, profile=not r.docs))
+                if done is not None:
+                    r.settled = done(spec, r.docs[-1]) or ""
             except ConfigurationFailed as err:
                 r.failures.append(str(err))
                 r.returncodes.append(err.returncode)

@@ -20,7 +20,8 @@ configuration's runs are measured once and count again in the next comparison (t
 comparison needs more), so each candidate costs only its own runs. Each
 look uses a stricter interval (Bonferroni over the looks) so that looking twice does not
 raise the false-positive rate. Rungs that cannot apply here are not measured and show no
-ratio; neither does one whose speedup skipped itself inside its process.
+ratio; neither does one whose speedup skipped itself inside its process (run once, not again).
+Only a configuration's first run takes the GPU profile (the others skip its cost).
 
 Example:
     >>> default_rungs("cpu")[:3]
@@ -151,16 +152,25 @@ class _Ladder:
         return _join(self.base + self.selected + list(extra or []))
 
     # -- measurement -------------------------------------------------------------------------
-    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None) -> None:
+    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
+                 own: str | None = None) -> None:
+        """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
+        configuration is not run again once that speedup skipped itself or fell back in a run."""
         self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
+
+        def done(spec: str, doc: dict) -> str:
+            rec = _own_record(doc, own) if own and spec == specs[-1] else None
+            return f"{own} {rec['status']} inside its process" if rec and rec["status"] != "applied" else ""
+
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
-                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to)
+                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
+                            done=done)
         self._pending = None
 
     def _looks(self) -> list[int]:
         return sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
 
-    def _compare_adaptive(self, base: str, cand: str) -> tuple[dict[str, Runs], dict | None, int]:
+    def _compare_adaptive(self, base: str, cand: str, own: str | None = None) -> tuple[dict[str, Runs], dict | None, int]:
         """Interleaved runs of base and candidate until the answer is clear or the budget is spent."""
         looks = self._looks()
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
@@ -169,10 +179,10 @@ class _Ladder:
             fresh[base] = self.best_runs[base]
         ci = None
         for i, n in enumerate(looks):
-            self._measure([base, cand], n, fresh, up_to=n)
+            self._measure([base, cand], n, fresh, up_to=n, own=own)
             self.best_runs[base] = fresh[base]
             ci = compare(fresh[base], fresh[cand], confidence=confidence)
-            if ci is None or ci["significant"] or i == len(looks) - 1:
+            if ci is None or ci["significant"] or fresh[cand].settled or i == len(looks) - 1:
                 break
             if ci["ci_high"] is not None and ci["ci_high"] < 1.0:  # clearly slower: no point measuring more
                 break
@@ -249,7 +259,7 @@ class _Ladder:
                 continue
             base_spec = self._spec()
             cand_spec = self._spec([s.spec])
-            fresh, ci, n = self._compare_adaptive(base_spec, cand_spec)
+            fresh, ci, n = self._compare_adaptive(base_spec, cand_spec, own=s.spec)
             if self.base_runs is None:
                 self._baseline(fresh[self.base_spec])
                 prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
