@@ -52,14 +52,15 @@ def _timed(step, batches, steps: int, warmup: int, items: int) -> dict:
         loss = step(next(batches))
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    from fastloop.measure.gpu_busy import GpuProfile
+    from fastloop.measure.gpu_busy import GpuProfile, per_measured_step
 
     prof = GpuProfile()  # 3 extra steps under the profiler, as fastloop's runner does
     prof.start()
     for _ in range(3):
         step(next(batches))
     return {"throughput": items * steps / wall, "mean_step_s": wall / steps, "steps": steps, "warmup_steps": warmup,
-            "loss_last": float(loss) if loss is not None else None, "gpu_profile": prof.stop(3)}
+            "loss_last": float(loss) if loss is not None else None,
+            "gpu_profile": per_measured_step(prof.stop(3), wall / steps)}
 
 
 def _forever(loader):

@@ -56,3 +56,17 @@ def test_doctor_names_prog_bar_logging_as_a_sync():
     cfg = _cfg(0.5, syncs=1.0)
     cfg["extra"] = {"prog_bar_keys": ["train_loss"]}
     assert "self.log of train_loss with prog_bar=True" in diagnose(cfg)["recommendation"]
+
+
+def test_busy_is_a_share_of_the_measured_step_not_of_a_gappy_profiled_span():
+    """H200 round 6: ResNet-50's profiled steps spanned 49.4 ms against a measured 37.3 ms (a gap
+    in the profiled window); the GPU worked 36.3 ms a step. busy / span said 74% (host-bound);
+    per measured step it is 97%, beside the same steps' data wait."""
+    from fastloop.measure.gpu_busy import per_measured_step
+
+    raw = summarize_trace([(0, 36_300), (60_000, 96_300), (120_000, 156_300)], ["cudaLaunchKernel"], 3)
+    assert raw["gpu_busy_frac"] == pytest.approx(108_900 / 156_300)
+    p = per_measured_step(raw, 0.0373)
+    assert p["gpu_busy_frac"] == pytest.approx(36.3 / 37.3) and p["span_busy_frac"] == raw["gpu_busy_frac"]
+    assert per_measured_step(raw, 0.030)["gpu_busy_frac"] == 1.0  # capped: never above the whole step
+    assert per_measured_step(None, 0.03) is None and per_measured_step({"error": "x"}, 0.03) == {"error": "x"}

@@ -32,6 +32,7 @@ from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
+from fastloop.measure.gpu_busy import per_measured_step
 from fastloop.speedups.base import REGISTRY, Record, resolve
 from fastloop.targets import build_target
 
@@ -171,7 +172,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "loss": {"first": next((v for v in losses if v is not None), None),
                  "last": next((v for v in reversed(losses) if v is not None), None)},
         "losses": losses,
-        "gpu_profile": measure.gpu_profile,
+        "gpu_profile": per_measured_step(measure.gpu_profile, mean),
         "extra": extra or {},
         "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
     }
