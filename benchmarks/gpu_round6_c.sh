@@ -18,8 +18,10 @@ for r in d["rungs"]:
     tp = (r.get("throughput") or {}).get("value")
     print(f"  {r['rung'][:44]:44} {str(r.get('rung_status')):9} {tp or 0:10,.0f} {str(r.get('decision') or r.get('rung_reason') or '')[:90]}")
 PY
-left=$(( ${TOTAL_S:-500} - (SECONDS-T0) ))
-OUT=$R timeout $left python3 benchmarks/liger_fusions.py --batch 16 --steps 20 > $R/liger.txt 2>&1
-echo "liger rc $? [$((SECONDS-T0)) s]"; grep -E "^(eager|compiled)|Error" $R/liger.txt | head -8
+if [ -z "${SKIP_LIGER:-}" ]; then  # measured in round 6: SKIP_LIGER=1 leaves it out
+  left=$(( ${TOTAL_S:-500} - (SECONDS-T0) ))
+  OUT=$R timeout $left python3 benchmarks/liger_fusions.py --batch 16 --steps 20 > $R/liger.txt 2>&1
+  echo "liger rc $? [$((SECONDS-T0)) s]"; grep -E "^(eager|compiled)|Error" $R/liger.txt | head -8
+fi
 tar -C $OUT -czf $OUT/r6c.tgz r6c && rm -rf $R
 echo "total $((SECONDS-T0)) s"
