@@ -60,3 +60,12 @@ def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
     assert abs(doc["b"]["throughput"]["value"] / doc["a"]["throughput"]["value"] - 1.04) < 0.01
     assert "not compared: B's steps hold 122 items and A's 16" in render_markdown(doc)
     assert "not compared: B&#x27;s steps hold 122" in render_html(doc) or "not compared: B's steps hold 122" in render_html(doc)
+
+
+def test_per_item_needs_both_sides_measured():
+    from fastloop.compare import Runs, per_item
+
+    b = Runs("b", docs=[{"items_per_step": 122, "step_s_all": [0.2]}, {"items_per_step": 120, "step_s_all": [0.2]}])
+    assert not per_item(Runs("a"), b)  # A not measured yet: nothing to compare per item
+    assert per_item(Runs("a", docs=[{"items_per_step": 16, "step_s_all": [0.03]}]), b)
+    assert not per_item(Runs("a", docs=[{"items_per_step": None, "step_s_all": [0.03]}]), b)  # unknown: per step

@@ -166,6 +166,8 @@ def _items(doc: dict) -> int | None:
 def per_item(a: Runs, b: Runs) -> bool:
     """True when the two sides train on different numbers of items per step (a batch-size change):
     then they are compared by time per item (1 / throughput), not by time per step."""
+    if not a.docs or not b.docs:
+        return False
     counts = [_items(r) for r in a.docs + b.docs]
     return None not in counts and len(set(counts)) > 1
 
