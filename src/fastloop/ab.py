@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, per_item
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import resolve
 from fastloop.subproc import run_in_subprocess
@@ -40,8 +40,9 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int) -> dict:
         verdict = speedup.pop("verdict")
     first = [r.docs[0].get("losses") if r.docs else None for r in (ra, rb)]
     agreement = loss_agreement(*first)
-    if per_item(ra, rb):  # a batch-size change: compared per item, and the steps see different batches
-        ia, ib = (", ".join(map(str, sorted({d["items_per_step"] for d in r.docs}))) for r in (ra, rb))
+    items = (speedup or {}).get("items_per_step")  # set by compare() when it compared per item
+    if items:  # a batch-size change: compared per item, and the steps see different batches
+        ia, ib = (", ".join(map(str, items[side])) for side in ("a", "b"))
         verdict += f"; per item (throughput): B trains on {ib} items per step, A on {ia}"
         agreement = {"comparable": False,
                      "note": f"not compared: B's steps hold {ib} items and A's {ia}, so their losses are over different batches"}
