@@ -62,6 +62,8 @@ BAD_CLI = [  # (argv, what the one line says)
     (["ladder", f"{T}:tiny_mlp", "--max-repeats", "0"], "--max-repeats must be an integer from 1"),
     (["ladder", f"{T}:tiny_mlp", "--max-repeats", "2"], "--max-repeats must be an integer >= 3"),
     (["ladder", f"{T}:tiny_mlp", "--budget", "-5"], "--budget must be seconds"),
+    (["ladder", f"{T}:tiny_mlp", "--measure-s", "0"], "--measure-s must be seconds"),
+    (["run", f"{T}:tiny_mlp", "--measure-s", "x"], "--measure-s must be seconds"),
     (["batch-size", f"{T}:tiny_mlp", "--margin", "1.5"], "--margin must be a number in (0, 1]"),
     (["batch-size", f"{T}:tiny_mlp", "--max", "0"], "--max must be an integer from 1"),
     (["doctor", "--json", "/nonexistent/dir/x.json"], "does not exist"),

@@ -53,7 +53,8 @@ def test_two_kept_speedups_are_measured_together_against_the_baseline():
     doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu")
     assert doc["selected"] == ["workers", "bf16"]
     final = doc["rungs"][-1]
-    assert final["spec"] == "workers,bf16" and final["repeats"] == 6
+    # measured afresh against the baseline, interleaved; 1.6x is clear after the first look (3 a side)
+    assert final["spec"] == "workers,bf16" and final["repeats"] == 3
     ci = final["speedup_vs_baseline"]
     assert ci["ci_low"] <= 1.3 * 1.25 <= ci["ci_high"]
     assert 'callbacks("workers,bf16")' in doc["callbacks_line"]

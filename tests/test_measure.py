@@ -144,3 +144,25 @@ def test_measured_ceiling_roundtrip(tmp_path, monkeypatch):
     assert load_measured_ceiling("NVIDIA H200", "bf16") == 776.3
     assert load_measured_ceiling("NVIDIA H200", "tf32") == 392.5
     assert load_measured_ceiling("NVIDIA L4", "bf16") is None
+
+
+def test_measure_s_cuts_the_measured_steps_of_a_slow_step_only():
+    """``--measure-s``: a 48 ms step (16 samples x 3 ms of loading) measures 10 steps, not 30,
+    when 30 would take longer than 0.2 s; a fast step keeps all of its steps."""
+    from fastloop.subproc import run_in_subprocess
+
+    slow = run_in_subprocess("tests/targets.py:sleepy_3ms", "none", steps=30, warmup=3, device="cpu", measure_s=0.2)
+    assert slow["steps_planned"] == 30 and slow["steps"] == 10 and slow["measure_s"] == 0.2
+    assert len(slow["step_s_all"]) == 10
+    fast = run_in_subprocess("tests/targets.py:tiny_mlp", "none", steps=30, warmup=3, device="cpu", measure_s=10)
+    assert fast["steps"] == 30 == fast["steps_planned"]
+
+
+def test_measure_s_must_be_positive():
+    import pytest
+
+    from fastloop.errors import FastloopError
+    from fastloop.runner import run_configuration
+
+    with pytest.raises(FastloopError, match="--measure-s must be"):
+        run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu", measure_s=0)

@@ -52,6 +52,7 @@ def _positive(name: str, allow_zero: bool = False, most: int = 1_000_000):
 
 _fraction = _number(float, 0, 1, "--margin must be a number in (0, 1]", low_open=True)
 _seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6)", low_open=True)
+_measure_seconds = _number(float, 0, 1e6, "--measure-s must be seconds, a number in (0, 1e6)", low_open=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--speedups", default="none", help="comma-separated speedup names, or none")
     sp.add_argument("--no-scaling", action="store_true",
                     help="with --devices N: skip the 1-device run that scaling efficiency is measured against")
+    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
+                    help="measure fewer than --steps steps (at least 10) when the warm-up shows they would take "
+                         "longer than this many seconds")
     steps(sp)
     common(sp)
     ranks(sp)
@@ -95,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--cumulative", action="store_true",
                     help="add every rung on top of all before it (the story), instead of selecting")
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
+    sp.add_argument("--measure-s", type=_measure_seconds, default=3.0,
+                    help="seconds of measured steps a run needs at most: fewer than --steps (at least 10) when the "
+                         "warm-up shows a slow step (default 3; a slow fp32 baseline dominates a ladder's time)")
     steps(sp)
     common(sp)
     ranks(sp)
@@ -175,9 +182,10 @@ def _measure_on(args: argparse.Namespace):
 
     from fastloop.subproc import run_in_subprocess
 
+    kw: dict = {"measure_s": args.measure_s} if getattr(args, "measure_s", None) else {}
     if args.devices > 1 or args.strategy:
-        return functools.partial(run_in_subprocess, devices=args.devices, strategy=args.strategy or "ddp")
-    return run_in_subprocess
+        kw.update(devices=args.devices, strategy=args.strategy or "ddp")
+    return functools.partial(run_in_subprocess, **kw) if kw else run_in_subprocess
 
 
 def _scaling_run(args: argparse.Namespace, device: str) -> dict:
@@ -215,7 +223,8 @@ def _dispatch(args: argparse.Namespace) -> dict:
             return _stamp({"kind": "run", **_scaling_run(args, device)}, args, device)
         return _stamp({"kind": "run", **run_configuration(args.target, args.speedups, steps=args.steps,
                                                          warmup=args.warmup, device=device, devices=args.devices,
-                                                         strategy=args.strategy)}, args, device)
+                                                         strategy=args.strategy, measure_s=args.measure_s)},
+                      args, device)
     if args.cmd in ("ladder", "ab"):
         prog, update = _progress(args)
         from fastloop.report import write_reports

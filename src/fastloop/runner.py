@@ -146,6 +146,8 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     return {
         "speedups": [r.to_dict() for r in records],
         "steps": stats.steps,
+        "steps_planned": measure.steps_planned,  # asked for; fewer were measured when measure_s cut them
+        "measure_s": measure.measure_s,
         "warmup_steps": stats.warmup_steps,
         "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
         "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
@@ -214,11 +216,16 @@ def _first_line(err: BaseException) -> str:
 def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
                       device: str = "auto", target_kwargs: dict[str, Any] | None = None,
                       quiet: bool = True, steady_warmup: bool = True, devices: int = 1,
-                      strategy: str | None = None) -> dict:
+                      strategy: str | None = None, measure_s: float | None = None) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
 
     ``steady_warmup``: extend the warm-up until step times are steady (reported as
     ``warmup_extended_steps``); off, exactly ``warmup + steps`` steps are trained.
+
+    ``measure_s``: measure fewer than ``steps`` steps (at least 10) when the steady warm-up's
+    step time says ``steps`` would take longer than this many seconds (``steps_planned`` in the
+    document keeps what was asked). A ladder uses it: a slow fp32 baseline needs no 30 steps
+    for a precise mean, and its runs dominate the ladder's wall time.
 
     ``devices`` > 1 (or a ``strategy``): the ranks are started by Lightning's own DDP/FSDP
     strategy (its launcher runs this command once per rank); every rank measures itself and
@@ -236,6 +243,8 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         raise FastloopError(f"--warmup must be >= 0, got {warmup}")
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise FastloopError(f"--devices must be an integer >= 1, got {devices!r}")
+    if measure_s is not None and (isinstance(measure_s, bool) or not measure_s > 0):
+        raise FastloopError(f"--measure-s must be a number of seconds > 0, got {measure_s!r}")
     if strategy not in (None, "ddp", "fsdp"):
         raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
     dev = resolve_device(device)
@@ -250,7 +259,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
         try:
             doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup,
-                            devices, strategy)
+                            devices, strategy, measure_s)
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
             torch.compiler.reset()
@@ -319,7 +328,7 @@ def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> N
 
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
               target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
-              devices: int = 1, strategy: str | None = None) -> dict:
+              devices: int = 1, strategy: str | None = None, measure_s: float | None = None) -> dict:
 
     t_build = time.perf_counter()
     module, data = build_target(target, **(target_kwargs or {}))
@@ -336,7 +345,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     cbs = [SpeedupCallback(s) for s in in_training]
-    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps,
+    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps, measure_s=measure_s,
                               profile_steps=profile_steps() if dev.type == "cuda" else 0)
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)

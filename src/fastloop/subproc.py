@@ -162,7 +162,7 @@ _FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver 
 
 def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
                       timeout: float = 3600, devices: int = 1, strategy: str | None = None,
-                      profile: bool = True) -> dict:
+                      profile: bool = True, measure_s: float | None = None) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
 
     ``profile=False`` turns the GPU profile of the extra steps after the measured ones off
@@ -175,6 +175,8 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         path = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "fastloop.cli", "run", target, "--speedups", speedups or "none",
                "--steps", str(steps), "--warmup", str(warmup), "--device", device, "--json", path, "--quiet"]
+        if measure_s is not None:
+            cmd += ["--measure-s", repr(float(measure_s))]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = dict(os.environ)

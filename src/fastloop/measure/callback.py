@@ -14,6 +14,7 @@ keeps up drains more slowly, and the runner's steadiness warning flags what is l
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -23,6 +24,9 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.timer import StepStats, StepTimer
+
+MIN_MEASURED_STEPS = 10
+"""The fewest measured steps ``measure_s`` leaves a run."""
 
 __all__ = ["MeasureCallback", "prefetch_buffer"]
 
@@ -50,11 +54,19 @@ class MeasureCallback(Callback):
 
     def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True,
                  steady: bool = True, max_extra_warmup: int | None = None, steps: int | None = None,
-                 profile_steps: int = 0) -> None:
+                 profile_steps: int = 0, measure_s: float | None = None) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
+        if measure_s is not None and not measure_s > 0:
+            raise ValueError(f"measure_s must be > 0 seconds, got {measure_s}")
         self.warmup = warmup
         self.steps = steps
+        self.measure_s = measure_s
+        """With ``steps`` and a steady-state warm-up: measure fewer steps (at least
+        :data:`MIN_MEASURED_STEPS`) when the warm-up's last step times say ``steps`` would take
+        longer than this many seconds (a slow fp32 step needs fewer steps for a precise mean)."""
+        self.steps_planned = steps
+        """``steps`` as asked, before ``measure_s`` shortened it."""
         """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
         not optimizer steps: with manual optimization or a training_step that returns None,
         Lightning's ``max_steps`` counts something else."""
@@ -204,15 +216,24 @@ class MeasureCallback(Callback):
             first, last = sorted(durations[-6:-3])[1], sorted(durations[-3:])[1]
             if abs(last - first) <= 0.1 * min(first, last):
                 self.warmup_steady = True
+                self._fit_steps_to_time(last)
                 return
         if self.warmup_extended >= self.max_extra_warmup:
             self.warmup_steady = False
+            if durations:
+                self._fit_steps_to_time(sorted(durations[-3:])[len(durations[-3:]) // 2])
             return
         self.warmup += 1
         self.warmup_extended += 1
         self.timer.warmup += 1
         if trainer.fit_loop.epoch_loop.max_steps > 0:
             trainer.fit_loop.epoch_loop.max_steps += 1
+
+    def _fit_steps_to_time(self, step_s: float) -> None:
+        """At the end of the warm-up: at most ``measure_s`` seconds of measured steps."""
+        if self.measure_s is None or self.steps is None or step_s <= 0:
+            return
+        self.steps = min(self.steps, max(MIN_MEASURED_STEPS, math.ceil(self.measure_s / step_s)))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._flop_mode is not None:  # the first step raised while FLOPs were being counted
