@@ -239,3 +239,21 @@ def test_a_candidate_that_skips_itself_is_run_once():
     assert cl["rung_status"] == "skipped" and cl["repeats"] == 1 and cl["speedup_vs_prev"] is None
     assert calls.count("bf16,channels_last") == 1
     assert doc["selected"] == ["bf16"] and doc["rungs"][-1]["speedup_vs_baseline"]["significant"]
+
+
+def test_the_report_says_which_runs_measure_s_cut_and_keeps_skip_reasons_in_one_place():
+    from fastloop.report.markdown import render_markdown
+
+    def measure(target, spec, **kw):  # a slow baseline cut to 10 of 30 steps, a fast candidate not cut
+        slow = spec == "none"
+        doc = _fake({"bf16": 3.0, "channels_last": 1.0})(target, spec, **kw)
+        doc.update(steps=10 if slow else 30, steps_planned=30, measure_s=3.0, warmup_steps=7)
+        doc["step_s_all"] = doc["step_s_all"][:doc["steps"]]
+        return doc
+
+    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu")
+    md = render_markdown({"kind": "ladder", "target": "x", "env": {}, **doc})
+    assert "Measured 10-30 steps after 7 warm-up." in md
+    assert "Runs whose 30 steps would have taken over 3 s measured fewer (--measure-s)." in md
+    row = next(line for line in md.splitlines() if line.startswith("| +channels_last"))
+    assert row.startswith("| +channels_last (skipped) |") and row.count("model has no Conv2d layers") == 1

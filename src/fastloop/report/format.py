@@ -59,7 +59,8 @@ def rows(doc: dict) -> list[dict]:
             "status": status,
             "reason": c.get("rung_reason", ""),
             "step": fmt_s((c.get("step_s") or {}).get("median")),
-            "spread": f"{fmt_s((c.get('step_s') or {}).get('p25'))} - {fmt_s((c.get('step_s') or {}).get('p75'))}",
+            "spread": (f"{fmt_s((c.get('step_s') or {}).get('p25'))} - {fmt_s((c.get('step_s') or {}).get('p75'))}"
+                       if (c.get("step_s") or {}).get("p25") is not None else "-"),
             "throughput": f"{tp['value']:,.0f} {tp['unit']}" if tp.get("value") else "-",
             "wait": f"{100 * c['data_wait_frac']:.0f}%" if c.get("data_wait_frac") is not None else "-",
             "mem": f"{c['peak_mem_bytes'] / 2**30:.2f} GiB" if c.get("peak_mem_bytes") else "-",

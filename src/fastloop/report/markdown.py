@@ -28,7 +28,10 @@ def render_markdown(doc: dict) -> str:
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for r in rows(doc):
-        name = r["name"] + (f" ({r['status']}: {r['reason']})" if r["status"] in ("skipped", "failed") else "")
+        if r["status"] in ("skipped", "failed"):  # a ladder's decision column holds the reason
+            name = r["name"] + (f" ({r['status']})" if ladder else f" ({r['status']}: {r['reason']})")
+        else:
+            name = r["name"]
         cells = [name, r["step"], r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
         if ladder:
             cells += [r["vs_prev"], r["vs_base"], r["bottleneck"], r["decision"].replace("|", "/")]
@@ -41,8 +44,16 @@ def render_markdown(doc: dict) -> str:
     else:
         configs = [("run", doc)]
     steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
+    cut = sorted({(c["steps_planned"], c.get("measure_s")) for _, c in configs
+                  if c.get("steps") and c.get("steps_planned") and c["steps"] < c["steps_planned"]})
     if steps:
-        lines.append("Measured " + "; ".join(f"{n} steps after {w} warm-up" for n, w in steps) + "."
+        by_warmup: dict = {}
+        for n, w in steps:
+            by_warmup.setdefault(w, []).append(n)
+        lines.append("Measured " + "; ".join(f"{min(ns)}{'-' + str(max(ns)) if len(ns) > 1 else ''} steps after {w} warm-up"
+                                             for w, ns in by_warmup.items()) + "."
+                     + "".join(f" Runs whose {planned} steps would have taken over {limit:g} s measured fewer (--measure-s)."
+                               for planned, limit in cut if limit)
                      + "".join(f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
                                for name, c in configs if c.get("warmup_drain_steps")))
     lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
