@@ -105,3 +105,28 @@ def test_gpt_target_through_fastloop_run(tmp_path):
     doc = __import__("json").loads(out.read_text())
     assert doc["throughput"]["unit"] == "tokens/s" and doc["items_per_step"] == 16 * 64
     assert doc["mfu_detail"]["convention"].startswith("6N + 12*L*d*T")
+
+
+def test_gpt_initialisation_sets_every_parameter_and_is_seeded():
+    """The Linear/Embedding layers skip torch's default init (GPT._init draws their weights):
+    every parameter must still be set, with GPT-2's statistics, and the same seed the same weights."""
+    cfg = GPTConfig.preset("small", bias=True)
+    torch.manual_seed(0)
+    a = GPT(cfg)
+    torch.manual_seed(0)
+    b = GPT(cfg)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.isfinite(p).all(), name
+        assert torch.equal(p, q), name
+    resid = 0.02 / (2 * cfg.n_layer) ** 0.5
+    for name, m in a.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            want = resid if getattr(m, "residual_scale", False) else 0.02
+            assert abs(m.weight.std().item() - want) < 0.1 * want, name
+            if m.bias is not None:
+                assert torch.count_nonzero(m.bias) == 0, name
+        elif isinstance(m, torch.nn.Embedding):
+            assert abs(m.weight.std().item() - 0.02) < 0.002, name
+        elif isinstance(m, torch.nn.LayerNorm):
+            assert torch.equal(m.weight, torch.ones_like(m.weight)), name
+    assert a.wte.weight is a.lm_head.weight

@@ -13,8 +13,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 __all__ = ["GPT", "GPTConfig"]
+
+
+def _linear(fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
+    """``nn.Linear`` without its default (Kaiming) initialisation: ``GPT._init`` sets every
+    weight and bias, so the default draws were thrown away (1.7 s of the 124M model's 2.3 s
+    build on a 2-core CPU, paid again by every fresh process of a ladder)."""
+    return skip_init(nn.Linear, fan_in, fan_out, bias=bias)
 
 
 @dataclass
@@ -50,8 +58,8 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_attn = _linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = _linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_scale = True
         self.n_head, self.dropout = cfg.n_head, cfg.dropout
 
@@ -66,8 +74,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_fc = _linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = _linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.residual_scale = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,12 +97,12 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.wte = skip_init(nn.Embedding, cfg.vocab_size, cfg.n_embd)
+        self.wpe = skip_init(nn.Embedding, cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = _linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying: one matrix, two uses
         self.fused_loss = None
         """fastloop's ``fused_loss`` hook: a callable (weight, hidden, targets) -> loss that
