@@ -257,3 +257,21 @@ def test_the_report_says_which_runs_measure_s_cut_and_keeps_skip_reasons_in_one_
     assert "Runs whose 30 steps would have taken over 3 s measured fewer (--measure-s)." in md
     row = next(line for line in md.splitlines() if line.startswith("| +channels_last"))
     assert row.startswith("| +channels_last (skipped) |") and row.count("model has no Conv2d layers") == 1
+
+
+def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
+    """During a ladder report.json/md follow every run; report.html (plots) at most every
+    HTML_EVERY_S seconds; the final write refreshes all three."""
+    from fastloop.report import write_reports
+
+    out = tmp_path / "r"
+    first = {"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t",
+             **run_ladder("x", ["bf16"], measure=_fake(), device="cpu")}
+    write_reports(first, str(out), None)
+    html_before = (out / "report.html").read_text()
+    later = {**first, "partial": True, "runs": first["runs"] + 1}
+    written = write_reports(later, str(out), None, html=False)
+    assert written == [str(out / "report.json"), str(out / "report.md")]
+    assert (out / "report.html").read_text() == html_before and "In progress" in (out / "report.md").read_text()
+    write_reports(later, str(out), None)
+    assert (out / "report.html").read_text() != html_before

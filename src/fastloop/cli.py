@@ -23,6 +23,10 @@ from pathlib import Path
 
 from fastloop.errors import FastloopError
 
+HTML_EVERY_S = 15.0
+"""A ladder or A/B refreshes report.html (plots) at most this often while it runs; report.json
+and report.md after every run."""
+
 __all__ = ["main"]
 
 
@@ -229,8 +233,16 @@ def _dispatch(args: argparse.Namespace) -> dict:
         prog, update = _progress(args)
         from fastloop.report import write_reports
 
-        def partial(doc: dict) -> None:  # every finished run lands in the reports at once
-            write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json)
+        last_html = [float("-inf")]
+
+        def partial(doc: dict) -> None:
+            """Every finished run lands in report.json and report.md at once; report.html (its
+            plots cost ~0.5 s) at most every HTML_EVERY_S seconds, and always at the end."""
+            now = time.monotonic()
+            html = now - last_html[0] >= HTML_EVERY_S
+            write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json, html=html)
+            if html:
+                last_html[0] = now
 
         try:
             if prog:

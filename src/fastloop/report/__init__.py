@@ -9,8 +9,11 @@ from fastloop.report.terminal import print_document
 __all__ = ["print_document", "render_html", "render_markdown", "write_reports"]
 
 
-def write_reports(doc: dict, out_dir: str | None, json_path: str | None) -> list[str]:
+def write_reports(doc: dict, out_dir: str | None, json_path: str | None, html: bool = True) -> list[str]:
     """Write ``--json FILE`` and/or ``--out DIR`` (report.json, report.md, report.html).
+
+    ``html=False`` leaves report.html as it is (its plots take most of the time: a ladder's
+    update after each run refreshes the HTML only every few seconds).
 
     Each file is written atomically (temporary file, then rename); JSON is standard JSON.
     An OSError becomes a FastloopError naming the file.
@@ -29,8 +32,10 @@ def write_reports(doc: dict, out_dir: str | None, json_path: str | None) -> list
             out.mkdir(parents=True, exist_ok=True)
             atomic_write(out / "report.json", text)
             atomic_write(out / "report.md", render_markdown(doc))
-            atomic_write(out / "report.html", render_html(doc))
-            written += [str(out / n) for n in ("report.json", "report.md", "report.html")]
+            written += [str(out / "report.json"), str(out / "report.md")]
+            if html:
+                atomic_write(out / "report.html", render_html(doc))
+                written.append(str(out / "report.html"))
     except OSError as err:
         raise FastloopError(f"cannot write the report to {err.filename or out_dir or json_path}: {err.strerror or err}") from None
     return written
