@@ -275,3 +275,21 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
     assert (out / "report.html").read_text() == html_before and "In progress" in (out / "report.md").read_text()
     write_reports(later, str(out), None)
     assert (out / "report.html").read_text() != html_before
+
+
+def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
+    import fastloop.ladder as ladder_mod
+
+    seen = []
+    fake = _fake()
+
+    def recording(target, spec, **kw):
+        seen.append(kw.get("measure_s"))
+        return fake(target, spec, **kw)
+
+    monkeypatch.setattr(ladder_mod, "run_in_subprocess", recording)
+    run_ladder("x", ["bf16"], device="cpu")
+    assert seen and set(seen) == {3.0}
+    seen.clear()
+    run_ladder("x", ["bf16"], device="cpu", measure_s=None)
+    assert seen and set(seen) == {None}

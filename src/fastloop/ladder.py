@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -380,8 +381,13 @@ def _baseline_failed(runs: Runs) -> Exception:
 def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
                max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
                measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
-               on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None) -> dict:
+               on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None,
+               measure_s: float | None = 3.0) -> dict:
     """Run the ladder; returns its document (without the env stamp).
+
+    ``measure_s``: each run (a fresh process, unless ``measure`` is given) measures fewer than
+    ``steps`` steps, at least 10, when its steady warm-up says they would take longer than this
+    (``fastloop run --measure-s``); None measures ``steps`` always.
 
     ``base``: speedups every configuration has (the baseline is that set; the candidates are
     tried on top of it). ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
@@ -405,7 +411,9 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {_join(base_names)}: "
                             "a rung is tried on top of the base, so list each speedup in one of them")
     resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
-    ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure or run_in_subprocess,
+    if measure is None:
+        measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
+    ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure,
                      progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
                      base=base_names)
     try:
