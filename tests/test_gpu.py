@@ -277,6 +277,8 @@ def test_gpu_profile_splits_the_step_and_counts_host_syncs():
     assert prof and "error" not in prof, prof
     assert prof["profiled_steps"] == 3 and 0 < prof["gpu_busy_frac"] <= 1
     assert len(plain["losses"]) == plain["steps"] + plain["warmup_steps"]  # profiled steps left out
+    # the host's clock too: its share of the step getting batches (a host-bound tiny MLP: > 0)
+    assert 0 < plain["host_wait_frac"] < 1 and 0 <= plain["data_wait_frac"] < 1, plain["host_wait_frac"]
     synced = run_configuration("tests/targets.py:item_every_step", "none", steps=20, warmup=5, device="cuda")
     sp = synced["gpu_profile"]
     assert sp["host_syncs_per_step"] >= 1, sp  # loss.item() every step

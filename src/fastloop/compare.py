@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fastloop.measure.stats import run_ratio_ci, summarize, verdict
+from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 from fastloop.subproc import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item"]
@@ -145,6 +145,8 @@ def merge_runs(runs: Runs) -> dict:
         doc["throughput"] = {"value": items / sum(steps_all), "unit": tp.get("unit")}
     waits = [r.get("data_wait_frac") for r in runs.docs if r.get("data_wait_frac") is not None]
     doc["data_wait_frac"] = sum(waits) / len(waits) if waits else None
+    host = [r.get("host_wait_frac") for r in runs.docs if r.get("host_wait_frac") is not None]
+    doc["host_wait_frac"] = sum(host) / len(host) if host else None
     doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
     if not all(loss_finite(r) for r in runs.docs):
         doc["loss_finite"] = False
@@ -172,8 +174,11 @@ def per_item(a: Runs, b: Runs) -> bool:
     return None not in counts and len(set(counts)) > 1
 
 
-def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE) -> dict | None:
+def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: bool = False) -> dict | None:
     """Run-level CI of mean step time A / B (``ratio > 1``: B faster), None if a side has no run.
+
+    ``one_run``: B has one run; the interval is :func:`~fastloop.measure.stats.one_run_ci`'s
+    (B's run against the spread of A's runs), which the ladder uses only to stop early.
 
     When the sides train on different numbers of items per step (``batch_size``), each run's step
     times are divided by its items per step first: the ratio is then one of throughputs, B / A.
@@ -193,7 +198,10 @@ def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE) -> dict | 
     def times(r: dict) -> list[float]:
         return [t / _items(r) for t in r["step_s_all"]] if by_item else r["step_s_all"]
 
-    ci = run_ratio_ci([times(r) for r in a.docs], [times(r) for r in b.docs], confidence=confidence)
+    if one_run:
+        ci = one_run_ci([times(r) for r in a.docs], times(b.docs[-1]), confidence=confidence)
+    else:
+        ci = run_ratio_ci([times(r) for r in a.docs], [times(r) for r in b.docs], confidence=confidence)
     out = ci.to_dict()
     out["confidence"] = confidence
     out["per"] = "item" if by_item else "step"

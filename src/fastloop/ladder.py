@@ -8,16 +8,20 @@ again, interleaved, and the callbacks line names exactly that measured set.
 
 The default rungs are tried compute first (a recipe's own rungs, such as fp8, after the general
 ones and so after compile), data last ("feed the fast step": a loader that keeps
-up with an fp32 step may be the wall after compile), and a feed speedup is not measured when the
-best configuration's GPU profile shows the GPU busy >= 95% of the step with <= 2% data wait (a
-faster feed could gain at most that little).
+up with an fp32 step may be the wall after compile), and a feed speedup is not measured when a
+faster feed could gain at most 2%: when the best configuration's GPU profile shows the GPU busy
+>= 95% of the step with <= 2% data wait, or when its steps spend <= 2% of the time getting batches
+on the GPU's clock (idle while the batch comes) and on the host's (loader and copy: all a
+host-bound step could save).
 
 Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
 
 Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
 clear, and otherwise adds runs up to ``max_repeats`` while the time ``budget`` allows. The best
 configuration's runs are measured once and count again in the next comparison (topped up when a
-comparison needs more), so each candidate costs only its own runs. Each
+comparison needs more), so each candidate costs only its own runs; a candidate whose first run is
+clearly slower than those runs (>= 2% and outside their prediction interval) is dropped after
+that one run (fp8 or a fused loss that recompiles for 15 s a process costs one run, not three). Each
 look uses a stricter interval (Bonferroni over the looks) so that looking twice does not
 raise the false-positive rate. Rungs that cannot apply here are not measured and show no
 ratio; neither does one whose speedup skipped itself inside its process (run once, not again).
@@ -55,10 +59,15 @@ __all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder", "select_order"]
 DEFAULT_RUNGS = default_ladder()
 """The registered speedups marked ``in_default_ladder``, in ladder order."""
 MIN_REPEATS = 3
+EARLY_DROP = 0.98
+"""A candidate whose first run is at most this fast relative to the best configuration so far
+(2% slower or worse), and outside the prediction interval of that configuration's runs, is
+dropped after that one run."""
 FEED_BUSY = 0.95
 FEED_WAIT = 0.02
 """A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
-the step (its profile, CUDA only) and it waits for data at most FEED_WAIT."""
+the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
+wait and its host's share of the step getting batches are at most FEED_WAIT."""
 
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
@@ -168,20 +177,32 @@ class _Ladder:
                             done=done)
         self._pending = None
 
-    def _looks(self) -> list[int]:
-        return sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
+    def _looks(self, early: bool = False) -> list[int]:
+        looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
+        return [1] + looks if early else looks
 
     def _compare_adaptive(self, base: str, cand: str, own: str | None = None) -> tuple[dict[str, Runs], dict | None, int]:
-        """Interleaved runs of base and candidate until the answer is clear or the budget is spent."""
-        looks = self._looks()
-        confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
+        """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
+
+        When the base's runs are already measured (the best configuration so far), the selecting
+        ladder looks once after the candidate's first run: a candidate slower than
+        ``EARLY_DROP`` whose one run lies outside the prediction interval of the base's runs is
+        dropped there (it can only be dropped early, never kept)."""
         fresh: dict[str, Runs] = {}
         if base in self.best_runs:  # the best configuration's runs so far count again
             fresh[base] = self.best_runs[base]
+        early = self.mode == "select" and len(fresh[base].docs) >= MIN_REPEATS if base in fresh else False
+        looks = self._looks(early)
+        confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         ci = None
         for i, n in enumerate(looks):
             self._measure([base, cand], n, fresh, up_to=n, own=own)
             self.best_runs[base] = fresh[base]
+            if n == 1:  # the early look: one run of the candidate against the base's runs
+                ci = compare(fresh[base], fresh[cand], confidence=confidence, one_run=True)
+                if ci is None or fresh[cand].settled or (ci["significant"] and ci["ratio"] <= EARLY_DROP):
+                    break
+                continue
             ci = compare(fresh[base], fresh[cand], confidence=confidence)
             if ci is None or ci["significant"] or fresh[cand].settled or i == len(looks) - 1:
                 break
@@ -220,7 +241,9 @@ class _Ladder:
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
-                         "confidence (Bonferroni over the looks)"}
+                         "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
+                         f"a look too, and one {100 * (1 - EARLY_DROP):g}% or more slower than the best configuration, "
+                         "outside the prediction interval of that configuration's runs, is dropped there"}
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
         if self.selected and measured:
@@ -288,6 +311,9 @@ class _Ladder:
             elif keep:
                 per = " per item (throughput; its batch size differs)" if ci.get("per") == "item" else ""
                 doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}{per}"
+            elif ci and n == 1:
+                doc["decision"] = (f"dropped after one run: {ci['verdict']}, against the spread of "
+                                   f"{len(base.docs)} runs of {base_spec} (prediction interval)")
             else:
                 doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
             if keep:
@@ -335,11 +361,21 @@ class _Ladder:
         doc = merge_runs(best)
         busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
         wait = doc.get("data_wait_frac")
-        if busy is None or wait is None or busy < FEED_BUSY or wait > FEED_WAIT:
+        host = doc.get("host_wait_frac")
+        if wait is None:
             return None
-        bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
-        return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
-                f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+        if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
+            bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
+            return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
+                    f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+        if host is not None and max(wait, host) <= FEED_WAIT:
+            # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
+            # host-bound one at most the host's time getting it (host): the larger bounds both
+            bound = 1 / max(1e-9, 1 - max(wait, host))
+            return (f"not measured: the best configuration so far ({self._spec()}) spends {100 * host:.1f}% of its "
+                    f"step's host time getting batches (loader + copy) and the step waits for them {100 * wait:.1f}%; "
+                    f"a faster feed could gain at most {bound:.3f}x")
+        return None
 
     def _final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:
         """The final rung from interleaved runs of the baseline and the selected set (``ci``: their

@@ -159,6 +159,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
                        "basis": "items per step / mean step time"},
         "items_per_step": measure.items_per_step,
         "data_wait_frac": stats.data_wait_frac,
+        "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
         "peak_mem_bytes": measure.peak_mem_bytes,
         "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
         "warmup_overhead_s": stats.compile_s,

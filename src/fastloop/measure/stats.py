@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "run_ratio_ci", "summarize",
-           "t_quantile", "verdict"]
+__all__ = ["MIN_RUNS", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+           "summarize", "t_quantile", "verdict"]
 
 MIN_RUNS = 3
 """Fewer runs per side than this: no verdict ("too few runs to tell")."""
@@ -159,6 +159,41 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
     significant = (not too_few) and (lo > 1.0 or hi < 1.0)
     return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
                    significant=significant, confidence=confidence, runs=runs, too_few=too_few, method=method)
+
+
+def one_run_ci(groups_a: Sequence[Sequence[float]], run_b: Sequence[float], *, confidence: float = 0.95,
+               min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS) -> RatioCI:
+    """CI for ``mean step time of A / mean step time of B`` from A's runs and *one* run of B.
+
+    A prediction interval: B's one log run mean against the mean of A's, with the spread of A's
+    runs standing for B's too (``se = s_A * sqrt(1 + 1/n_A)``, ``n_A - 1`` degrees of freedom).
+    It assumes B's run-to-run spread is A's; the ladder uses it only to stop measuring a
+    candidate that is clearly slower, never to keep one. Below ``min_runs`` runs of A: no verdict.
+
+    Example:
+        >>> a = [[0.0100] * 5, [0.0101] * 5, [0.0099] * 5]
+        >>> ci = one_run_ci(a, [0.0125] * 5)
+        >>> round(ci.ratio, 2), ci.significant, ci.ci_high < 1
+        (0.8, True, True)
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    ga, gb = check_times(groups_a, "groups_a"), check_times([run_b], "run_b")
+    if not ga or not gb:
+        raise ValueError("one_run_ci needs runs with step times on A's side and one run on B's")
+    la = np.log([g.mean() for g in ga])
+    lb = float(np.log(gb[0].mean()))
+    centre = float(la.mean()) - lb
+    too_few = len(la) < min_runs or min(len(g) for g in ga + gb) < min_steps
+    if len(la) >= 2:
+        se = float(la.std(ddof=1)) * math.sqrt(1 + 1 / len(la))
+        half = t_quantile(0.5 + confidence / 2, len(la) - 1) * se
+        lo, hi = math.exp(centre - half), math.exp(centre + half)
+    else:
+        lo, hi = 0.0, math.inf
+    return RatioCI(ratio=math.exp(centre), ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
+                   significant=(not too_few) and (lo > 1.0 or hi < 1.0), confidence=confidence, runs=1,
+                   too_few=too_few, method="one run of B against A's runs (prediction interval; assumes A's run-to-run spread)")
 
 
 def bootstrap_ratio_ci(

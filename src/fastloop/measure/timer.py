@@ -43,6 +43,10 @@ class StepStats:
     """Steps run before measurement started (excluded from the statistics)."""
     compile_s: float | None = None
     """One-off compile / graph-capture time, reported on its own line."""
+    host_wait_s: list[float] | None = None
+    """Per-step host (wall-clock) time spent getting the batch; on CPU the same as ``wait_s``."""
+    host_step_s: list[float] | None = None
+    """Per-step host (wall-clock) time from the end of the previous step's issue to this one's."""
 
     @property
     def steps(self) -> int:
@@ -52,6 +56,16 @@ class StepStats:
     def data_wait_frac(self) -> float:
         total = sum(self.step_s)
         return float(min(1.0, sum(self.wait_s) / total)) if total > 0 else 0.0
+
+    @property
+    def host_wait_frac(self) -> float | None:
+        """The share of the host's time per step spent getting batches (loader + copy to the
+        device): with ``data_wait_frac``, the bound on what a faster feed could give back (a
+        host-bound step is as slow as its host, a GPU-bound one as its GPU). None when not timed."""
+        if self.host_wait_s is None or self.host_step_s is None:
+            return None
+        total = sum(self.host_step_s)
+        return float(min(1.0, sum(self.host_wait_s) / total)) if total > 0 else 0.0
 
     def summary(self) -> dict:
         return summarize(self.step_s)
@@ -82,22 +96,25 @@ class StepTimer:
         self._fetch_start: list = []
         self._fetch_end: list = []
         self._step_end: list = []
+        self._host: tuple[list[float], list[float], list[float]] = ([], [], [])
+        """On CUDA, the host's clock at each mark as well (fetch start, fetch end, step end)."""
 
-    def _mark(self):
+    def _mark(self, which: int):
         if self.cuda:
+            self._host[which].append(time.perf_counter())
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
     def fetch_start(self) -> None:
-        self._fetch_start.append(self._mark())
+        self._fetch_start.append(self._mark(0))
 
     def fetch_end(self) -> None:
-        self._fetch_end.append(self._mark())
+        self._fetch_end.append(self._mark(1))
 
     def step_end(self) -> None:
-        self._step_end.append(self._mark())
+        self._step_end.append(self._mark(2))
 
     @contextlib.contextmanager
     def fetching(self) -> Iterator[None]:
@@ -114,6 +131,8 @@ class StepTimer:
                 item = next(it)
             except StopIteration:
                 self._fetch_start.pop()
+                if self.cuda:
+                    self._host[0].pop()
                 return
             self.fetch_end()
             yield item
@@ -134,11 +153,18 @@ class StepTimer:
             raise RuntimeError("StepTimer: every step_end needs a fetch_start and fetch_end before it")
         if self.cuda and n:
             self._step_end[n - 1].synchronize()
-        step_s, wait_s = [], []
+        step_s, wait_s, host_step, host_wait = [], [], [], []
+        fs, fe, se = self._host
         for i in range(self.warmup, n):
             # a step runs from the end of the previous step (when it starts asking for data)
             # to its own end; its first step starts at its own fetch.
             start = self._step_end[i - 1] if i > 0 else self._fetch_start[i]
             step_s.append(self._elapsed(start, self._step_end[i]))
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
-        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n))
+            if self.cuda:
+                host_step.append(se[i] - (se[i - 1] if i > 0 else fs[i]))
+                host_wait.append(max(0.0, fe[i] - fs[i]))
+        if not self.cuda:  # the work is synchronous: the host's clock is the only one
+            host_step, host_wait = step_s, wait_s
+        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
+                         host_wait_s=host_wait, host_step_s=host_step)
