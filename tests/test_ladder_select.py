@@ -384,3 +384,43 @@ def test_the_timer_reports_the_hosts_share_getting_batches():
         t.step_end()
     r = t.result()
     assert r.host_wait_frac == r.data_wait_frac and 0.15 < r.host_wait_frac < 0.4
+
+
+def _quiet(effects, run_noise):
+    """A fake whose fresh runs differ by ``run_noise`` (relative) around the true effect."""
+    rng = np.random.default_rng(3)
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else spec.split(",")
+        mean = 0.010 / np.prod([effects[n] for n in names]) if names else 0.010
+        steps = list(mean * (1 + run_noise * rng.standard_normal()) * np.ones(30))
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.0, "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+    return measure
+
+
+def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster():
+    """H200 round 8: workers on the compiled GPT step (1.00x) ran up to 6 processes a side. With
+    quiet runs the interval excludes a 1% gain after 3 a side: dropped there. With noisy runs it
+    does not, and the comparison goes on to max_repeats (the rule cannot cut a real gain short)."""
+    effects = {"bf16": 1.5, "workers": 1.0}
+    calls: list[str] = []
+    inner = _quiet(effects, 0.0005)
+
+    def measure(target, spec, **kw):
+        calls.append(spec)
+        return inner(target, spec, **kw)
+
+    doc = run_ladder("x", ["bf16", "workers"], measure=measure, device="cpu", max_repeats=6)
+    w = {r["rung"]: r for r in doc["rungs"]}["+workers"]
+    assert w["runs_per_side"] == 3 and calls.count("workers") == 3  # a feed: tried first here
+    assert w["speedup_vs_prev"]["ci_high"] < 1.01 and w["speedup_vs_prev"]["futile"]
+    assert "at most" in w["decision"] and "no more runs after 3 a side" in w["decision"]
+    assert doc["selected"] == ["bf16"]
+    noisy = run_ladder("x", ["bf16", "workers"], measure=_quiet(effects, 0.03), device="cpu", max_repeats=6)
+    w = {r["rung"]: r for r in noisy["rungs"]}["+workers"]
+    assert w["runs_per_side"] == 6 and not w["speedup_vs_prev"].get("futile")
+    # the cumulative story measures its rungs to the end: no futility stop there
+    cum = run_ladder("x", ["bf16", "workers"], measure=_quiet(effects, 0.0005), device="cpu", mode="cumulative")
+    assert not {r["rung"]: r for r in cum["rungs"]}["+workers"]["speedup_vs_prev"].get("futile")

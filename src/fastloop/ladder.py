@@ -17,7 +17,8 @@ host-bound step could save).
 Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
 
 Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
-clear, and otherwise adds runs up to ``max_repeats`` while the time ``budget`` allows. The best
+clear (kept, slower, or at most 1% faster: ``MIN_GAIN``), and otherwise adds runs up to
+``max_repeats`` while the time ``budget`` allows. The best
 configuration's runs are measured once and count again in the next comparison (topped up when a
 comparison needs more), so each candidate costs only its own runs; a candidate whose first run is
 clearly slower than those runs (>= 2% and outside their prediction interval) is dropped after
@@ -63,6 +64,10 @@ EARLY_DROP = 0.98
 """A candidate whose first run is at most this fast relative to the best configuration so far
 (2% slower or worse), and outside the prediction interval of that configuration's runs, is
 dropped after that one run."""
+MIN_GAIN = 1.01
+"""In the selecting ladder a comparison stops at a look once its interval's upper end is below
+this ratio: the candidate can be at most 1% faster, so more runs could not make it worth keeping
+(H200 round 8: workers on the compiled GPT step ran 4 more processes, ~60 s, to learn 1.00x)."""
 FEED_BUSY = 0.95
 FEED_WAIT = 0.02
 """A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
@@ -208,6 +213,9 @@ class _Ladder:
                 break
             if ci["ci_high"] is not None and ci["ci_high"] < 1.0:  # clearly slower: no point measuring more
                 break
+            if self.mode == "select" and ci["ci_high"] is not None and ci["ci_high"] < MIN_GAIN:
+                ci["futile"] = True  # at most 1% faster: no number of runs makes it worth keeping
+                break
             if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
                 break
         return fresh, ci, n
@@ -243,7 +251,9 @@ class _Ladder:
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
                          f"a look too, and one {100 * (1 - EARLY_DROP):g}% or more slower than the best configuration, "
-                         "outside the prediction interval of that configuration's runs, is dropped there"}
+                         "outside the prediction interval of that configuration's runs, is dropped there; a comparison "
+                         f"whose interval's upper end falls below {MIN_GAIN}x stops (at most {100 * (MIN_GAIN - 1):g}% "
+                         "faster: not worth keeping)"}
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
         if self.selected and measured:
@@ -314,6 +324,9 @@ class _Ladder:
             elif ci and n == 1:
                 doc["decision"] = (f"dropped after one run: {ci['verdict']}, against the spread of "
                                    f"{len(base.docs)} runs of {base_spec} (prediction interval)")
+            elif ci and ci.get("futile"):
+                doc["decision"] = (f"dropped: {ci['verdict']}; at most {ci['ci_high']:.3f}x faster "
+                                   f"(below {MIN_GAIN}x), so no more runs after {n} a side")
             else:
                 doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
             if keep:
