@@ -35,9 +35,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,6 +54,7 @@ from fastloop.compare import (
 from fastloop.doctor import diagnose
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import Context, default_ladder, resolve
+from fastloop.speedups.workers import STEP_RATE_ENV
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
@@ -293,7 +296,8 @@ class _Ladder:
                 continue
             base_spec = self._spec()
             cand_spec = self._spec([s.spec])
-            fresh, ci, n = self._compare_adaptive(base_spec, cand_spec, own=s.spec)
+            with self._step_rate_for(s):
+                fresh, ci, n = self._compare_adaptive(base_spec, cand_spec, own=s.spec)
             if self.base_runs is None:
                 self._baseline(fresh[self.base_spec])
                 prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
@@ -352,6 +356,27 @@ class _Ladder:
         else:
             self._final()
         return self.document()
+
+    @contextlib.contextmanager
+    def _step_rate_for(self, s: Any) -> Iterator[None]:
+        """A feed candidate's runs learn what the step consumes: the best configuration's steps/s
+        without data wait, in ``FASTLOOP_STEP_RATE`` (``workers`` weighs its loader rates
+        against it)."""
+        best = self.best_runs.get(self._spec()) if s.feeds else None
+        doc = merge_runs(best) if best is not None and best.docs else {}
+        mean = (doc.get("step_s") or {}).get("mean")
+        if not mean:
+            yield
+            return
+        before = os.environ.get(STEP_RATE_ENV)
+        os.environ[STEP_RATE_ENV] = repr(1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0))))
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(STEP_RATE_ENV, None)
+            else:
+                os.environ[STEP_RATE_ENV] = before
 
     def _model_says_no(self, s: Any) -> str | None:
         """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),

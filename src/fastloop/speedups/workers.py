@@ -4,8 +4,15 @@ Without an option, the loader's own rate (samples/s) is measured in the main pro
 1, 2, 4, ... workers (up to the CPU count, at least 4; about half a second each), and the fastest count is
 used; when no count delivers faster than the main process alone (an in-memory TensorDataset,
 for example, where worker IPC costs more than indexing), the speedup is skipped with the
-measured rates as the reason. ``workers:N`` sets the count without measuring. The rates are in
-the record's statistics (``loader_rates``) and in the report.
+measured rates as the reason. When the step's own rate is known (the ladder passes the best
+configuration's measured steps/s in ``FASTLOOP_STEP_RATE``; a user may set it too), the
+decision weighs the loader against what the step consumes: the main process's share of each
+training second that workers would save, ``demand x (1/rate_main - 1/rate_workers)``, must reach
+5% (``WORKER_MIN_SAVING``), else the speedup is skipped with both figures (a GPT step that
+consumes 500 samples/s from a loader that delivers 15,000/s in the main process cannot gain).
+``workers:N`` sets the count without measuring. The rates, the step's demand and the predicted
+saving are in the record's statistics (``loader_rates``, ``step_demand``, ``predicted_saving``)
+and in the report.
 
 Card:
 - Helps: any loader whose per-batch work (decode, augment, collate) is CPU-heavy; the GPU
@@ -37,7 +44,8 @@ from fastloop.speedups.base import (
     register,
 )
 
-__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate"]
+__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
+           "predicted_saving", "step_rate_hint"]
 
 
 def default_num_workers() -> int:
@@ -132,6 +140,33 @@ def choose_num_workers(loader: DataLoader, *, most: int | None = None) -> tuple[
     return best, rates
 
 
+WORKER_MIN_SAVING = 0.05
+"""With the step's demand known, workers must save the main process this share of each second."""
+STEP_RATE_ENV = "FASTLOOP_STEP_RATE"
+
+
+def step_rate_hint() -> float | None:
+    """Steps per second the training step runs at when it never waits for data, if a caller
+    measured it (``FASTLOOP_STEP_RATE``, set by the ladder for a feed candidate's runs); else None."""
+    text = os.environ.get(STEP_RATE_ENV, "")
+    try:
+        rate = float(text)
+    except ValueError:
+        return None
+    return rate if rate > 0 and rate != float("inf") else None
+
+
+def predicted_saving(demand: float, main_rate: float, workers_rate: float) -> float:
+    """The share of each training second the main process stops spending on loading when a loader
+    that delivers ``main_rate`` samples/s alone delivers ``workers_rate`` with workers, for a
+    step that consumes ``demand`` samples/s (receiving from workers is part of ``workers_rate``).
+
+    >>> round(predicted_saving(500.0, 15_000.0, 30_000.0), 4)
+    0.0167
+    """
+    return max(0.0, demand * (1.0 / main_rate - 1.0 / workers_rate))
+
+
 @dataclass(frozen=True)
 class WorkersOptions:
     """Options of ``workers``."""
@@ -181,6 +216,25 @@ class Workers(Speedup):
                                                  f"delivers {WORKER_GAIN}x the rate of "
                                                  f"{loader.num_workers or 'the main process alone'}")
                 return loader
+            why = self._demand_says_no(loader, rates, n, ctx)
+            if why:
+                ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}; {why}")
+                return loader
         ctx.stats["num_workers"] = n
         ctx.describe(self.name, f"{n} worker processes" + (" (measured fastest)" if self.opts.count is None else ""))
         return apply_workers(loader, int(n))
+
+    def _demand_says_no(self, loader: DataLoader, rates: dict[str, float], n: int, ctx: Context) -> str | None:
+        """With the step's rate known: why workers cannot pay here (the saving is under 5%), or None."""
+        steps_per_s = step_rate_hint()
+        main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
+        if steps_per_s is None or not loader.batch_size or not main or not fast or main != main or fast != fast:
+            return None
+        demand = steps_per_s * loader.batch_size
+        saving = predicted_saving(demand, main, fast)
+        ctx.stats["step_demand"], ctx.stats["predicted_saving"] = demand, saving
+        if saving >= WORKER_MIN_SAVING:
+            return None
+        return (f"the step consumes {demand:,.0f} samples/s (measured in the configuration before): {n} workers "
+                f"would save the main process {100 * saving:.1f}% of its time, under {100 * WORKER_MIN_SAVING:g}%")
+

@@ -1,0 +1,83 @@
+"""``workers`` weighs the loader's measured rates against what the step consumes: H200 round 8,
+a CIFAR loader measured 91.7k samples/s alone and 137.8k with 16 workers (1.5x, so workers were
+used) for a step that consumed ~15k/s, and trained 0.90x; a GPT loader delivers ~15k/s for a step
+that consumes 500/s. With the step's rate known (``FASTLOOP_STEP_RATE``, which the ladder sets
+for a feed candidate's runs), workers are used only where they save the main process >= 5%."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastloop.ladder import run_ladder
+from fastloop.speedups import resolve
+from fastloop.speedups import workers as W
+from fastloop.speedups.base import Context
+
+CPU = torch.device("cpu")
+
+
+def _loader(bs: int = 16) -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(64, 3), torch.arange(64)), batch_size=bs)
+
+
+def _apply(monkeypatch, rates: dict[str, float], step_rate: str | None):
+    monkeypatch.setattr(W, "choose_num_workers", lambda loader, most=None: (
+        max((int(k) for k in rates), key=lambda k: rates[str(k)]), rates))
+    if step_rate is None:
+        monkeypatch.delenv(W.STEP_RATE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(W.STEP_RATE_ENV, step_rate)
+    (s,) = resolve("workers")
+    ctx = Context(CPU)
+    loader = _loader()
+    out = s.apply_loader(loader, ctx)
+    return loader, out, ctx
+
+
+def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
+    # 31.25 steps/s x 16 = 500 samples/s from a loader at 15,000/s alone and 30,000/s with 4 workers
+    loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, "31.25")
+    rec = ctx.records["workers"]
+    assert out is loader and rec.status == "skipped"
+    assert "consumes 500 samples/s" in rec.reason and "1.7% of its time, under 5%" in rec.reason
+    assert ctx.stats["step_demand"] == pytest.approx(500.0)
+    assert ctx.stats["predicted_saving"] == pytest.approx(500 / 15_000 - 500 / 30_000)
+
+
+def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkeypatch):
+    # 500 steps/s x 16 = 8,000 samples/s: the main process spends 80% of its time loading, workers 20%
+    loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, "500")
+    assert "workers" not in ctx.records and out.num_workers == 4  # applied (the adapter writes that record)
+    assert ctx.stats["predicted_saving"] == pytest.approx(0.6)
+    # the GPT case again, with no step rate: the 1.25x rule alone uses workers
+    for bad in (None, "not a number", "0", "inf"):
+        loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, bad)
+        assert "workers" not in ctx.records and out.num_workers == 4 and "step_demand" not in ctx.stats
+
+
+def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
+    seen: dict[str, list] = {}
+    rng = np.random.default_rng(0)
+
+    def measure(target, spec, **kw):
+        import os
+        seen.setdefault(spec, []).append(os.environ.get(W.STEP_RATE_ENV))
+        names = [] if spec == "none" else spec.split(",")
+        mean = 0.010 / (1.5 if "bf16" in names else 1.0)
+        steps = list(mean * (1 + 0.001 * rng.standard_normal()) * np.ones(30))
+        return {"step_s_all": steps, "step_s": {"mean": mean}, "items_per_step": 16, "data_wait_frac": 0.5,
+                "host_wait_frac": 0.5, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5}
+
+    run_ladder("x", measure=measure, device="cpu")  # the default rungs: feeds last
+    assert set(seen["bf16"]) == {None}  # not a feed: no rate
+    # workers (a feed) is tried on top of bf16, whose step runs 6.67 ms of which half waits:
+    # the step alone would run 300 steps/s
+    rates = {float(r) for r in seen["bf16,workers"][:3]}  # its rung's runs (a final rung is no feed comparison)
+    assert len(rates) == 1 and rates.pop() == pytest.approx(1 / (0.010 / 1.5 * 0.5), rel=0.01)
+    import os
+    assert W.STEP_RATE_ENV not in os.environ  # put back after the comparison
