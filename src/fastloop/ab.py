@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, telling_step_rate
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import resolve
 from fastloop.subproc import run_in_subprocess
@@ -69,8 +69,15 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     measure = measure or run_in_subprocess
     runs: dict[str, Runs] = {f"a:{a}": Runs(a), f"b:{b}": Runs(b)}
 
+    # B adds only data-pipeline speedups to A: B's runs learn A's step rate (workers weighs
+    # its loader against what the step consumes)
+    a_compute = {s.spec for s in resolve(a) if not s.feeds}
+    feeds_only = a_compute == {s.spec for s in resolve(b) if not s.feeds}
+
     def by_side(target_: str, key: str, **kw) -> dict:
-        return measure(target_, key.split(":", 1)[1], **kw)
+        told = runs[f"a:{a}"] if key.startswith("b:") and feeds_only else None
+        with telling_step_rate(told):
+            return measure(target_, key.split(":", 1)[1], **kw)
 
     update = (lambda: on_update(_doc(a, b, runs, repeats))) if on_update else None
     shown = (lambda text: progress(text.replace("of a:", "of A = ").replace("of b:", "of B = "))) if progress else None

@@ -15,14 +15,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
+from fastloop.speedups.workers import STEP_RATE_ENV
 from fastloop.subproc import ConfigurationFailed
 
-__all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item"]
+__all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
+           "telling_step_rate"]
 
 VERDICT_CONFIDENCE = 0.97
 """Confidence of the intervals behind every verdict. With 5 interleaved runs per side it keeps
@@ -219,3 +223,26 @@ def compare_verdict(ci, tainted: bool = False) -> str:
     if tainted:
         return "no verdict: the loss was not finite (NaN/inf) in at least one run"
     return verdict(ci)
+
+
+@contextlib.contextmanager
+def telling_step_rate(runs: Runs | None) -> Iterator[None]:
+    """Runs started inside learn how fast the step of ``runs``' configuration goes without data
+    wait (steps/s, in ``FASTLOOP_STEP_RATE``): ``workers`` weighs its loader rates against it.
+    The ladder tells a feed candidate its base's rate; the A/B tells B A's rate when B adds only
+    feed speedups to A. Nothing is told when ``runs`` has no measured run."""
+    doc = merge_runs(runs) if runs is not None and runs.docs else {}
+    mean = (doc.get("step_s") or {}).get("mean")
+    if not mean:
+        yield
+        return
+    before = os.environ.get(STEP_RATE_ENV)
+    os.environ[STEP_RATE_ENV] = repr(1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0))))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STEP_RATE_ENV, None)
+        else:
+            os.environ[STEP_RATE_ENV] = before
+

@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,11 +49,11 @@ from fastloop.compare import (
     compare,
     measure_interleaved,
     merge_runs,
+    telling_step_rate,
 )
 from fastloop.doctor import diagnose
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import Context, default_ladder, resolve
-from fastloop.speedups.workers import STEP_RATE_ENV
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
@@ -357,26 +356,9 @@ class _Ladder:
             self._final()
         return self.document()
 
-    @contextlib.contextmanager
-    def _step_rate_for(self, s: Any) -> Iterator[None]:
-        """A feed candidate's runs learn what the step consumes: the best configuration's steps/s
-        without data wait, in ``FASTLOOP_STEP_RATE`` (``workers`` weighs its loader rates
-        against it)."""
-        best = self.best_runs.get(self._spec()) if s.feeds else None
-        doc = merge_runs(best) if best is not None and best.docs else {}
-        mean = (doc.get("step_s") or {}).get("mean")
-        if not mean:
-            yield
-            return
-        before = os.environ.get(STEP_RATE_ENV)
-        os.environ[STEP_RATE_ENV] = repr(1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0))))
-        try:
-            yield
-        finally:
-            if before is None:
-                os.environ.pop(STEP_RATE_ENV, None)
-            else:
-                os.environ[STEP_RATE_ENV] = before
+    def _step_rate_for(self, s: Any) -> contextlib.AbstractContextManager:
+        """A feed candidate's runs learn what the step consumes (see :func:`telling_step_rate`)."""
+        return telling_step_rate(self.best_runs.get(self._spec()) if s.feeds else None)
 
     def _model_says_no(self, s: Any) -> str | None:
         """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
