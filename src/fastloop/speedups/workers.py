@@ -224,7 +224,11 @@ class Workers(Speedup):
                 ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}; {why}")
                 return loader
         ctx.stats["num_workers"] = n
-        ctx.describe(self.name, f"{n} worker processes" + (" (measured fastest)" if self.opts.count is None else ""))
+        why = "" if self.opts.count is not None else " (measured fastest)"
+        if "predicted_saving" in ctx.stats:
+            why = (f" (measured fastest; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% "
+                   f"of its time at the step's {ctx.stats['step_demand']:,.0f} samples/s)")
+        ctx.describe(self.name, f"{n} worker processes{why}")
         return apply_workers(loader, int(n))
 
     def _demand_says_no(self, loader: DataLoader, rates: dict[str, float], n: int, ctx: Context) -> str | None:
