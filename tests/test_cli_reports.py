@@ -90,10 +90,15 @@ def test_doctor_on_cpu_measures_what_it_can(tmp_path):
 
 
 def test_a_vs_a_not_significant(tmp_path):
-    out = tmp_path / "ab.json"
-    assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "3", "--steps", "40",
-                 "--warmup", "3", "--device", "cpu", "--json", str(out), "--quiet"]) == 0
-    doc = json.loads(out.read_text())
+    """A vs A is called significant in at most 3% of A/Bs by design (97% intervals), so one A/B
+    may be: a second, independent one being significant too (<= 0.1% under the design) fails."""
+    for attempt in range(2):
+        out = tmp_path / f"ab{attempt}.json"
+        assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "3", "--steps", "40",
+                     "--warmup", "3", "--device", "cpu", "--json", str(out), "--quiet"]) == 0
+        doc = json.loads(out.read_text())
+        if doc["speedup"]["significant"] is False:
+            break
     assert doc["speedup"]["significant"] is False and doc["verdict"].startswith("no significant difference")
     _check_config(doc["a"])
     _check_config(doc["b"])

@@ -52,7 +52,8 @@ def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkey
     loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, "500")
     assert "workers" not in ctx.records and out.num_workers == 4  # applied (the adapter writes that record)
     assert ctx.stats["predicted_saving"] == pytest.approx(0.6)
-    assert "predicted to save the main process 60% of its time at the step's 8,000 samples/s" in ctx._details["workers"]
+    assert ctx._details["workers"] == ("4 worker processes (measured fastest: 40,000 samples/s against 10,000 with none; "
+                                       "predicted to save the main process 60% of its time at the step's 8,000 samples/s)")
     # the GPT case again, with no step rate: the 1.25x rule alone uses workers
     for bad in (None, "not a number", "0", "inf"):
         loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, bad)

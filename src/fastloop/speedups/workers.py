@@ -224,10 +224,16 @@ class Workers(Speedup):
                 ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}; {why}")
                 return loader
         ctx.stats["num_workers"] = n
-        why = "" if self.opts.count is not None else " (measured fastest)"
-        if "predicted_saving" in ctx.stats:
-            why = (f" (measured fastest; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% "
-                   f"of its time at the step's {ctx.stats['step_demand']:,.0f} samples/s)")
+        why = ""
+        if self.opts.count is None:
+            rates = ctx.stats.get("loader_rates") or {}
+            main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
+            why = (f" (measured fastest: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
+                   if main and fast else " (measured fastest")
+            if "predicted_saving" in ctx.stats:
+                why += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
+                        f"at the step's {ctx.stats['step_demand']:,.0f} samples/s")
+            why += ")"
         ctx.describe(self.name, f"{n} worker processes{why}")
         return apply_workers(loader, int(n))
 
