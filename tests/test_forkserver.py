@@ -77,3 +77,26 @@ def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypa
     first = subproc._SERVER.proc.pid
     run_in_subprocess("tests/targets.py:env_probe", "none", steps=4, warmup=1, device="cpu", profile=False)
     assert subproc._SERVER.proc.pid == first
+
+
+def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, monkeypatch, tmp_path):
+    """An A/B tells B A's step rate and not A: were the variable read at import, every B run and
+    every A run after it would start a new server (torch and Lightning imported again)."""
+    from fastloop.ab import run_ab
+
+    probe, rate = tmp_path / "probe.txt", tmp_path / "rate.txt"
+    monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(probe))
+    monkeypatch.setenv("FASTLOOP_TEST_PROBE_RATE", str(rate))
+    monkeypatch.delenv("FASTLOOP_STEP_RATE", raising=False)
+    pids = []
+
+    def measure(*args, **kwargs):
+        doc = run_in_subprocess(*args, **kwargs)
+        pids.append(subproc._SERVER.proc.pid)
+        return doc
+
+    run_ab("tests/targets.py:env_probe", "none", "pin_memory", repeats=2, steps=4, warmup=1, measure=measure)
+    seen = rate.read_text().split()
+    assert seen[0] == "unset" and seen[2] == "unset" and float(seen[1]) > 0 and float(seen[3]) > 0  # A, B, A, B
+    assert len(set(pids)) == 1  # one server for all four runs
+

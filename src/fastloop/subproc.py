@@ -109,7 +109,7 @@ class _ForkServer:
         self.proc.wait()
 
 
-RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS"})
+RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS", "FASTLOOP_STEP_RATE"})
 """Variables fastloop reads while a run starts, not at import: a change needs no new fork server
 (each forked child gets the request's whole environment)."""
 
