@@ -29,12 +29,12 @@ def _processes_with(mark: str) -> list[int]:
 
 
 def _bound_s() -> float:
-    """3 s on a machine that is not oversubscribed (the leader ends its children and writes the
-    interrupted report, HTML plots included: ~1.5 s on 2 cores; a 2 s bound failed once in CI's
-    own run at 2.08 s); on one whose load average already exceeds its cores (other jobs running),
+    """2 s, the promise, on a machine that is not oversubscribed (0.1-0.4 s measured since the
+    leader skips the interpreter's teardown after Ctrl-C; 1.6-4.9 s before, which failed this test
+    in a CI-like run); on one whose load average already exceeds its cores (other jobs running),
     the same work takes proportionally longer, so the bound scales with that measured load."""
     cores = len(os.sched_getaffinity(0))
-    return 3.0 * max(1.0, os.getloadavg()[0] / cores)
+    return 2.0 * max(1.0, os.getloadavg()[0] / cores)
 
 
 def _start(tmp_path: Path, cmd: str) -> tuple[subprocess.Popen, str, Path]:
