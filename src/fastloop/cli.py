@@ -338,11 +338,8 @@ def _arm_interrupt_deadline() -> None:
     finished within :data:`INTERRUPT_DEADLINE_S`; the orderly path runs meanwhile as usual."""
     def deadline() -> None:
         time.sleep(INTERRUPT_DEADLINE_S)
-        for child in multiprocessing.active_children():  # DataLoader workers
-            child.kill()
         sys.stderr.write("fastloop: interrupted\n")
-        sys.stderr.flush()
-        os._exit(130)
+        _leave_now(130)
 
     def on_sigint(signum: int, frame: object) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing now

@@ -245,4 +245,3 @@ def telling_step_rate(runs: Runs | None) -> Iterator[None]:
             os.environ.pop(STEP_RATE_ENV, None)
         else:
             os.environ[STEP_RATE_ENV] = before
-

@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -295,7 +294,8 @@ class _Ladder:
                 continue
             base_spec = self._spec()
             cand_spec = self._spec([s.spec])
-            with self._step_rate_for(s):
+            # a feed candidate's runs learn what the step consumes (workers weighs its loader against it)
+            with telling_step_rate(self.best_runs.get(base_spec) if s.feeds else None):
                 fresh, ci, n = self._compare_adaptive(base_spec, cand_spec, own=s.spec)
             if self.base_runs is None:
                 self._baseline(fresh[self.base_spec])
@@ -355,10 +355,6 @@ class _Ladder:
         else:
             self._final()
         return self.document()
-
-    def _step_rate_for(self, s: Any) -> contextlib.AbstractContextManager:
-        """A feed candidate's runs learn what the step consumes (see :func:`telling_step_rate`)."""
-        return telling_step_rate(self.best_runs.get(self._spec()) if s.feeds else None)
 
     def _model_says_no(self, s: Any) -> str | None:
         """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),

@@ -170,6 +170,33 @@ def predicted_saving(demand: float, main_rate: float, workers_rate: float) -> fl
     return max(0.0, demand * (1.0 / main_rate - 1.0 / workers_rate))
 
 
+def _demand_says_no(batch_size: int | None, main: float | None, fast: float | None, n: int, ctx: Context) -> str | None:
+    """With the step's rate known: why ``n`` workers cannot pay here (they would save the main process
+    under ``WORKER_MIN_SAVING`` of its time), or None; the demand and the saving go into ``ctx.stats``."""
+    steps_per_s = step_rate_hint()
+    if steps_per_s is None or not batch_size or not main or not fast or main != main or fast != fast:
+        return None
+    demand = steps_per_s * batch_size
+    saving = predicted_saving(demand, main, fast)
+    ctx.stats["step_demand"], ctx.stats["predicted_saving"] = demand, saving
+    if saving >= WORKER_MIN_SAVING:
+        return None
+    return (f"the step consumes {demand:,.0f} samples/s (measured in the configuration before): {n} workers "
+            f"would save the main process {100 * saving:.1f}% of its time, under {100 * WORKER_MIN_SAVING:g}%")
+
+
+def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
+    """The applied record's note on a measured count: the two rates and, when known, the predicted saving."""
+    rates = ctx.stats.get("loader_rates") or {}
+    main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
+    out = (f" (measured fastest: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
+           if main and fast else " (measured fastest")
+    if "predicted_saving" in ctx.stats:
+        out += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
+                f"at the step's {ctx.stats['step_demand']:,.0f} samples/s")
+    return out + ")"
+
+
 @dataclass(frozen=True)
 class WorkersOptions:
     """Options of ``workers``."""
@@ -219,35 +246,12 @@ class Workers(Speedup):
                                                  f"delivers {WORKER_GAIN}x the rate of "
                                                  f"{loader.num_workers or 'the main process alone'}")
                 return loader
-            why = self._demand_says_no(loader, rates, n, ctx)
+            main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
+            why = _demand_says_no(loader.batch_size, main, fast, n, ctx)
             if why:
                 ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}; {why}")
                 return loader
         ctx.stats["num_workers"] = n
-        why = ""
-        if self.opts.count is None:
-            rates = ctx.stats.get("loader_rates") or {}
-            main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
-            why = (f" (measured fastest: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
-                   if main and fast else " (measured fastest")
-            if "predicted_saving" in ctx.stats:
-                why += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
-                        f"at the step's {ctx.stats['step_demand']:,.0f} samples/s")
-            why += ")"
-        ctx.describe(self.name, f"{n} worker processes{why}")
+        measured = "" if self.opts.count is not None else _measured_detail(loader, n, ctx)
+        ctx.describe(self.name, f"{n} worker processes{measured}")
         return apply_workers(loader, int(n))
-
-    def _demand_says_no(self, loader: DataLoader, rates: dict[str, float], n: int, ctx: Context) -> str | None:
-        """With the step's rate known: why workers cannot pay here (the saving is under 5%), or None."""
-        steps_per_s = step_rate_hint()
-        main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
-        if steps_per_s is None or not loader.batch_size or not main or not fast or main != main or fast != fast:
-            return None
-        demand = steps_per_s * loader.batch_size
-        saving = predicted_saving(demand, main, fast)
-        ctx.stats["step_demand"], ctx.stats["predicted_saving"] = demand, saving
-        if saving >= WORKER_MIN_SAVING:
-            return None
-        return (f"the step consumes {demand:,.0f} samples/s (measured in the configuration before): {n} workers "
-                f"would save the main process {100 * saving:.1f}% of its time, under {100 * WORKER_MIN_SAVING:g}%")
-
