@@ -100,3 +100,16 @@ def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, m
     assert seen[0] == "unset" and seen[2] == "unset" and float(seen[1]) > 0 and float(seen[3]) > 0  # A, B, A, B
     assert len(set(pids)) == 1  # one server for all four runs
 
+
+
+def test_the_compiler_preload_imports_inductor_without_initializing_cuda():
+    import subprocess
+    import sys
+
+    code = ("import torch; from fastloop.forkserver import preload_compiler, wants_compiler; "
+            "done = preload_compiler(); print(sorted(done)); print(torch.cuda.is_initialized()); "
+            "print(wants_compiler(['run', 'x', '--speedups', 'bf16,cuda_graph']), wants_compiler(['run', 'compiled']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout.split("\n")
+    assert "torch._inductor.compile_fx" in out[0] and "torch._functorch.partitioners" in out[0]
+    assert out[1] == "False"
+    assert out[2] == "True False"

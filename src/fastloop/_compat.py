@@ -14,6 +14,7 @@ try:  # pragma: no cover - which branch runs depends on the machine
         LightningModule,
         Trainer,
     )
+    from lightning.pytorch.profilers import PassThroughProfiler
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 except ImportError:  # pragma: no cover
     import pytorch_lightning as pl  # type: ignore[no-redef]
@@ -23,6 +24,8 @@ except ImportError:  # pragma: no cover
         LightningModule,
         Trainer,
     )
+    from pytorch_lightning.profilers import PassThroughProfiler  # type: ignore[no-redef]
     from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy  # type: ignore[no-redef]
 
-__all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "Trainer", "pl"]
+__all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "PassThroughProfiler",
+           "Trainer", "pl"]

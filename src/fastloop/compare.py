@@ -151,6 +151,8 @@ def merge_runs(runs: Runs) -> dict:
     doc["data_wait_frac"] = sum(waits) / len(waits) if waits else None
     host = [r.get("host_wait_frac") for r in runs.docs if r.get("host_wait_frac") is not None]
     doc["host_wait_frac"] = sum(host) / len(host) if host else None
+    fetch = [r.get("host_fetch_s") for r in runs.docs if r.get("host_fetch_s") is not None]
+    doc["host_fetch_s"] = sum(fetch) / len(fetch) if fetch else None
     doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
     if not all(loss_finite(r) for r in runs.docs):
         doc["loss_finite"] = False

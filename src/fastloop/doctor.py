@@ -131,7 +131,9 @@ def _feed_rates(cfg: dict, wait: float) -> str:
     if not (mean and items) or wait >= 1:
         return ""
     demand = items / (mean * (1 - wait))
-    return (f"; the feed delivers {items / mean:,.0f} items/s and the step alone would consume {demand:,.0f}/s: "
+    fetch = cfg.get("host_fetch_s")
+    rate = items / fetch if fetch else items / mean  # the loader's own rate where it was timed apart
+    return (f"; the feed delivers {rate:,.0f} items/s and the step alone would consume {demand:,.0f}/s: "
             f"the feed must reach {demand:,.0f}/s")
 
 

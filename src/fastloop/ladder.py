@@ -124,13 +124,18 @@ def _breakdown(doc: dict) -> dict:
 
 
 def _feed_line(doc: dict) -> str:
-    """The loader's rate against the step's demand, from one rung's measurement."""
+    """The loader's rate against the step's demand, from one rung's measurement: the loader's
+    own rate where the host's time getting each batch was timed apart (``host_fetch_s``)."""
     mean = (doc.get("step_s") or {}).get("mean")
     wait = doc.get("data_wait_frac") or 0.0
     items = doc.get("items_per_step")
     if not (mean and items):
         return ""
     demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
+    fetch = doc.get("host_fetch_s")
+    if fetch:
+        return (f"the loader delivers ~{items / fetch:,.0f} items/s ({1e3 * fetch:.2f} ms of host time a batch, "
+                f"copy included) and the step alone would consume ~{demand:,.0f}/s")
     return f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
 
 

@@ -30,7 +30,7 @@ from fastloop.data import tensor_dataset_parts
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
-from fastloop.measure.callback import MeasureCallback
+from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
 from fastloop.speedups.base import REGISTRY, Record, resolve
@@ -160,6 +160,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "items_per_step": measure.items_per_step,
         "data_wait_frac": stats.data_wait_frac,
         "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
+        "host_fetch_s": (sum(stats.host_wait_s) / len(stats.host_wait_s)) if stats.host_wait_s else None,
         "peak_mem_bytes": measure.peak_mem_bytes,
         "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
         "warmup_overhead_s": stats.compile_s,
@@ -355,7 +356,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
         max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[*cbs, measure, monitored, gather],
+        callbacks=[*cbs, measure, monitored, gather], profiler=FeedClock(),
         **({"strategy": _strategy(strategy, dev)} if distributed else {}),
     )
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
@@ -402,10 +403,15 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES)
                                                               for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
+    t_digest = time.perf_counter()
     doc["weights_sha256"] = weights_digest(module)
+    digest_s = time.perf_counter() - t_digest
     # where a run's wall time goes (a ladder pays it per process): building the target, and the
     # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
-    doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid()}
+    doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid(), "digest_s": digest_s,
+                      "setup_s": measure._t0 - t_fit if measure._t0 else None,  # fit start -> on_train_start
+                      "train_s": (measure.train_end_t - measure._t0) if measure.train_end_t and measure._t0 else None,
+                      "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
     doc["model_checks"] = model_checks
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"

@@ -91,7 +91,8 @@ class _ForkServer:
         self.proc.stdin.write((json.dumps({"argv": argv, "stderr": err_path, "env": env, "cwd": os.getcwd()}) + "\n").encode())
         self.proc.stdin.flush()
         started = self._read(60)
-        if started is None:
+        if started is None or "pid" not in started:  # the server died, or gave up ({"error"}): no fork
+            self.close()
             return None
         pid = started["pid"]
         try:

@@ -98,6 +98,9 @@ class StepTimer:
         self._step_end: list = []
         self._host: tuple[list[float], list[float], list[float]] = ([], [], [])
         """On CUDA, the host's clock at each mark as well (fetch start, fetch end, step end)."""
+        self._feed: list[float | None] = []
+        """Per step, the host seconds spent inside the loader and the copy to the device, where
+        the caller timed them apart (:class:`~fastloop.measure.callback.FeedClock`); else None."""
 
     def _mark(self, which: int):
         if self.cuda:
@@ -110,8 +113,11 @@ class StepTimer:
     def fetch_start(self) -> None:
         self._fetch_start.append(self._mark(0))
 
-    def fetch_end(self) -> None:
+    def fetch_end(self, feed_s: float | None = None) -> None:
+        """``feed_s``: of the time since ``fetch_start``, the host seconds the loader and the copy
+        to the device took (a framework's own work between steps excluded); None: all of it."""
         self._fetch_end.append(self._mark(1))
+        self._feed.append(feed_s)
 
     def step_end(self) -> None:
         self._step_end.append(self._mark(2))
@@ -134,7 +140,7 @@ class StepTimer:
                 if self.cuda:
                     self._host[0].pop()
                 return
-            self.fetch_end()
+            self.fetch_end()  # nothing else runs between the marks: the whole gap is the loader's
             yield item
 
     def _elapsed(self, a, b) -> float:
@@ -155,6 +161,7 @@ class StepTimer:
             self._step_end[n - 1].synchronize()
         step_s, wait_s, host_step, host_wait = [], [], [], []
         fs, fe, se = self._host
+        feed = self._feed[:n] if len(self._feed) >= n and all(f is not None for f in self._feed[self.warmup:n]) else None
         for i in range(self.warmup, n):
             # a step runs from the end of the previous step (when it starts asking for data)
             # to its own end; its first step starts at its own fetch.
@@ -163,7 +170,9 @@ class StepTimer:
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
             if self.cuda:
                 host_step.append(se[i] - (se[i - 1] if i > 0 else fs[i]))
-                host_wait.append(max(0.0, fe[i] - fs[i]))
+                host_wait.append(max(0.0, fe[i] - fs[i]) if feed is None else float(feed[i]))  # type: ignore[arg-type]
+            elif feed is not None:  # synchronous work: the loader's own time is the wait
+                wait_s[-1] = min(wait_s[-1], float(feed[i]))  # type: ignore[arg-type]
         if not self.cuda:  # the work is synchronous: the host's clock is the only one
             host_step, host_wait = step_s, wait_s
         return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
