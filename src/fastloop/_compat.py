@@ -15,7 +15,7 @@ try:  # pragma: no cover - which branch runs depends on the machine
         Trainer,
     )
     from lightning.pytorch.profilers import PassThroughProfiler
-    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 except ImportError:  # pragma: no cover
     import pytorch_lightning as pl  # type: ignore[no-redef]
     from pytorch_lightning import (  # type: ignore[no-redef,assignment]
@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
         Trainer,
     )
     from pytorch_lightning.profilers import PassThroughProfiler  # type: ignore[no-redef]
-    from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy  # type: ignore[no-redef]
+    from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy  # type: ignore[no-redef]
 
 __all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "PassThroughProfiler",
-           "Trainer", "pl"]
+           "SingleDeviceStrategy", "Trainer", "pl"]

@@ -153,6 +153,8 @@ def merge_runs(runs: Runs) -> dict:
     doc["host_wait_frac"] = sum(host) / len(host) if host else None
     fetch = [r.get("host_fetch_s") for r in runs.docs if r.get("host_fetch_s") is not None]
     doc["host_fetch_s"] = sum(fetch) / len(fetch) if fetch else None
+    copy = [r.get("host_copy_s") for r in runs.docs if r.get("host_copy_s") is not None]
+    doc["host_copy_s"] = sum(copy) / len(copy) if copy else None
     doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
     if not all(loss_finite(r) for r in runs.docs):
         doc["loss_finite"] = False

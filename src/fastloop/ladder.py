@@ -12,7 +12,10 @@ up with an fp32 step may be the wall after compile), and a feed speedup is not m
 faster feed could gain at most 2%: when the best configuration's GPU profile shows the GPU busy
 >= 95% of the step with <= 2% data wait, or when its steps spend <= 2% of the time getting batches
 on the GPU's clock (idle while the batch comes) and on the host's (loader and copy: all a
-host-bound step could save).
+host-bound step could save). The host's share is the loader's ``next`` and ``batch_to_device``
+timed apart from Lightning's own work between steps (:class:`~fastloop.measure.callback.FeedClock`);
+for a speedup that only speeds up the copy (``pin_memory``, ``prefetch``: ``feeds_copy_only``),
+only the copy's part of it.
 
 Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
 
@@ -385,6 +388,11 @@ class _Ladder:
         host = doc.get("host_wait_frac")
         if wait is None:
             return None
+        fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+        part = "getting batches (loader + copy)"
+        if s.feeds_copy_only and host is not None and fetch and copy is not None:
+            # pinned or early copies leave the loader's own work where it is: only the copy's share counts
+            host, part = host * min(1.0, copy / fetch), "copying batches to the device"
         if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
             bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
             return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
@@ -394,8 +402,8 @@ class _Ladder:
             # host-bound one at most the host's time getting it (host): the larger bounds both
             bound = 1 / max(1e-9, 1 - max(wait, host))
             return (f"not measured: the best configuration so far ({self._spec()}) spends {100 * host:.1f}% of its "
-                    f"step's host time getting batches (loader + copy) and the step waits for them {100 * wait:.1f}%; "
-                    f"a faster feed could gain at most {bound:.3f}x")
+                    f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
+                    f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
         return None
 
     def _final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:

@@ -61,6 +61,9 @@ class FeedClock(PassThroughProfiler):
         super().__init__()
         self._started: dict[str, float] = {}
         self._pending = 0.0
+        self._copy = 0.0
+        self.last_copy = 0.0
+        """Of what the last :meth:`take` returned, the copy to the device's part (``batch_to_device``)."""
 
     def start(self, action_name: str) -> None:
         if action_name.endswith(FEED_ACTIONS):
@@ -69,11 +72,15 @@ class FeedClock(PassThroughProfiler):
     def stop(self, action_name: str) -> None:
         t = self._started.pop(action_name, None)
         if t is not None:
-            self._pending += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self._pending += dt
+            if action_name.endswith(FEED_ACTIONS[1]):
+                self._copy += dt
 
     def take(self) -> float:
-        """The seconds spent getting batches since the last call."""
+        """The seconds spent getting batches since the last call (:attr:`last_copy`: the copy's part)."""
         out, self._pending = self._pending, 0.0
+        self.last_copy, self._copy = self._copy, 0.0
         return out
 
 
@@ -181,7 +188,10 @@ class MeasureCallback(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         assert self.timer is not None
-        self.timer.fetch_end(self._clock.take() if self._clock is not None else None)
+        if self._clock is not None:
+            self.timer.fetch_end(self._clock.take(), self._clock.last_copy)
+        else:
+            self.timer.fetch_end()
         self._pending_fetch = False
         if self.items_per_step is None:
             items = getattr(pl_module, "items_per_batch", None)

@@ -47,6 +47,8 @@ class StepStats:
     """Per-step host (wall-clock) time spent getting the batch; on CPU the same as ``wait_s``."""
     host_step_s: list[float] | None = None
     """Per-step host (wall-clock) time from the end of the previous step's issue to this one's."""
+    host_copy_s: list[float] | None = None
+    """Of ``host_wait_s``, the copy to the device's part (where it was timed apart)."""
 
     @property
     def steps(self) -> int:
@@ -99,6 +101,7 @@ class StepTimer:
         self._host: tuple[list[float], list[float], list[float]] = ([], [], [])
         """On CUDA, the host's clock at each mark as well (fetch start, fetch end, step end)."""
         self._feed: list[float | None] = []
+        self._copy: list[float | None] = []
         """Per step, the host seconds spent inside the loader and the copy to the device, where
         the caller timed them apart (:class:`~fastloop.measure.callback.FeedClock`); else None."""
 
@@ -113,11 +116,13 @@ class StepTimer:
     def fetch_start(self) -> None:
         self._fetch_start.append(self._mark(0))
 
-    def fetch_end(self, feed_s: float | None = None) -> None:
+    def fetch_end(self, feed_s: float | None = None, copy_s: float | None = None) -> None:
         """``feed_s``: of the time since ``fetch_start``, the host seconds the loader and the copy
-        to the device took (a framework's own work between steps excluded); None: all of it."""
+        to the device took (a framework's own work between steps excluded); None: all of it.
+        ``copy_s``: of ``feed_s``, the copy to the device's part."""
         self._fetch_end.append(self._mark(1))
         self._feed.append(feed_s)
+        self._copy.append(copy_s)
 
     def step_end(self) -> None:
         self._step_end.append(self._mark(2))
@@ -175,5 +180,7 @@ class StepTimer:
                 wait_s[-1] = min(wait_s[-1], float(feed[i]))  # type: ignore[arg-type]
         if not self.cuda:  # the work is synchronous: the host's clock is the only one
             host_step, host_wait = step_s, wait_s
+        copies = self._copy[self.warmup:n]
+        host_copy = [float(c) for c in copies] if copies and all(c is not None for c in copies) else None  # type: ignore[arg-type]
         return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
-                         host_wait_s=host_wait, host_step_s=host_step)
+                         host_wait_s=host_wait, host_step_s=host_step, host_copy_s=host_copy)

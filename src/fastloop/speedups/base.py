@@ -161,6 +161,10 @@ class Speedup:
     """It makes the input pipeline deliver batches sooner (it does not change the step's work): it
     can only give back time the step spends waiting for data, so the ladder does not measure it
     when the GPU is already busy nearly the whole step."""
+    feeds_copy_only: ClassVar[bool] = False
+    """A feed speedup that only makes the copy to the device cheaper or hidden (``pin_memory``,
+    ``prefetch``): the most it can give back is the copy's host time or the GPU's wait for the
+    batch, not the loader's own work (which stays in the main process)."""
 
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""

@@ -32,6 +32,7 @@ class PinMemory(Speedup):
     name = "pin_memory"
     changes = "data"
     feeds = True
+    feeds_copy_only = True
     order = 11
     in_default_ladder = True
     needs_cuda = True

@@ -29,6 +29,7 @@ class Prefetch(Speedup):
     name = "prefetch"
     changes = "data"
     feeds = True
+    feeds_copy_only = True
     order = 12
     in_default_ladder = True
     needs_cuda = True
