@@ -90,3 +90,23 @@ def test_feed_clock_ignores_other_actions_and_adds_up_the_two():
     assert clock.take() == 0.0
     clock.stop("[_TrainingEpochLoop].train_dataloader_next")  # a stop without a start: nothing
     assert clock.take() == 0.0
+
+
+def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
+    """A data-bound run: 32 items a step of 10 ms, 34% of it waiting for data, the batch taking 3.4
+    ms of the host's time. The rate the feed must reach is the step's demand, and the rate said to
+    be delivered is the pipeline's (not the loader's rate as if it ran alone, which can exceed it)."""
+    from fastloop.doctor import diagnose
+    from fastloop.ladder import _feed_line
+
+    doc = {"step_s": {"mean": 0.010, "median": 0.010}, "data_wait_frac": 0.34, "items_per_step": 32,
+           "host_fetch_s": 0.0034, "host_copy_s": 0.0002, "peak_mem_bytes": None, "mfu": None}
+    line = _feed_line(doc)
+    assert line.startswith("the loader delivers ~3,200 items/s and the step alone would consume ~4,848/s")
+    assert "getting a batch takes 3.40 ms of the host's time (the copy to the device 0.20 ms of it)" in line
+    d = diagnose(doc)
+    assert d["bottleneck"] == "data-bound"
+    assert "the feed delivers 3,200 items/s (getting a batch takes 3.40 ms" in d["evidence"]
+    assert "the feed must reach 4,848/s" in d["evidence"]
+    doc.pop("host_fetch_s")
+    assert "getting a batch" not in _feed_line(doc)

@@ -132,8 +132,8 @@ def _feed_rates(cfg: dict, wait: float) -> str:
         return ""
     demand = items / (mean * (1 - wait))
     fetch = cfg.get("host_fetch_s")
-    rate = items / fetch if fetch else items / mean  # the loader's own rate where it was timed apart
-    return (f"; the feed delivers {rate:,.0f} items/s and the step alone would consume {demand:,.0f}/s: "
+    host = f" (getting a batch takes {1e3 * fetch:.2f} ms of the host's time)" if fetch else ""
+    return (f"; the feed delivers {items / mean:,.0f} items/s{host} and the step alone would consume {demand:,.0f}/s: "
             f"the feed must reach {demand:,.0f}/s")
 
 

@@ -127,19 +127,25 @@ def _breakdown(doc: dict) -> dict:
 
 
 def _feed_line(doc: dict) -> str:
-    """The loader's rate against the step's demand, from one rung's measurement: the loader's
-    own rate where the host's time getting each batch was timed apart (``host_fetch_s``)."""
+    """The loader's rate against the step's demand, from one rung's measurement, and the host's
+    time getting each batch where it was timed apart (``host_fetch_s``)."""
     mean = (doc.get("step_s") or {}).get("mean")
     wait = doc.get("data_wait_frac") or 0.0
     items = doc.get("items_per_step")
     if not (mean and items):
         return ""
     demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
-    fetch = doc.get("host_fetch_s")
-    if fetch:
-        return (f"the loader delivers ~{items / fetch:,.0f} items/s ({1e3 * fetch:.2f} ms of host time a batch, "
-                f"copy included) and the step alone would consume ~{demand:,.0f}/s")
-    return f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
+    line = f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
+    return line + _fetch_clause(doc)
+
+
+def _fetch_clause(doc: dict) -> str:
+    """'; getting a batch takes X ms of the host's time (copy Y ms)' where the feed clock timed it."""
+    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    if not fetch:
+        return ""
+    return f"; getting a batch takes {1e3 * fetch:.2f} ms of the host's time" + (
+        f" (the copy to the device {1e3 * copy:.2f} ms of it)" if copy else "")
 
 
 class _Ladder:
