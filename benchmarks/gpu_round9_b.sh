@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 9, device call 6 (the fifth DALI call). Issue 13, ImageNet: where DALI's 7% goes. Run as
+# NOT RUN (round 9 spent its device time before the DALI transfer). Run as the fifth DALI call. Issue 13, ImageNet: where DALI's 7% goes. Run as
 # the fifth call of the DALI transfer:
 #   bash .dali5/install.sh && export PYTHONPATH=/tmp/site:src:. && bash benchmarks/gpu_round9_b.sh
 # Round 8 (gpu_round8_b.sh): DALI / synthetic 0.917 and 0.937 by mean step, 0.961 by median: the

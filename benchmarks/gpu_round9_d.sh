@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Round 9 call 3 ran this with IMNET_S=105 TOTAL_S=195: both A/Bs were cut by their timeouts (cold
+# Inductor cache); the ImageNet A/B was then run alone as call 4 (RESULTS.md, round 9, item 6).
 # Round 9, device call 3 (the second DALI transfer call, carrying .dali2). Issues 12 and 13:
 # 1. ImageNet (synthetic loader) selected set vs the best cumulative rung, interleaved, 3 a side
 #    (round 7: 6,915 vs 6,927 img/s from two separate ladders);
