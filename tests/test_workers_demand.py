@@ -122,3 +122,12 @@ def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
     assert told["bf16,workers"] == [None, None]
     assert W.STEP_RATE_ENV not in os.environ
 
+
+
+def test_a_step_the_main_process_cannot_feed_is_described_without_a_share_above_100_percent(monkeypatch):
+    # the demo on 2 cores: the step consumes 5,854 samples/s, the main process loads 1,094/s, 4 workers 3,090/s
+    loader, out, ctx = _apply(monkeypatch, {"0": 1_094.0, "4": 3_090.0}, repr(5_854 / 16))
+    assert out.num_workers == 4
+    detail = ctx._details["workers"]
+    assert "cannot keep up with the step's 5,854 samples/s (loading would take 5.4x the step's time)" in detail
+    assert "%" not in detail

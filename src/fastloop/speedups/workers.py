@@ -192,8 +192,13 @@ def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
     out = (f" (measured fastest: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
            if main and fast else " (measured fastest")
     if "predicted_saving" in ctx.stats:
-        out += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
-                f"at the step's {ctx.stats['step_demand']:,.0f} samples/s")
+        demand = ctx.stats["step_demand"]
+        if main and demand > main:  # a share of the time above 100% says nothing: say how far behind it is
+            out += (f"; the main process alone cannot keep up with the step's {demand:,.0f} samples/s "
+                    f"(loading would take {demand / main:.1f}x the step's time)")
+        else:
+            out += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
+                    f"at the step's {demand:,.0f} samples/s")
     return out + ")"
 
 
