@@ -147,14 +147,9 @@ def merge_runs(runs: Runs) -> dict:
         # every item trained over all measured time (runs may differ in batch size: the search's choice)
         items = sum(_items(r) * len(r["step_s_all"]) for r in runs.docs)
         doc["throughput"] = {"value": items / sum(steps_all), "unit": tp.get("unit")}
-    waits = [r.get("data_wait_frac") for r in runs.docs if r.get("data_wait_frac") is not None]
-    doc["data_wait_frac"] = sum(waits) / len(waits) if waits else None
-    host = [r.get("host_wait_frac") for r in runs.docs if r.get("host_wait_frac") is not None]
-    doc["host_wait_frac"] = sum(host) / len(host) if host else None
-    fetch = [r.get("host_fetch_s") for r in runs.docs if r.get("host_fetch_s") is not None]
-    doc["host_fetch_s"] = sum(fetch) / len(fetch) if fetch else None
-    copy = [r.get("host_copy_s") for r in runs.docs if r.get("host_copy_s") is not None]
-    doc["host_copy_s"] = sum(copy) / len(copy) if copy else None
+    for key in ("data_wait_frac", "host_wait_frac", "host_fetch_s", "host_copy_s"):  # per-run figures: their mean
+        values = [r[key] for r in runs.docs if r.get(key) is not None]
+        doc[key] = sum(values) / len(values) if values else None
     doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
     if not all(loss_finite(r) for r in runs.docs):
         doc["loss_finite"] = False

@@ -125,6 +125,10 @@ def steadiness_warning(step_s: list[float]) -> str | None:
     return None
 
 
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def measured_configuration(measure: MeasureCallback, records: list, device: torch.device,
                            unit: str, extra: dict | None = None, conv_tf32: bool = False) -> dict:
     """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
@@ -160,8 +164,8 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "items_per_step": measure.items_per_step,
         "data_wait_frac": stats.data_wait_frac,
         "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
-        "host_fetch_s": (sum(stats.host_wait_s) / len(stats.host_wait_s)) if stats.host_wait_s else None,
-        "host_copy_s": (sum(stats.host_copy_s) / len(stats.host_copy_s)) if stats.host_copy_s else None,
+        "host_fetch_s": _mean(stats.host_wait_s),  # host seconds a batch: the loader and the copy
+        "host_copy_s": _mean(stats.host_copy_s),  # of which the copy to the device
         "peak_mem_bytes": measure.peak_mem_bytes,
         "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
         "warmup_overhead_s": stats.compile_s,
@@ -423,8 +427,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     # where a run's wall time goes (a ladder pays it per process): building the target, and the
     # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
     doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid(), "digest_s": digest_s,
-                      "setup_s": measure._t0 - t_fit if measure._t0 else None,  # fit start -> on_train_start
-                      "train_s": (measure.train_end_t - measure._t0) if measure.train_end_t and measure._t0 else None,
+                      "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
+                      "train_s": (measure.train_end_t - measure.train_start_t)
+                      if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
     doc["model_checks"] = model_checks
     if measure.manual:

@@ -308,6 +308,11 @@ class MeasureCallback(Callback):
             self._profiler = None
 
     @property
+    def train_start_t(self) -> float:
+        """The host's clock when training started (``on_train_start``; 0 before)."""
+        return self._t0
+
+    @property
     def measured_steps(self) -> int:
         """Steps recorded after the warm-up (0 when the loader yielded nothing)."""
         if self.timer is None:

@@ -80,6 +80,11 @@ class StepStats:
             self.compile_s = max(0.0, wall_s - sum(self.step_s) - self.warmup_steps * med)
 
 
+def _timed_apart(values: list[float | None]) -> list[float] | None:
+    """``values`` when every step has one (the caller timed that part apart), else None."""
+    return [float(v) for v in values] if values and all(v is not None for v in values) else None  # type: ignore[arg-type]
+
+
 class StepTimer:
     """Times steps of any loop: call ``fetch_start``/``fetch_end`` around getting a batch and
     ``step_end`` after the step's work has been issued.
@@ -101,9 +106,10 @@ class StepTimer:
         self._host: tuple[list[float], list[float], list[float]] = ([], [], [])
         """On CUDA, the host's clock at each mark as well (fetch start, fetch end, step end)."""
         self._feed: list[float | None] = []
-        self._copy: list[float | None] = []
         """Per step, the host seconds spent inside the loader and the copy to the device, where
         the caller timed them apart (:class:`~fastloop.measure.callback.FeedClock`); else None."""
+        self._copy: list[float | None] = []
+        """Per step, the copy to the device's part of ``_feed`` (None where not timed apart)."""
 
     def _mark(self, which: int):
         if self.cuda:
@@ -166,8 +172,8 @@ class StepTimer:
             self._step_end[n - 1].synchronize()
         step_s, wait_s, host_step, host_wait = [], [], [], []
         fs, fe, se = self._host
-        feed = self._feed[:n] if len(self._feed) >= n and all(f is not None for f in self._feed[self.warmup:n]) else None
-        for i in range(self.warmup, n):
+        feed, host_copy = _timed_apart(self._feed[self.warmup:n]), _timed_apart(self._copy[self.warmup:n])
+        for k, i in enumerate(range(self.warmup, n)):
             # a step runs from the end of the previous step (when it starts asking for data)
             # to its own end; its first step starts at its own fetch.
             start = self._step_end[i - 1] if i > 0 else self._fetch_start[i]
@@ -175,12 +181,10 @@ class StepTimer:
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
             if self.cuda:
                 host_step.append(se[i] - (se[i - 1] if i > 0 else fs[i]))
-                host_wait.append(max(0.0, fe[i] - fs[i]) if feed is None else float(feed[i]))  # type: ignore[arg-type]
+                host_wait.append(max(0.0, fe[i] - fs[i]) if feed is None else feed[k])
             elif feed is not None:  # synchronous work: the loader's own time is the wait
-                wait_s[-1] = min(wait_s[-1], float(feed[i]))  # type: ignore[arg-type]
+                wait_s[-1] = min(wait_s[-1], feed[k])
         if not self.cuda:  # the work is synchronous: the host's clock is the only one
             host_step, host_wait = step_s, wait_s
-        copies = self._copy[self.warmup:n]
-        host_copy = [float(c) for c in copies] if copies and all(c is not None for c in copies) else None  # type: ignore[arg-type]
         return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
                          host_wait_s=host_wait, host_step_s=host_step, host_copy_s=host_copy)
