@@ -51,7 +51,7 @@ def test_a_speedup_failing_at_its_third_step_falls_back(explode):
     assert doc["steps"] == 6
     without = run_configuration("tests/targets.py:tiny_mlp", "fused_optimizer", steps=6, warmup=2, device="cpu",
                                 steady_warmup=False)  # a fixed step count: the weights must be bitwise equal
-    assert doc["weights_sha256"] == without["weights_sha256"]
+    assert doc["weights_digest"] == without["weights_digest"]
     assert doc["losses"] == without["losses"]
 
 

@@ -166,3 +166,37 @@ def test_measure_s_must_be_positive():
 
     with pytest.raises(FastloopError, match="--measure-s must be"):
         run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu", measure_s=0)
+
+
+def test_a_full_collection_ends_the_warmup_not_a_measured_step():
+    """compile's garbage is collected once where the warm-up ends (reported as warmup_gc_s), so a
+    full collection does not land in some runs' measured steps by chance."""
+    import gc
+
+    from fastloop._compat import Callback, Trainer
+    from fastloop.measure.callback import MeasureCallback
+    from tests.targets import tiny_mlp
+
+    batch_of_full_gc: list[int] = []
+    current = [-1]
+
+    class Where(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            current[0] = batch_idx
+
+    def seen(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            batch_of_full_gc.append(current[0])
+
+    module, data = tiny_mlp()
+    measure = MeasureCallback(warmup=3, steady=False, steps=6, count_flops=False)
+    trainer = Trainer(accelerator="cpu", max_steps=-1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[Where(), measure])
+    gc.callbacks.append(seen)
+    try:
+        trainer.fit(module, train_dataloaders=data)
+    finally:
+        gc.callbacks.remove(seen)
+    assert measure.warmup_gc_s is not None and measure.warmup_gc_s >= 0
+    assert 2 in batch_of_full_gc  # after the third (last warm-up) batch, before the first measured one
+    assert all(i < 3 for i in batch_of_full_gc)  # none during the measured batches 3..8

@@ -22,7 +22,7 @@ def _linear(fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
     """``nn.Linear`` without its default (Kaiming) initialisation: ``GPT._init`` sets every
     weight and bias, so the default draws were thrown away (1.7 s of the 124M model's 2.3 s
     build on a 2-core CPU, paid again by every fresh process of a ladder)."""
-    return skip_init(nn.Linear, fan_in, fan_out, bias=bias)
+    return skip_init(nn.Linear, fan_in, fan_out, bias=bias, device=torch.get_default_device())
 
 
 @dataclass
@@ -97,8 +97,8 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.wte = skip_init(nn.Embedding, cfg.vocab_size, cfg.n_embd)
-        self.wpe = skip_init(nn.Embedding, cfg.block_size, cfg.n_embd)
+        self.wte = skip_init(nn.Embedding, cfg.vocab_size, cfg.n_embd, device=torch.get_default_device())
+        self.wpe = skip_init(nn.Embedding, cfg.block_size, cfg.n_embd, device=torch.get_default_device())
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)

@@ -159,13 +159,24 @@ class _Ladder:
         self.progress, self.on_update = progress, on_update
         self.process_s: list[float] = []
         """Wall time of each configuration run (a fresh process each): where the ladder's time goes."""
+        self.run_log: list[dict] = []
+        """Each run in order: its configuration, wall seconds, and (where the run says) its compile
+        and GPU-profile seconds."""
 
-        def timed(*args: Any, **kwargs: Any) -> dict:
+        def timed(*args: Any, **kwargs: Any) -> dict:  # measure(target, spec, ...)
             t = time.perf_counter()
+            doc: dict | None = None
+            spec = args[1] if len(args) > 1 else kwargs.get("spec")
             try:
-                return measure(*args, **kwargs)
+                doc = measure(*args, **kwargs)
+                return doc
             finally:
                 self.process_s.append(time.perf_counter() - t)
+                entry: dict = {"spec": spec, "s": round(self.process_s[-1], 3)}
+                if isinstance(doc, dict):
+                    entry["compile_s"] = doc.get("compile_s")
+                    entry["profile_s"] = (doc.get("gpu_profile") or {}).get("profile_s")
+                self.run_log.append(entry)
 
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
@@ -262,6 +273,7 @@ class _Ladder:
                "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
+               "run_log": list(self.run_log),
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "

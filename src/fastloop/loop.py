@@ -31,7 +31,7 @@ from fastloop.data import to_channels_last, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.graph_step import GraphedStep, GraphIneligible
-from fastloop.measure.timer import StepStats, StepTimer
+from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 
 __all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
@@ -220,8 +220,10 @@ class FastLoop:
                 loss = self._graph_step(batch) if self.plan.cuda_graph else self._eager_step(batch)
                 losses.append(loss)
                 timer.step_end()
-                if i == warmup - 1 and self.device.type == "cuda":
-                    torch.cuda.synchronize()
+                if i == warmup - 1:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    collect_garbage()  # compile's garbage: collected in the warm-up, not in a measured step
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
         if self._skipped_dev is not None:

@@ -19,6 +19,7 @@ Example (the interval arithmetic, which needs no GPU):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 __all__ = ["SYNC_CALLS", "GpuProfile", "busy_span", "per_measured_step", "summarize_trace"]
@@ -101,10 +102,12 @@ class GpuProfile:
     def __init__(self) -> None:
         self._prof: Any = None
         self.error: str | None = None
+        self._t0 = 0.0
 
     def start(self) -> None:
         import torch
 
+        self._t0 = time.perf_counter()
         try:
             torch.cuda.synchronize()
             self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -127,7 +130,9 @@ class GpuProfile:
                     gpu.append((float(ev.time_range.start), float(ev.time_range.end)))
                 else:
                     host.append(ev.name)
-            return summarize_trace(gpu, host, steps)
+            out = summarize_trace(gpu, host, steps)
+            out["profile_s"] = time.perf_counter() - self._t0  # the profiled steps and reading the trace: a ladder's cost
+            return out
         except Exception as err:  # noqa: BLE001
             return {"error": f"{type(err).__name__}: {err}"}
         finally:
