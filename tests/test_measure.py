@@ -200,3 +200,28 @@ def test_a_full_collection_ends_the_warmup_not_a_measured_step():
     assert measure.warmup_gc_s is not None and measure.warmup_gc_s >= 0
     assert 2 in batch_of_full_gc  # after the third (last warm-up) batch, before the first measured one
     assert all(i < 3 for i in batch_of_full_gc)  # none during the measured batches 3..8
+
+
+def test_time_between_a_steps_end_and_resume_belongs_to_no_step():
+    t = StepTimer("cpu", warmup=2)
+    for i in range(5):
+        with t.fetching():
+            pass
+        busy(0.004)
+        t.step_end()
+        if i == 1:
+            time.sleep(0.1)  # the warm-up's full garbage collection
+            t.resume()
+    r = t.result()
+    assert r.steps == 3 and max(r.step_s) < 0.05  # without resume() the first measured step holds the 0.1 s
+
+
+def test_measured_steps_exclude_the_warmup_collection(monkeypatch):
+    """The collection that ends the warm-up is reported apart (warmup_gc_s), never in a step."""
+    import fastloop.measure.callback as cb
+    from fastloop.runner import run_configuration
+
+    monkeypatch.setattr(cb, "collect_garbage", lambda: (time.sleep(0.3), 0.3)[1])
+    doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=5, warmup=2, device="cpu", steady_warmup=False)
+    assert doc["warmup_gc_s"] == 0.3
+    assert max(doc["step_s_all"]) < 0.2

@@ -224,6 +224,7 @@ class FastLoop:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()
                     collect_garbage()  # compile's garbage: collected in the warm-up, not in a measured step
+                    timer.resume()
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
         if self._skipped_dev is not None:

@@ -263,6 +263,7 @@ class MeasureCallback(Callback):
             self._extend_warmup_until_steady(trainer)
         if self.warmup_gc_s is None and self.timer.recorded_steps >= self.warmup:
             self.warmup_gc_s = collect_garbage()
+            self.timer.resume()  # the collection is the warm-up's, not the first measured step's
         if self.steps is not None:
             self._maybe_stop(trainer)
         self.timer.fetch_start()

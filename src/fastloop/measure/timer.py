@@ -24,6 +24,7 @@ import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -126,6 +127,9 @@ class StepTimer:
         the caller timed them apart (:class:`~fastloop.measure.callback.FeedClock`); else None."""
         self._copy: list[float | None] = []
         """Per step, the copy to the device's part of ``_feed`` (None where not timed apart)."""
+        self._resumed: dict[int, tuple[Any, float]] = {}
+        """Step index -> (mark, host clock) where that step starts instead of at the previous
+        step's end (see :meth:`resume`)."""
 
     def _mark(self, which: int):
         if self.cuda:
@@ -148,6 +152,17 @@ class StepTimer:
 
     def step_end(self) -> None:
         self._step_end.append(self._mark(2))
+
+    def resume(self) -> None:
+        """The next step starts now: what ran since the last ``step_end`` (the full garbage
+        collection between the warm-up and the measured steps) belongs to no step."""
+        host = time.perf_counter()
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._resumed[len(self._step_end)] = (ev, host)
+        else:
+            self._resumed[len(self._step_end)] = (host, host)
 
     @contextlib.contextmanager
     def fetching(self) -> Iterator[None]:
@@ -192,11 +207,12 @@ class StepTimer:
         for k, i in enumerate(range(self.warmup, n)):
             # a step runs from the end of the previous step (when it starts asking for data)
             # to its own end; its first step starts at its own fetch.
-            start = self._step_end[i - 1] if i > 0 else self._fetch_start[i]
+            resumed = self._resumed.get(i)
+            start = resumed[0] if resumed else self._step_end[i - 1] if i > 0 else self._fetch_start[i]
             step_s.append(self._elapsed(start, self._step_end[i]))
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
             if self.cuda:
-                host_step.append(se[i] - (se[i - 1] if i > 0 else fs[i]))
+                host_step.append(se[i] - (resumed[1] if resumed else se[i - 1] if i > 0 else fs[i]))
                 host_wait.append(max(0.0, fe[i] - fs[i]) if feed is None else feed[k])
             elif feed is not None:  # synchronous work: the loader's own time is the wait
                 wait_s[-1] = min(wait_s[-1], feed[k])
