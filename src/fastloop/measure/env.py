@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import platform
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 __all__ = ["env_stamp"]
 
 
+@functools.cache  # a ladder stamps its report after every run: one git and one nvidia-smi call a process
 def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
@@ -23,6 +25,7 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+@functools.cache
 def _driver() -> str | None:
     try:
         out = subprocess.run(
