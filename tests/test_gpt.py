@@ -130,3 +130,16 @@ def test_gpt_initialisation_sets_every_parameter_and_is_seeded():
         elif isinstance(m, torch.nn.LayerNorm):
             assert torch.equal(m.weight, torch.ones_like(m.weight)), name
     assert a.wte.weight is a.lm_head.weight
+
+
+def test_the_target_creates_its_weights_on_init_device():
+    """``make(init_device=...)``: every parameter is created there (the skip-init layers too, which
+    ignore torch's default-device context unless told), and the default without CUDA is the CPU."""
+    from fastloop.recipes.gpt.target import make
+
+    module, _ = make(preset="tiny", init_device="meta")
+    assert {p.device.type for p in module.parameters()} == {"meta"}
+    module, _ = make(preset="tiny")
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert {p.device.type for p in module.parameters()} == {want}
+    assert module.model.wte.weight is module.model.lm_head.weight

@@ -46,6 +46,10 @@ def test_hurting_dropped_helping_kept_and_final_measured():
     ci = final["speedup_vs_baseline"]
     assert ci["ci_low"] <= 1.25 <= ci["ci_high"] and ci["significant"]
     assert doc["callbacks_line"] == 'Trainer(..., callbacks=fastloop.lightning.callbacks("bf16"))'
+    # every run is in the run log, in order, with its configuration and seconds
+    assert len(doc["run_log"]) == doc["runs"] > 0
+    assert doc["run_log"][0]["spec"] == "none" and all(r["s"] >= 0 for r in doc["run_log"])
+    assert {r["spec"] for r in doc["run_log"]} >= {"none", "bf16", "workers", "bf16,fused_optimizer"}
 
 
 def test_two_kept_speedups_are_measured_together_against_the_baseline():
