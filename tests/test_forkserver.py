@@ -113,3 +113,15 @@ def test_the_compiler_preload_imports_inductor_without_initializing_cuda():
     assert "torch._inductor.compile_fx" in out[0] and "torch._functorch.partitioners" in out[0]
     assert out[1] == "False"
     assert out[2] == "True False"
+
+
+def test_a_server_started_early_is_the_one_the_first_run_uses(fresh_server):
+    """``fastloop ladder`` and ``ab`` start the server before importing torch (the two imports
+    overlap); the first run waits for it to be ready and forks from it, no second server."""
+    subproc.prestart_fork_server()
+    early = subproc._SERVER
+    assert early is not None and early.proc.poll() is None
+    doc = _run()
+    assert doc["timings"]["forked"] and subproc._SERVER is early and early.ready
+    subproc.prestart_fork_server()  # a second call starts nothing
+    assert subproc._SERVER is early

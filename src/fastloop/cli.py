@@ -421,6 +421,10 @@ def _main(argv: list[str] | None = None) -> int:
     doc: dict | None = None
     try:
         _check_outputs(args)
+        if args.cmd in ("ladder", "ab") and getattr(args, "devices", 1) <= 1 and not getattr(args, "strategy", None):
+            from fastloop.subproc import prestart_fork_server
+
+            prestart_fork_server()  # its imports run while this process imports torch and Lightning
         doc = _dispatch(args)
         if doc.get("global_rank", 0) != 0:
             return 0  # a rank Lightning started: rank 0 reports for all of them

@@ -58,16 +58,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
 class _ForkServer:
     """The leader's side of :mod:`fastloop.forkserver` (one per leader process, started lazily)."""
 
-    def __init__(self, env: dict) -> None:
+    def __init__(self, env: dict, wait: bool = True) -> None:
         self.env = _import_env(env)  # torch and Lightning read some variables at import: a new env, a new server
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                      preexec_fn=die_with_parent)
         self._buf = b""
+        self.ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the server has imported what every run needs (RuntimeError if it failed)."""
+        if self.ready:
+            return
         msg = self._read(120)
         if not msg or not msg.get("ready"):
             self.close()
             raise RuntimeError((msg or {}).get("error", "the fork server did not start"))
+        self.ready = True
 
     def _read(self, timeout: float | None) -> dict | None:
         assert self.proc.stdout is not None
@@ -135,9 +144,14 @@ def _fork_server(env: dict) -> _ForkServer | None:
     global _SERVER, _SERVER_OFF
     if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0" or not sys.platform.startswith("linux"):
         return None
-    if _SERVER is not None and _SERVER.proc.poll() is None:
-        if _SERVER.env == _import_env(env):
+    if _SERVER is not None and _SERVER.proc.poll() is None and _SERVER.env == _import_env(env):
+        try:
+            _SERVER.wait_ready()  # started early (prestart_fork_server): its imports may still run
             return _SERVER
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            _SERVER, _SERVER_OFF = None, True
+            return None
+    if _SERVER is not None:
         _SERVER.close()
     try:
         _SERVER = _ForkServer(env)
@@ -146,6 +160,33 @@ def _fork_server(env: dict) -> _ForkServer | None:
         return None
     atexit.register(_SERVER.close)
     return _SERVER
+
+
+def prestart_fork_server() -> None:
+    """Start the fork server now without waiting for it: its torch and Lightning imports run
+    while the leader does its own (``fastloop ladder`` and ``ab`` call this before importing
+    torch; on the 2-core CPU the two imports take ~4-8 s each). The first run waits for it."""
+    global _SERVER
+    if (_SERVER is not None or _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0"
+            or not sys.platform.startswith("linux")):
+        return
+    try:
+        _SERVER = _ForkServer(child_env(), wait=False)
+    except OSError:
+        _SERVER = None
+        return
+    atexit.register(_SERVER.close)
+
+
+def child_env(profile: bool = True) -> dict:
+    """The environment of a configuration's process: the leader's, with fastloop and the working
+    directory on ``PYTHONPATH`` (``profile=False``: no GPU profile of extra steps)."""
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])
+    if not profile:
+        env["FASTLOOP_PROFILE_STEPS"] = "0"
+    return env
 
 
 def _stop_fork_server() -> None:
@@ -180,11 +221,7 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
             cmd += ["--measure-s", repr(float(measure_s))]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
-        env = dict(os.environ)
-        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join([src, os.getcwd(), env.get("PYTHONPATH", "")])
-        if not profile:
-            env["FASTLOOP_PROFILE_STEPS"] = "0"
+        env = child_env(profile)
         err_path = os.path.join(tmp, "stderr.txt")
         t0 = time.perf_counter()
         server = _fork_server(env) if devices == 1 and not strategy else None
