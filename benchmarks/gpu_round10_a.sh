@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 1 (2ebc7da: void, the warm-up collection fell in the first measured step) and call 2
+# (b208e68, `SELECT_S=330`: 299.7 s on the ladder's clock, 322 s the command; RESULTS.md, round 10, item 1).
 # Round 10, device call 1 (carries .dali1 and .whl: torchao 0.18.0, liger-kernel 0.8.5). Issue 12:
 # the GPT recipe's whole default selecting ladder on a fresh H200 (cold Inductor cache), with the
 # weights digest on the GPU, the recipe's weights initialised on the GPU, a full garbage

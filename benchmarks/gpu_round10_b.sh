@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 3 (b208e68, `REPEATS=4 AB_S=230`: 2.97x [2.52, 3.51]; RESULTS.md, round 10, item 2).
 # Round 10, device call 2 (carries .dali2). Issue 13: CIFAR-shaped ResNet-18 B256, in-memory data,
 # the plain fp32 Lightning baseline vs gpu_resident + bf16 + channels_last + compile + cuda_graph,
 # interleaved, REPEATS a side, 100 measured steps a run (round 8: 2.85x [2.43, 3.33], B's runs

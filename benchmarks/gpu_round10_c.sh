@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 4 (b208e68, `TESTS_S=250`: 28 passed, 1 skipped; RESULTS.md, round 10, item 3).
 # Round 10, device call 3 (carries .dali3). The GPU test suite (DALI's tests skip until call 5
 # installs DALI), while 10,000 ImageNet-sized JPEGs are generated for call 5 in the background
 # (a new session: it outlives this call; the GPU tests check behaviour, not speed).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 5 (b208e68): the JPEGs were already there.
 # Round 10, device call 4 (carries .dali4): waits for call 3's JPEG generation to finish.
 set -u
 T0=$SECONDS

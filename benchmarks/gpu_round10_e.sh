@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 6 (b208e68, `REPEATS=3 TESTS_S=70`: 0.925 at depth 2, 0.930 at 4; RESULTS.md, round 10, item 4).
 # Round 10, device call 5 (the fifth DALI call). Issue 13, ImageNet: where DALI's 7% goes. Run as
 # the fifth call of the DALI transfer:
 #   bash .dali5/install.sh && export PYTHONPATH=/tmp/site:src:. && bash benchmarks/gpu_round10_e.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 10 as call 7 (9c5ffa0, `LIMIT_S=110`: GPU-init / CPU-init 1.0002; RESULTS.md, round 10, item 1).
 # Round 10, device call 7: does initialising GPT-2's weights on the GPU (the recipe's default
 # since round 10) change the step's speed? Round 10's ladder measured tf32 161k and compile 491k
 # tokens/s against round 9's 165k and 504k. Alternating fresh runs of tf32,bf16 with the weights
