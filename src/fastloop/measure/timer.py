@@ -37,11 +37,12 @@ def collect_garbage() -> float:
     """A full garbage collection where the warm-up ends; returns its seconds.
 
     ``torch.compile`` leaves hundreds of thousands of objects behind, and Python's collector
-    scans all of them in the first full collection it decides on (0.7 s on a 2-core CPU after
-    compiling a ResNet-18). Left to chance, that one-time collection lands in some fresh
-    processes' measured steps and not others (round 8's CUDA-graphed CIFAR runs spread from 4.7
-    to 6.6 ms a step). Collecting once here puts it in the warm-up, with compile, where every run
-    pays it; in a long training run it is paid once too.
+    scans all of them in the next full collection it decides on: 0.7 s on a 2-core CPU after
+    compiling a ResNet-18, 0.3-0.5 s in the H200's GPT-2 and CIFAR runs (1.4 s after fp8's
+    compile). When that happens is up to the collector's thresholds; a measured window of a few
+    hundred milliseconds that met it would read several times too slow. Collecting once here puts
+    it in the warm-up, with compile, where every run pays it and none measures it (with
+    :meth:`StepTimer.resume` after it); a long training run pays it once too.
     """
     t = time.perf_counter()
     gc.collect()
