@@ -139,10 +139,15 @@ def _killpg(pid: int) -> None:
         pass
 
 
+def _server_wanted() -> bool:
+    """Runs may fork from a server: on Linux, unless it failed here or FASTLOOP_FORKSERVER=0."""
+    return not _SERVER_OFF and os.environ.get("FASTLOOP_FORKSERVER", "1") != "0" and sys.platform.startswith("linux")
+
+
 def _fork_server(env: dict) -> _ForkServer | None:
     """The running fork server, started on first use; None when off or it cannot start."""
     global _SERVER, _SERVER_OFF
-    if _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0" or not sys.platform.startswith("linux"):
+    if not _server_wanted():
         return None
     if _SERVER is not None and _SERVER.proc.poll() is None and _SERVER.env == _import_env(env):
         try:
@@ -167,8 +172,7 @@ def prestart_fork_server() -> None:
     while the leader does its own (``fastloop ladder`` and ``ab`` call this before importing
     torch; on the 2-core CPU the two imports take ~4-8 s each). The first run waits for it."""
     global _SERVER
-    if (_SERVER is not None or _SERVER_OFF or os.environ.get("FASTLOOP_FORKSERVER", "1") == "0"
-            or not sys.platform.startswith("linux")):
+    if _SERVER is not None or not _server_wanted():
         return
     try:
         _SERVER = _ForkServer(child_env(), wait=False)

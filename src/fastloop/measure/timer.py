@@ -132,13 +132,20 @@ class StepTimer:
         """Step index -> (mark, host clock) where that step starts instead of at the previous
         step's end (see :meth:`resume`)."""
 
-    def _mark(self, which: int):
+    def _stamp(self) -> tuple[Any, float]:
+        """(a mark for :meth:`_elapsed`, the host's clock): a recorded CUDA event on CUDA."""
+        host = time.perf_counter()
         if self.cuda:
-            self._host[which].append(time.perf_counter())
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            return ev
-        return time.perf_counter()
+            return ev, host
+        return host, host
+
+    def _mark(self, which: int):
+        mark, host = self._stamp()
+        if self.cuda:
+            self._host[which].append(host)
+        return mark
 
     def fetch_start(self) -> None:
         self._fetch_start.append(self._mark(0))
@@ -157,13 +164,7 @@ class StepTimer:
     def resume(self) -> None:
         """The next step starts now: what ran since the last ``step_end`` (the full garbage
         collection between the warm-up and the measured steps) belongs to no step."""
-        host = time.perf_counter()
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._resumed[len(self._step_end)] = (ev, host)
-        else:
-            self._resumed[len(self._step_end)] = (host, host)
+        self._resumed[len(self._step_end)] = self._stamp()
 
     @contextlib.contextmanager
     def fetching(self) -> Iterator[None]:
