@@ -218,7 +218,10 @@ def test_lightning_demo_transformer_with_cuda_graphs_ends_cleanly(spec):
     graph = rec.get("cuda_graph") or rec["compile"]
     assert graph["status"] in ("applied", "fallback"), graph
     if graph["status"] == "fallback":  # cuda_graph is dropped; compile keeps its kernels without the graphs
-        assert ("repeated as compile:default" if spec.startswith("compile") else "repeated without it") in graph["reason"]
+        if spec.startswith("compile"):
+            assert "repeated as compile:default" in graph["reason"], graph
+        else:  # the runner repeated the run without it, or the whole-step graph stayed eager in the run
+            assert "repeated without it" in graph["reason"] or "whole step not captured" in graph["reason"], graph
 
 
 def _gpt_tiny_batches(n: int = 4):

@@ -85,3 +85,35 @@ def test_lightning_ddp_kwargs_reach_distributed_data_parallel():
     kwargs = lp.ddp_kwargs(strategy)
     assert kwargs == {"bucket_cap_mb": 7}, "DDPStrategy._ddp_kwargs changed: update fastloop/_lightning_private.py"
     assert lp.ddp_kwargs(object()) is None
+
+
+def test_lightning_closure_result_and_current_hook():
+    from fastloop._compat import Callback
+    from tests.targets import tiny_mlp
+
+    module, loader = tiny_mlp()
+    seen: dict = {}
+    original = module.optimizer_step
+
+    def optimizer_step(epoch, batch_idx, optimizer, closure):
+        original(epoch, batch_idx, optimizer, closure)  # runs the closure
+        res = lp.peek_closure_result(closure)
+        seen["loss"] = res.closure_loss.detach().clone()
+        lp.closure_result(closure, res)  # what Lightning consumes next: a copy of res
+        seen["hook"] = lp.current_hook(module)
+        lp.set_current_hook(module, "training_step")
+        seen["set"] = lp.current_hook(module)
+        lp.set_current_hook(module, seen["hook"])
+
+    module.optimizer_step = optimizer_step
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["out"] = outputs["loss"]
+
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[Probe()], accelerator="cpu")
+    trainer.fit(module, train_dataloaders=loader)
+    assert torch.equal(seen["out"], seen["loss"]), "Lightning moved Closure._result or ClosureResult"
+    assert seen["hook"] == "optimizer_step" and seen["set"] == "training_step", (
+        "Lightning moved LightningModule._current_fx_name: update fastloop/_lightning_private.py")

@@ -10,7 +10,8 @@ from typing import Any
 
 from fastloop._compat import Trainer
 
-__all__ = ["ddp_kwargs", "set_train_source", "train_source"]
+__all__ = ["closure_result", "current_hook", "ddp_kwargs", "peek_closure_result", "set_current_hook", "set_train_source",
+           "train_source"]
 
 
 def train_source(trainer: Trainer) -> Any:
@@ -37,3 +38,38 @@ def ddp_kwargs(strategy: Any) -> dict | None:
     Trainer by the user."""
     kwargs = getattr(strategy, "_ddp_kwargs", None)
     return kwargs if isinstance(kwargs, dict) else None
+
+
+def closure_result(closure: Any, captured: Any) -> None:
+    """Hand Lightning's optimizer closure a result without calling it (``closure._result``, a
+    ``ClosureResult`` built from ``captured``, the result of the captured step, its tensors
+    cloned). Why: a whole-step CUDA graph replays the training step, backward and optimizer step
+    that the closure would run; Lightning then reads the step's loss through
+    ``closure.consume_result()``, which has no public setter. The public route is manual
+    optimization, which a drop-in callback cannot switch on for the user's module."""
+    try:
+        from lightning.pytorch.loops.optimization.automatic import ClosureResult
+    except ImportError:  # pragma: no cover
+        from pytorch_lightning.loops.optimization.automatic import ClosureResult  # type: ignore[no-redef]
+    import torch
+
+    extra = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in captured.extra.items()}
+    closure._result = ClosureResult(closure_loss=captured.closure_loss.detach(), extra=extra)
+
+
+def peek_closure_result(closure: Any) -> Any:
+    """The result the closure's last call left for Lightning (``closure._result``; same reason)."""
+    return closure._result
+
+
+def current_hook(pl_module: Any) -> Any:
+    """The hook Lightning is running on the module (``pl_module._current_fx_name``). Why: the
+    whole-step graph re-issues, after each replay, the ``self.log`` calls its training step made
+    at capture; Lightning files a logged value under the hook that logged it and checks that
+    the hook may log. No public API sets it."""
+    return pl_module._current_fx_name
+
+
+def set_current_hook(pl_module: Any, name: Any) -> None:
+    """Set what :func:`current_hook` returns (same private, same reason)."""
+    pl_module._current_fx_name = name

@@ -18,7 +18,7 @@ import torch
 
 from fastloop.data import map_tensors
 
-__all__ = ["GraphIneligible", "GraphedStep"]
+__all__ = ["GraphIneligible", "GraphedStep", "make_capturable", "sync_lr"]
 
 
 class GraphIneligible(RuntimeError):
@@ -44,6 +44,39 @@ def _copy_into(static: Any, batch: Any) -> None:
         d.copy_(s, non_blocking=True)
 
 
+def make_capturable(opt: torch.optim.Optimizer) -> list[tuple[dict, torch.Tensor]]:
+    """Prepare ``opt`` for capture in place: ``capturable=True`` where the optimizer has it, its
+    step counters on the parameters' device, and its lr a device tensor where the implementation
+    reads one (capturable or fused), so that a scheduler's new lr reaches the graph. Returns the
+    (param group, lr tensor) pairs for :func:`sync_lr`. Raises GraphIneligible for an optimizer
+    with no capturable implementation."""
+    if "capturable" not in opt.defaults and not isinstance(opt, torch.optim.SGD):
+        raise GraphIneligible(f"{type(opt).__name__} has no capturable implementation")
+    device = next(p.device for g in opt.param_groups for p in g["params"])
+    pairs = []
+    for g in opt.param_groups:
+        if "capturable" in g:
+            g["capturable"] = True
+        # a float lr would be baked into the graph; a tensor lr can follow a scheduler
+        if ("capturable" in g or g.get("fused")) and not torch.is_tensor(g["lr"]):
+            g["lr"] = torch.tensor(float(g["lr"]), device=device)
+        if torch.is_tensor(g["lr"]):
+            pairs.append((g, g["lr"]))
+    for p, st in opt.state.items():
+        if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+            st["step"] = st["step"].to(p.device)
+    return pairs
+
+
+def sync_lr(pairs: list[tuple[dict, torch.Tensor]]) -> None:
+    """Where a scheduler put a float lr back into a param group, copy it into the group's lr
+    tensor (no host sync) and put the tensor back."""
+    for g, t in pairs:
+        if g["lr"] is not t:
+            t.fill_(float(g["lr"]))
+            g["lr"] = t
+
+
 class GraphedStep:
     """Capture ``loss = step_fn(model, batch); loss.backward(); optimizer.step()`` once.
 
@@ -65,7 +98,7 @@ class GraphedStep:
         self.static_batch: Any = None
         self.static_loss: torch.Tensor | None = None
         self._shape_key: list | None = None
-        self._lr_tensors: list[torch.Tensor] = []
+        self._lr_tensors: list[tuple[dict, torch.Tensor]] = []
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -80,28 +113,11 @@ class GraphedStep:
         return loss
 
     def _make_capturable(self) -> None:
-        opt = self.optimizer
-        if "capturable" not in opt.defaults and not isinstance(opt, torch.optim.SGD):
-            raise GraphIneligible(f"{type(opt).__name__} has no capturable implementation")
-        device = next(p.device for g in opt.param_groups for p in g["params"])
-        for g in opt.param_groups:
-            if "capturable" in g:
-                g["capturable"] = True
-            # a float lr would be baked into the graph; a tensor lr can follow a scheduler
-            if "capturable" in g and not torch.is_tensor(g["lr"]):
-                g["lr"] = torch.tensor(float(g["lr"]), device=device)
-            if torch.is_tensor(g["lr"]):
-                self._lr_tensors.append(g["lr"])
-        for p, st in opt.state.items():
-            if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
-                st["step"] = st["step"].to(p.device)
+        self._lr_tensors = make_capturable(self.optimizer)
 
     def sync_lr(self) -> None:
         """After an LR scheduler step: copy the new float lr into the graph's lr tensor."""
-        for g, t in zip(self.optimizer.param_groups, self._lr_tensors):
-            if not torch.is_tensor(g["lr"]):
-                t.fill_(float(g["lr"]))
-                g["lr"] = t
+        sync_lr(self._lr_tensors)
 
     def capture(self, batch: Any) -> float:
         """Warm up, capture and restore state; returns the capture wall time in seconds.

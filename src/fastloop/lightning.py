@@ -31,6 +31,7 @@ from fastloop._torch_private import (
 )
 from fastloop.data import rebuild_loader, to_channels_last
 from fastloop.errors import FastloopError
+from fastloop.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.batch_size import BatchSize, search_batch_size
 from fastloop.speedups.compile import CUDAGRAPH_MODES
@@ -118,6 +119,7 @@ class SpeedupCallback(Callback):
         self._loaders: list = []
         self._scale_before: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None
+        self._graph: WholeStepGraph | None = None
 
     @property
     def state_key(self) -> str:
@@ -156,6 +158,7 @@ class SpeedupCallback(Callback):
         if stage != "fit":
             return
         s = self.speedup
+        self._graph = None
         self.ctx = ctx = Context(trainer.strategy.root_device)
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
@@ -235,11 +238,20 @@ class SpeedupCallback(Callback):
 
             _patch(trainer.strategy, "batch_to_device", batch_to_device, self._undo())
         if plan.cuda_graph:
-            # Lightning owns the optimizer step, so graph forward+backward through compile's
-            # CUDA graphs ("reduce-overhead") and fuse the optimizer in on_fit_start. If the
-            # compile speedup compiled the children already, its mode is raised instead: one
-            # compilation (compile is lazy: nothing was compiled yet).
+            # The whole step (training_step, backward, optimizer) as one graph where nothing in
+            # the step needs the host (lightning_graph.py); otherwise forward+backward through
+            # compile's CUDA graphs ("reduce-overhead") and the optimizer fused in on_fit_start.
+            # If the compile speedup compiled the children already, its mode is raised instead:
+            # one compilation (compile is lazy: nothing was compiled yet).
             already = _COMPILE_MODE.get(pl_module)
+            blocker = whole_step_blocker(trainer, pl_module) if ctx.cuda else "no CUDA"
+            if already not in CUDAGRAPH_MODES and blocker is None:
+                self._graph = WholeStepGraph(trainer, pl_module, lambda obj, attr, value: _patch(obj, attr, value, self._undo()),
+                                             on_fallback=self._graph_fallback)
+                ctx.describe(self.speedup.name, self._graph.detail())
+                return
+            if blocker is not None:
+                ctx.stats[f"{self.speedup.name}_whole_step"] = f"not captured whole: {blocker}"
             if already in CUDAGRAPH_MODES:
                 ctx.stats[self.speedup.name] = f"captured by compile:{already}"
             else:
@@ -255,6 +267,9 @@ class SpeedupCallback(Callback):
                 _COMPILE_MODE[pl_module] = "reduce-overhead"
                 self._undo().append(lambda: _COMPILE_MODE.pop(pl_module, None))
 
+    def _graph_fallback(self, reason: str) -> None:
+        self._fail("fallback", f"whole step not captured, the steps ran without the graph: {reason}")
+
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
             return
@@ -269,6 +284,11 @@ class SpeedupCallback(Callback):
                 fused.append(type(opt).__name__)
             if fused and self.speedup.changes == "optimizer":
                 self.ctx.describe(self.speedup.name, "fused " + ", ".join(fused))
+        if self._graph is not None:
+            if len(trainer.optimizers) != 1:
+                self._graph._fail(f"{len(trainer.optimizers)} optimizers (the graph takes one)")
+            else:
+                self._graph.prepare_optimizer(trainer.optimizers[0], self._undo())
         if self.plan.grad_scaler:
             self._hold_schedulers_on_skipped_steps(trainer)
 
@@ -315,6 +335,10 @@ class SpeedupCallback(Callback):
             self._skipped = skipped if self._skipped is None else self._skipped + skipped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._graph is not None and self.ctx is not None and self._graph.failed is None:
+            self.ctx.describe(self.speedup.name, self._graph.detail())
+            if self._graph.capture_s is not None:
+                self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(self._graph.capture_s, 3)
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
 
