@@ -48,6 +48,12 @@ def _overridden(name: str, obj: Any, parent: type) -> bool:
     return mine is not None and mine is not getattr(parent, name, None)
 
 
+def _ours(fn: Any) -> bool:
+    """fastloop's own hooks in the step (MeasureCallback.on_before_backward: manual optimization
+    only) are known to be safe, also where a subclass inherits them."""
+    return getattr(fn, "__module__", "").startswith("fastloop.")
+
+
 def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | None:
     """Why Lightning's step of ``pl_module`` on ``trainer`` cannot be captured whole (None: it can
     be tried; host syncs and logged values are checked at the step before capture).
@@ -74,8 +80,8 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     if own:
         return (f"{type(pl_module).__name__} overrides {', '.join(own)}, which Lightning runs inside the step: "
                 f"in a graph its Python would run once")
-    foreign = [f"{type(cb).__name__}.{h}" for cb in trainer.callbacks if not type(cb).__module__.startswith("fastloop.")
-               for h in HOOKS_IN_STEP if _overridden(h, cb, Callback)]
+    foreign = [f"{type(cb).__name__}.{h}" for cb in trainer.callbacks for h in HOOKS_IN_STEP
+               if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))]
     if foreign:
         return f"callback hooks run inside the step ({', '.join(foreign)}): in a graph their Python would run once"
     return None
