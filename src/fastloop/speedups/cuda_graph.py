@@ -8,13 +8,17 @@ Card:
   eagerly with the cause recorded. A short last batch runs eagerly.
 - Costs: a few warm-up steps and the capture (reported apart); static input buffers and
   a private memory pool; the optimizer is made capturable.
-Plain loop: forward + backward + optimizer step in one graph. Lightning: forward and backward
-graphed through ``torch.compile(mode="reduce-overhead")`` with a fused optimizer; each step's
-start is marked (``torch.compiler.cudagraph_mark_step_begin``) so Lightning may keep a step's
-outputs. With ``compile`` also requested, compile's own mode is raised to reduce-overhead (one
-compilation, not two). A model that keeps a graph output across steps (a cache created in
-``forward``) or a capture error falls back: the run is repeated without cuda_graph and the
-record says why.
+Plain loop: forward + backward + optimizer step in one graph. Lightning: the whole step too
+(``fastloop.lightning_graph``): one call of the ``optimizer_step`` hook, with the
+``training_step`` and backward it runs, is captured after warm-up and replayed, the batch copied
+into static buffers, the values ``training_step`` logs re-logged after each replay (CIFAR
+ResNet-18 on our H200: the step went from host-bound 5.5 ms to GPU-bound 4.0 ms). Where a hook of
+the module or of a callback runs inside the step, or with manual optimization, gradient
+accumulation, fp16's GradScaler or several processes, Lightning falls back to forward and
+backward through ``torch.compile(mode="reduce-overhead")`` with a fused optimizer (compile's own
+mode raised when ``compile`` is also requested: one compilation). A host sync in the step, a
+Python value logged from it, or a capture error leaves the steps eager in the same run, the
+record ``fallback`` with the cause; elsewhere a capture error repeats the run without cuda_graph.
 Changes the train step.
 """
 
