@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN (prepared in round 10). Issue 13, ImageNet: does DALI's 7% gap to synthetic data close
+# Ran in round 11 as call 9 (ROUNDS=1: DALI 0.875, DALI on a thread 0.844 of synthetic; RESULTS.md round 11 item 4). Issue 13, ImageNet: does DALI's 7% gap to synthetic data close
 # when DALI's batches are taken on a background thread? Round 10 (gpu_round10_e.sh): DALI-fed
 # ResNet-50 through Lightning at 0.925-0.930 of synthetic, the GPU idle 3.2 ms a step against
 # 1.7 ms, and a deeper DALI queue did not help. This runs the plain loop of imagenet_feed.py
