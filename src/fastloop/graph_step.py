@@ -145,7 +145,7 @@ class GraphedStep:
             torch.cuda.set_sync_debug_mode(prev_mode)
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.static_loss = self._one(self.static_batch)
             self.graph = graph
         except RuntimeError as err:

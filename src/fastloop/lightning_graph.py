@@ -242,7 +242,7 @@ class WholeStepGraph:
         err: str | None = None
         torch.cuda.synchronize()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         except RuntimeError as e:
             err = str(e).splitlines()[0] if str(e) else type(e).__name__
