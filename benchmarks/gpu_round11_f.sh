@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in round 11 as calls 14 (DALI runs failed: capture in global mode) and 19 (DALI 0.792 of synthetic; RESULTS.md round 11 item 5).
 # Round 11, the fifth DALI call. Issue 13, ImageNet: DALI-fed vs synthetic data with the whole
 # Lightning step captured (cuda_graph) on top of round 10's bf16,fused_optimizer,channels_last,compile.
 # Round 10 (gpu_round10_e.sh, without cuda_graph): 0.925 at DALI's queue depth 2. The JPEGs come from

@@ -336,9 +336,13 @@ class SpeedupCallback(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._graph is not None and self.ctx is not None and self._graph.failed is None:
-            self.ctx.describe(self.speedup.name, self._graph.detail())
-            if self._graph.capture_s is not None:
-                self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(self._graph.capture_s, 3)
+            if self._graph.graph is None:  # the fit ended before the capture: nothing was graphed
+                self._fail("skipped", f"the fit ended after {self._graph.steps} steps, before the whole step was "
+                                      f"captured (after {self._graph.warmup} warm-up steps)")
+            else:
+                self.ctx.describe(self.speedup.name, self._graph.detail())
+                if self._graph.capture_s is not None:
+                    self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(self._graph.capture_s, 3)
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
 
