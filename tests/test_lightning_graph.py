@@ -141,3 +141,29 @@ def test_a_hook_inside_the_step_keeps_compiles_graphs():
     _, _, recs = _fit(AfterBackward(), "cuda_graph", epochs=1)
     rec = recs["cuda_graph"]
     assert rec.status in ("applied", "fallback") and "whole step" not in rec.detail, rec
+
+
+def test_make_capturable_turns_lr_into_a_tensor_a_scheduler_reaches():
+    from fastloop.graph_step import GraphIneligible, make_capturable, sync_lr
+
+    p = [torch.nn.Parameter(torch.randn(3))]
+    fused_sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True)
+    pairs = make_capturable(fused_sgd)
+    lr = fused_sgd.param_groups[0]["lr"]
+    assert torch.is_tensor(lr) and float(lr) == pytest.approx(0.1) and pairs == [(fused_sgd.param_groups[0], lr)]
+    fused_sgd.param_groups[0]["lr"] = 0.05  # a scheduler that assigns a float
+    sync_lr(pairs)
+    assert fused_sgd.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.05)
+    sched = torch.optim.lr_scheduler.StepLR(fused_sgd, step_size=1, gamma=0.5)  # fills the tensor in place
+    p[0].grad = torch.zeros(3)
+    fused_sgd.step()
+    sched.step()
+    sync_lr(pairs)
+    assert fused_sgd.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.025)
+    plain_sgd = torch.optim.SGD(p, lr=0.1, foreach=True)  # reads a float lr: it stays one (baked in)
+    assert make_capturable(plain_sgd) == [] and plain_sgd.param_groups[0]["lr"] == 0.1
+    adam = torch.optim.AdamW(p, lr=1e-3)
+    make_capturable(adam)
+    assert adam.param_groups[0]["capturable"] is True and torch.is_tensor(adam.param_groups[0]["lr"])
+    with pytest.raises(GraphIneligible, match="LBFGS has no capturable implementation"):
+        make_capturable(torch.optim.LBFGS(p))

@@ -127,6 +127,7 @@ class WholeStepGraph:
         self._baked: list[dict] | None = None
         self._sync_checks = 2
         self._clean = False
+        self._warm_key: list | None = None
         self._use_static = False
         original_b2d = trainer.strategy.batch_to_device
         self._original_step = pl_module.optimizer_step
@@ -165,16 +166,23 @@ class WholeStepGraph:
 
     def _batch(self, batch: Any) -> Any:
         """The batch the step sees: from the capture on, the graph's static buffers (this
-        batch copied in) when the shapes match."""
+        batch copied in) when the shapes match. The capture waits for a batch shaped like the
+        checked warm-up step's (not a short last batch)."""
         self._use_static = False
-        if not self.active or self.steps < self.warmup or (self.graph is None and not self._clean):
+        if not self.active or self.steps < self.warmup - 1:
             return batch
+        key = _shapes(batch)
         if self.graph is None:
+            if not self._clean:  # the checked step's batch: the capture will want this shape
+                self._warm_key = key
+                return batch
+            if key != self._warm_key:
+                return batch
             self._static = map_tensors(lambda t: t.clone(), batch)
-            self._shape_key = _shapes(batch)
+            self._shape_key = key
             self._use_static = True
             return self._static
-        if _shapes(batch) == self._shape_key:
+        if key == self._shape_key:
             _copy_into(self._static, batch)
             self._use_static = True
             return self._static
@@ -184,9 +192,11 @@ class WholeStepGraph:
         try:
             if not self.active or self.steps < self.warmup - 1:
                 return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if self.graph is None and not (self._clean and self._use_static):
-                return self._checked_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
             if self.graph is None:
+                if not self._clean:
+                    return self._checked_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+                if not self._use_static:  # another shape than the checked step's: capture a later one
+                    return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
                 return self._capture(epoch, batch_idx, optimizer, closure, *args, **kwargs)
             if not self._use_static:
                 self.eager_after_capture += 1
