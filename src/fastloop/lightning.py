@@ -286,7 +286,7 @@ class SpeedupCallback(Callback):
                 self.ctx.describe(self.speedup.name, "fused " + ", ".join(fused))
         if self._graph is not None:
             if len(trainer.optimizers) != 1:
-                self._graph._fail(f"{len(trainer.optimizers)} optimizers (the graph takes one)")
+                self._graph.fail(f"{len(trainer.optimizers)} optimizers (the graph takes one)")
             else:
                 self._graph.prepare_optimizer(trainer.optimizers[0], self._undo())
         if self.plan.grad_scaler:

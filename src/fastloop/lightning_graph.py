@@ -87,8 +87,10 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     return None
 
 
-def _hyperparameters(opt: torch.optim.Optimizer) -> list[dict]:
-    """What the graph baked in: every number of every param group but a tensor lr."""
+def _hyperparameters(optimizer: Any) -> list[dict]:
+    """What the graph baked in: every number of every param group but a tensor lr (of the
+    torch optimizer inside Lightning's LightningOptimizer)."""
+    opt = getattr(optimizer, "optimizer", optimizer)
     return [{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)} for g in opt.param_groups]
 
 
@@ -122,7 +124,7 @@ class WholeStepGraph:
         self._static: Any = None
         self._shape_key: list | None = None
         self._result: Any = None
-        self._logs: list[tuple[str, Any, dict, Any]] = []
+        self._logs: list[tuple[str, Any, tuple, dict, Any]] = []
         self._lr_pairs: list = []
         self._baked: list[dict] | None = None
         self._sync_checks = 2
@@ -149,7 +151,7 @@ class WholeStepGraph:
         try:
             self._lr_pairs = make_capturable(optimizer)
         except GraphIneligible as err:
-            self._fail(str(err))
+            self.fail(str(err))
             return
 
         def restore() -> None:
@@ -201,8 +203,8 @@ class WholeStepGraph:
             if not self._use_static:
                 self.eager_after_capture += 1
                 return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if _hyperparameters(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer) != self._baked:
-                self._fail("a scheduler changed an optimizer hyperparameter other than lr, which the graph baked in; "
+            if _hyperparameters(optimizer) != self._baked:
+                self.fail("a scheduler changed an optimizer hyperparameter other than lr, which the graph baked in; "
                            "the steps from here on run eagerly")
                 return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
             return self._replay(closure)
@@ -235,31 +237,30 @@ class WholeStepGraph:
             self._sync_checks -= 1
             if self._sync_checks <= 0:
                 msg = str(syncs[0].message).splitlines()[0]
-                self._fail(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}")
+                self.fail(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}")
         return out
 
     def _capture(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         module = self.module
         original_log = module.log
-        logs: list[tuple[str, Any, dict, Any]] = []
+        logs: list[tuple[str, Any, tuple, dict, Any]] = []
 
         def log(name: str, value: Any, *a: Any, **kw: Any) -> None:
-            logs.append((name, value, {"args": a, **kw}, current_hook(module)))
+            logs.append((name, value, a, kw, current_hook(module)))
 
         module.log = log  # type: ignore[method-assign]
         graph = torch.cuda.CUDAGraph()
         err: str | None = None
-        torch.cuda.synchronize()
-        try:
+        try:  # torch.cuda.graph synchronizes before it captures
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         except RuntimeError as e:
-            err = str(e).splitlines()[0] if str(e) else type(e).__name__
+            err = f"capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         finally:
             del module.log
         if err is None:
-            bad = [(n, type(v).__name__) for n, v, _, _ in logs if not torch.is_tensor(v)]
+            bad = [(n, type(v).__name__) for n, v, _, _, _ in logs if not torch.is_tensor(v)]
             if bad:
                 err = (f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays tensor work "
                        f"only, so a Python value would freeze at its first value")
@@ -267,12 +268,12 @@ class WholeStepGraph:
                 err = "training_step returned no loss"
         if err is not None:
             torch.cuda.synchronize()
-            self._fail(f"capture failed: {err}" if not err.startswith("training_step") else err)
+            self.fail(err)
             # nothing of the captured step ran: run the step for real
             return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         self.graph, self._logs = graph, logs
         self._result = peek_closure_result(closure)
-        self._baked = _hyperparameters(optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer)
+        self._baked = _hyperparameters(optimizer)
         graph.replay()  # this step, for real
         closure_result(closure, self._result)  # this step's outputs must not alias the graph's buffers
         self._relog(original_log)
@@ -293,14 +294,14 @@ class WholeStepGraph:
             return
         before = current_hook(self.module)
         try:
-            for name, value, kw, hook in self._logs:
+            for name, value, args, kwargs, hook in self._logs:
                 set_current_hook(self.module, hook)
-                kw = dict(kw)
-                log(name, value, *kw.pop("args"), **kw)
+                log(name, value, *args, **kwargs)
         finally:
             set_current_hook(self.module, before)
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Keep the steps eager from here on, for ``reason`` (the first reason wins)."""
         if self.failed is None:
             self.failed = reason
             self.graph = None
