@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["fastloop", "fastloop.loop", "fastloop.data", "fastloop.ab", "fastloop.ladder", "fastloop.doctor",
            "fastloop.batch_size", "fastloop.speedups.batch_size", "fastloop.device", "fastloop.targets", "fastloop.lightning", "fastloop.measure.stats",
-           "fastloop.measure.flops", "fastloop.measure.timer", "fastloop.speedups.base", "fastloop.lightning_graph",
+           "fastloop.measure.flops", "fastloop.measure.timer", "fastloop.speedups.base", "fastloop.lightning_graph", "fastloop.cuda_env",
            "fastloop.speedups.cudnn_benchmark", "fastloop.speedups.workers", "fastloop.recipes.imagenet.module", "fastloop.recipes.imagenet.target"]
 
 

@@ -177,7 +177,9 @@ def test_cudnn_benchmark_restored_and_skipped_without_conv():
     assert loop.records[0].status == "skipped" and "no convolution" in loop.records[0].reason
 
 
-def test_dali_gpu_pipeline_batches_on_the_device(tmp_path):
+def test_dali_gpu_pipeline_batches_on_the_device(tmp_path, monkeypatch):
+    import warnings
+
     from fastloop.recipes.imagenet.data import DaliLoader, dali_available, scan_images
     from fastloop.recipes.imagenet.generate import generate
 
@@ -185,7 +187,14 @@ def test_dali_gpu_pipeline_batches_on_the_device(tmp_path):
         pytest.skip(dali_available())
     root = generate(tmp_path / "img", classes=3, train=12, val=2, workers=4)
     files, labels, _ = scan_images(root / "train")
-    x, y = next(iter(DaliLoader(files, labels, 8, device_id=0, crop=64)))
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")  # what the note reads (CUDA started long ago)
+    with pytest.warns(UserWarning, match="CUDA_DEVICE_MAX_CONNECTIONS is '8'"):
+        DaliLoader(files, labels, 8, device_id=0, crop=64)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        loader = DaliLoader(files, labels, 8, device_id=0, crop=64)
+    x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda and x.shape == (8, 3, 64, 64) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 3
     x16, _ = next(iter(DaliLoader(files, labels, 8, device_id=0, crop=64, channels_last=True, dtype=torch.float16,

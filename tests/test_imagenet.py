@@ -100,6 +100,7 @@ def test_dali_speedup_swaps_the_loader_in_a_run():
     doc = run_configuration("imagenet", "workers:2,dali", steps=2, warmup=1, device="cpu")
     rec = {r["name"]: r for r in doc["speedups"]}
     assert rec["dali"]["status"] == "applied" and "replaces the training loader" in rec["dali"]["reason"]
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in rec["dali"]["detail"]  # a CPU pipeline: no hardware queues to name
     assert rec["workers"]["status"] == "applied"
     doc = run_configuration("tests/targets.py:tiny_mlp", "dali", steps=2, warmup=0, device="cpu")
     assert doc["speedups"][0]["status"] == "skipped" and "no DALI pipeline" in doc["speedups"][0]["reason"]

@@ -154,6 +154,12 @@ class DaliLoader:
         if not 0.0 <= hw_decoder_load <= 1.0:
             raise FastloopError(f"hw_decoder_load is a fraction in [0, 1], got {hw_decoder_load}")
         gpu = device_id is not None
+        if gpu:
+            from fastloop.cuda_env import cuda_queues_note
+
+            note = cuda_queues_note()
+            if note:
+                warnings.warn(note, stacklevel=2)
         layout = "HWC" if channels_last else "CHW"
         out_type = types.FLOAT if dtype == torch.float32 else types.FLOAT16
         # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a

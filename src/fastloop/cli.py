@@ -394,6 +394,9 @@ def _leave_now(rc: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
+    from fastloop.cuda_env import ensure_cuda_queues
+
+    ensure_cuda_queues()  # before CUDA starts, here and in every run's child process (fastloop.cuda_env)
     rc = _main(argv)
     if argv is None and rc == 130:
         # interrupted, the reports already written: skip the interpreter's teardown, whose

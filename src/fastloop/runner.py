@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from fastloop._compat import Callback, DDPStrategy, FSDPStrategy, SingleDeviceStrategy, Trainer
 from fastloop._torch_private import CONV_TYPES
 from fastloop.data import tensor_dataset_parts
+from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
@@ -287,6 +288,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         raise FastloopError(f"--measure-s must be a number of seconds > 0, got {measure_s!r}")
     if strategy not in (None, "ddp", "fsdp"):
         raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
+    ensure_cuda_queues()  # before CUDA starts: a data pipeline on its own streams must not queue behind the step
     dev = resolve_device(device)
     if strategy == "fsdp" and dev.type != "cuda":
         raise FastloopError("--strategy fsdp needs CUDA devices (use ddp on a CPU)")

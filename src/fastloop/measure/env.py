@@ -62,6 +62,7 @@ def env_stamp() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": __import__("os").cpu_count(),
+        "cuda_device_max_connections": __import__("os").environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "commit": _git_commit(),
         "fastloop": __version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -11,6 +11,12 @@ Changes the data pipeline. Applies to loaders that offer a DALI equivalent (the 
 recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason.
 Without a GPU the same DALI pipeline runs on the CPU.
 
+Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line sets 32 before CUDA starts
+unless you set it): with CUDA's default 8 hardware queues, some of DALI's ~16 streams share a queue
+with the training stream and their kernels wait behind it, behind the whole step when it is one
+CUDA graph (H200, ResNet-50 with the whole step captured: 0.81 of synthetic-data throughput at 8
+queues, 0.99 at 32; see :mod:`fastloop.cuda_env`). The record says when it is missing.
+
 Ladder position: last, after the model speedups, because that is where the data bottleneck
 shows: once bf16, channels_last and compile make the step fast, the CPU JPEG pipeline is the
 limit again, and this rung says what moving decoding to the GPU buys. DALI replaces the whole
@@ -20,6 +26,7 @@ torchvision loader, so ``workers``, ``pin_memory`` and ``prefetch`` stop acting 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from fastloop.speedups.base import Context, Speedup, register
@@ -47,5 +54,11 @@ class Dali(Speedup):
         if make is None:
             ctx.record(self.name, "skipped", "the target's loader offers no DALI pipeline (the imagenet recipe's does)")
             return loader
-        ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)")
+        detail = ""
+        if ctx.cuda:
+            from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note
+
+            note = cuda_queues_note()
+            detail = f"warning: {note}" if note else f"{CUDA_QUEUES_VAR}={os.environ[CUDA_QUEUES_VAR]}"
+        ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)", detail)
         return make()
