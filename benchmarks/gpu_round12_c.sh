@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 12, the third DALI session: issue 13's ImageNet goal as a user gets it. The fastloop command
+# Round 12 calls 11-15 (call 11 failed to start a machine, so DALI's first piece never arrived and the
+# DALI runs used the torchvision loader and timed out; see RESULTS.md round 12). The third DALI session: issue 13's ImageNet goal as a user gets it. The fastloop command
 # line now sets CUDA_DEVICE_MAX_CONNECTIONS=32 itself (fastloop.cuda_env); nothing is set by hand here.
 # ResNet-50 B256 with the whole step captured (bf16,fused_optimizer,channels_last,compile,cuda_graph):
 # synthetic data vs the `dali` speedup (DALI's defaults), alternating, REPEATS pairs; then the GPU
@@ -14,6 +15,8 @@ R=$OUT/r12c; mkdir -p $R
 for _ in $(seq 1 ${WAIT_S:-60}); do [ -f /tmp/imnet/MANIFEST ] || [ ! -f /tmp/gen.pid ] || ! kill -0 "$(cat /tmp/gen.pid)" 2>/dev/null && break; sleep 1; done
 [ -f /tmp/imnet/MANIFEST ] || timeout 120 python3 -m fastloop.recipes.imagenet.generate --out /tmp/imnet --classes 100 --train 100 --val 2 > $R/generate.txt 2>&1
 echo "jpegs ready [$((SECONDS-T0)) s]"
+# .dali5/install.sh says "DALI installed" even when the first piece never arrived (round 12 call 11):
+python3 -c "import nvidia.dali" || { echo "DALI is not importable: was every .daliK piece copied?"; exit 3; }
 for i in $(seq 1 ${REPEATS:-3}); do
   FASTLOOP_IMAGENET_LOADER=synthetic timeout 100 python3 -m fastloop.cli run imagenet --device cuda --speedups $G \
     --steps 100 --warmup 10 --json $R/synthetic_$i.json --quiet 2> $R/synthetic_$i.err; echo "synthetic $i rc $? [$((SECONDS-T0)) s]"

@@ -166,6 +166,11 @@ def test_data_bound_recommendation_names_the_next_fix():
     rec = diagnose(cfg("workers", "pin_memory", "prefetch", "bf16"))["recommendation"]
     assert "at its limit" in rec and "dali" in rec
     assert diagnose(cfg("dali", "bf16"))["recommendation"].startswith("DALI itself is the limit")
+    # a run stamped with CUDA's default 8 hardware queues: that comes first (fastloop.cuda_env)
+    few = diagnose({**cfg("dali", "bf16"), "env": {"cuda_device_max_connections": None}})["recommendation"]
+    assert few.startswith("first, CUDA's hardware queues") and "CUDA_DEVICE_MAX_CONNECTIONS=32" in few
+    enough = {**cfg("dali", "bf16"), "env": {"cuda_device_max_connections": "32"}}
+    assert diagnose(enough)["recommendation"].startswith("DALI itself is the limit")
     if not __import__("torch").cuda.is_available():  # a CPU run: no pinned memory, prefetch or DALI to offer
         cpu = {**cfg(), "peak_mem_bytes": None}
         assert diagnose(cpu)["recommendation"].startswith("workers")

@@ -106,13 +106,21 @@ def machine_ceilings(quick: bool = False) -> dict:
     return out
 
 
-def _data_fix(applied: set[str], cuda: bool = True) -> str:
-    """The next data-pipeline fix, given what is already applied (and whether there is a GPU)."""
+def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None) -> str:
+    """The next data-pipeline fix, given what is already applied (and whether there is a GPU).
+    ``stamp``: the run's environment stamp, when it has one (what CUDA_DEVICE_MAX_CONNECTIONS was)."""
     if not cuda:
         if "workers" in applied:
             return ("the loader's workers are the limit: more of them (workers:N, when the loader waits on storage "
                     "rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the transform).")
         return "workers (several loader processes prepare batches while the step runs)."
+    if "dali" in applied and stamp is not None and "cuda_device_max_connections" in stamp:
+        from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note
+
+        value = stamp["cuda_device_max_connections"]
+        note = cuda_queues_note({CUDA_QUEUES_VAR: value} if value else {})
+        if note:
+            return f"first, CUDA's hardware queues: {note}."
     if "dali" in applied:
         return ("DALI itself is the limit: give it more CPU threads (FASTLOOP_IMAGENET_DALI=num_threads=N), "
                 "a larger hardware-decoder share (hw_decoder_load), or a deeper prefetch queue; or lighter augmentation.")
@@ -159,7 +167,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     if wait >= 0.2:
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
-        fix = _data_fix(applied, cuda=cuda)
+        fix = _data_fix(applied, cuda=cuda, stamp=cfg.get("env"))
         if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied:
             fix = (f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory tensors "
                    f"({data['type']}); keep it on the GPU and serve batches there (no loader, no copies).")

@@ -3,8 +3,11 @@
 Card:
 - Helps: launch-bound steps (small models, small batches): one graph launch replaces
   hundreds of kernel launches and their Python overhead (tiny MLP on our H200: 7.2x).
-- Hurts: a GPU data pipeline that shares the GPU (DALI-fed ResNet-50 on our H200: 0.925x ->
-  0.792x of synthetic data with the whole Lightning step captured, data wait 21%); steps with host syncs (``.item()``, printing, data-dependent control flow), dynamic
+- Hurts: a GPU data pipeline on its own streams when CUDA has too few hardware queues: with
+  CUDA's default 8, DALI's kernels that share a queue with the training stream wait behind the
+  whole captured step (DALI-fed ResNet-50 on our H200: 0.81x of synthetic data, data wait 20%;
+  0.99x with the 32 queues fastloop's command line asks for, see :mod:`fastloop.cuda_env`);
+  steps with host syncs (``.item()``, printing, data-dependent control flow), dynamic
   shapes, or CPU-side logic per step: these are checked before capture and the step runs
   eagerly with the cause recorded. A short last batch runs eagerly.
 - Costs: a few warm-up steps and the capture (reported apart); static input buffers and
