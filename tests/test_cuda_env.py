@@ -53,3 +53,17 @@ def test_the_runner_sets_it_and_the_report_stamps_it(monkeypatch):
     run_configuration("tests/targets.py:tiny_mlp", "none", steps=2, warmup=0, device="cpu")
     assert os.environ[CUDA_QUEUES_VAR] == "32"
     assert env_stamp()["cuda_device_max_connections"] == "32"
+
+
+def test_asking_for_dali_before_cuda_starts_sets_it(monkeypatch):
+    """``callbacks("bf16,dali")`` in a user's script, before the fit starts CUDA, is in time."""
+    from fastloop.speedups.base import resolve
+
+    monkeypatch.setenv(CUDA_QUEUES_VAR, "")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    (dali,) = resolve("dali")
+    assert dali.queues == "set" and os.environ[CUDA_QUEUES_VAR] == "32"
+    monkeypatch.setenv(CUDA_QUEUES_VAR, "")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    (late,) = resolve("dali")
+    assert late.queues == "late" and os.environ[CUDA_QUEUES_VAR] == ""

@@ -11,8 +11,8 @@ Changes the data pipeline. Applies to loaders that offer a DALI equivalent (the 
 recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason.
 Without a GPU the same DALI pipeline runs on the CPU.
 
-Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line sets 32 before CUDA starts
-unless you set it): with CUDA's default 8 hardware queues, some of DALI's ~16 streams share a queue
+Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
+``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues, some of DALI's ~16 streams share a queue
 with the training stream and their kernels wait behind it, behind the whole step when it is one
 CUDA graph (H200, ResNet-50 with the whole step captured: 0.81 of synthetic-data throughput at 8
 queues, 0.99 at 32; see :mod:`fastloop.cuda_env`). The record says when it is missing.
@@ -41,6 +41,14 @@ class Dali(Speedup):
     changes = "data"
     feeds = True
     order = 65
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        from fastloop.cuda_env import ensure_cuda_queues
+
+        # asking for DALI (callbacks("...,dali"), FastLoop, a run) before CUDA starts is in time to
+        # give it its own hardware queues; later, the record and DaliLoader say what is missing
+        self.queues = ensure_cuda_queues()
 
     def why_not(self, ctx: Context) -> str | None:
         try:
