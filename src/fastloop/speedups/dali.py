@@ -12,9 +12,9 @@ recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the
 Without a GPU the same DALI pipeline runs on the CPU.
 
 Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
-``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues, some of DALI's ~16 streams share a queue
-with the training stream and their kernels wait behind it, behind the whole step when it is one
-CUDA graph (H200, ResNet-50 with the whole step captured: 0.81 of synthetic-data throughput at 8
+``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues,
+some of DALI's ~16 streams share a queue with the training stream and their kernels wait behind
+it, behind the whole step when it is one CUDA graph (H200, ResNet-50 with the whole step captured: 0.81 of synthetic-data throughput at 8
 queues, 0.99 at 32; see :mod:`fastloop.cuda_env`). The record says when it is missing.
 
 Ladder position: last, after the model speedups, because that is where the data bottleneck
@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
 from fastloop.speedups.base import Context, Speedup, register
 
 __all__ = ["Dali"]
@@ -44,8 +45,6 @@ class Dali(Speedup):
 
     def __init__(self, **options) -> None:
         super().__init__(**options)
-        from fastloop.cuda_env import ensure_cuda_queues
-
         # asking for DALI (callbacks("...,dali"), FastLoop, a run) before CUDA starts is in time to
         # give it its own hardware queues; later, the record and DaliLoader say what is missing
         self.queues = ensure_cuda_queues()
@@ -64,8 +63,6 @@ class Dali(Speedup):
             return loader
         detail = ""
         if ctx.cuda:
-            from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note
-
             note = cuda_queues_note()
             detail = f"warning: {note}" if note else f"{CUDA_QUEUES_VAR}={os.environ[CUDA_QUEUES_VAR]}"
         ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)", detail)
