@@ -15,31 +15,52 @@ def busy(seconds: float) -> None:
         pass
 
 
-def test_injected_step_cost_measured_within_5_percent():
+def test_step_time_agrees_with_an_outside_clock_on_the_same_steps():
+    """Relative, not absolute (a busy CI machine stretches every step): the timer's median step
+    agrees within 5% with a host clock read around the same steps by the test itself."""
     t = StepTimer("cpu", warmup=2)
+    outside = []
+    last = time.perf_counter()
     for _ in range(30):
         with t.fetching():
             pass
         busy(0.010)
         t.step_end()
+        now = time.perf_counter()
+        outside.append(now - last)
+        last = now
     r = t.result()
-    assert abs(summarize(r.step_s)["median"] - 0.010) / 0.010 < 0.05
+    ref = float(np.median(outside[2:]))
+    assert abs(summarize(r.step_s)["median"] - ref) / ref < 0.05
+    assert summarize(r.step_s)["median"] >= 0.0099  # a 10 ms busy step is never measured shorter
 
 
-def test_sleepy_loader_data_wait_fraction():
+def test_sleepy_loader_data_wait_fraction_matches_the_time_spent_in_the_loader():
+    """The data-wait fraction agrees (within 0.05) with the share of the same steps' wall time
+    that the test itself measured inside the loader's ``next`` (relative: robust to load)."""
+    waited = []
+
     def loader():
         while True:
+            t0 = time.perf_counter()
             time.sleep(0.006)  # 6 ms to produce each batch
+            waited.append(time.perf_counter() - t0)
             yield 1
 
     t = StepTimer("cpu", warmup=1)
+    start = None
     for i, _ in enumerate(t.wrap(loader())):
         busy(0.004)  # 4 ms of compute
         t.step_end()
+        if i == 0:
+            start, first = time.perf_counter(), len(waited)
         if i == 25:
             break
+    total = time.perf_counter() - start
+    expected = sum(waited[first:]) / total
     r = t.result()
-    assert abs(r.data_wait_frac - 0.6) < 0.05, r.data_wait_frac
+    assert abs(r.data_wait_frac - expected) < 0.05, (r.data_wait_frac, expected)
+    assert 0.3 < r.data_wait_frac < 0.8  # the loader's 6 ms against 4 ms of compute dominates the step
 
 
 def test_warmup_steps_excluded_and_counted():

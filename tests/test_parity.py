@@ -24,11 +24,11 @@ def test_every_registered_speedup_has_parity_settings():
     assert not set(PARITY) - set(REGISTRY), "settings for speedups that are not registered"
 
 
-def _plain(target: str, spec: str):
+def _plain(target: str, spec: str, device: str = "cpu"):
     module, loader = BUILD[target]()
     conf = module.configure_optimizers()
     loop = FastLoop(module, conf["optimizer"], loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"],
-                    scheduler=conf["lr_scheduler"]["scheduler"], speedups=spec, device="cpu")
+                    scheduler=conf["lr_scheduler"]["scheduler"], speedups=spec, device=device)
     return loop.train(steps=STEPS, warmup=WARMUP)
 
 
@@ -49,7 +49,8 @@ def _cases():
 def test_both_adapters_agree(name):
     p = PARITY[name]
     if torch.cuda.is_available() and not p.cpu:
-        pytest.skip("GPU parity of this speedup is in tests/test_gpu.py")
+        pytest.skip("on a GPU machine this speedup's parity runs on CUDA: "
+                    "tests/test_parity.py::test_both_adapters_agree_on_the_gpu")
     spec = f"{name}:{p.option}" if p.option else name
     lit = run_configuration(p.target, spec, steps=STEPS, warmup=WARMUP, device="cpu", steady_warmup=False)
     lit_rec = next(r for r in lit["speedups"] if r["name"] == name)
@@ -67,3 +68,29 @@ def test_both_adapters_agree(name):
     # the steps both trained
     diff = _close(lit["losses"][:len(plain.losses)], plain.losses, p.rtol)
     assert diff <= p.rtol, f"{name}: Lightning and plain-loop losses differ by {diff:.2e} > {p.rtol}"
+
+
+GPU_RTOL = {"bf16": 2e-2, "fp16": 2e-2, "compile": 1e-4, "fp8": 5e-2}
+"""Largest relative loss difference between the adapters on CUDA (1e-5 where the math is the same:
+cuBLAS may pick other kernels for the two processes' first calls)."""
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", sorted(n for n in PARITY if not PARITY[n].cpu and PARITY[n].plain_loop))
+def test_both_adapters_agree_on_the_gpu(name):
+    """Every CUDA-only speedup through the Lightning callbacks and the plain loop on the GPU: the
+    same status and reason, and (where it applied) the same loss trajectory within GPU_RTOL."""
+    p = PARITY[name]
+    spec = f"{name}:{p.option}" if p.option else name
+    lit = run_configuration(p.target, spec, steps=STEPS, warmup=WARMUP, device="cuda", steady_warmup=False)
+    lit_rec = next(r for r in lit["speedups"] if r["name"] == name)
+    plain = _plain(p.target, spec, device="cuda")
+    plain_rec = next(r for r in plain.records if r.name == name)
+    assert lit_rec["status"] == plain_rec.status, (lit_rec, plain_rec)
+    if lit_rec["status"] != "applied":
+        return
+    rtol = GPU_RTOL.get(name, 1e-5)
+    n = min(len(lit["losses"]), len(plain.losses))
+    diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(lit["losses"][:n], plain.losses[:n]))
+    assert diff <= rtol, f"{name}: Lightning and plain-loop losses differ by {diff:.2e} > {rtol} on CUDA"

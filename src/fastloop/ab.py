@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, telling_step_rate
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import resolve
 from fastloop.subproc import run_in_subprocess
 
@@ -88,4 +88,27 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
         doc = _doc(a, b, runs, repeats)
         doc["interrupted"] = True
         return doc
-    return _doc(a, b, runs, repeats)
+    doc = _doc(a, b, runs, repeats)
+    _raise_side_failure(doc, runs, a, b, on_update)
+    return doc
+
+
+def _raise_side_failure(doc: dict, runs: dict[str, Runs], a: str, b: str,
+                        on_update: Callable[[dict], None] | None) -> None:
+    """The error policy, as ``run`` and ``ladder`` follow it: when the user's code raised on a side
+    (exit 1 in its process) or fastloop refused its input (exit 2), the partial report says which
+    side failed and the same error is raised here (the CLI exits 1 with the user's frames, or 2)."""
+    for side, spec in (("a", a), ("b", b)):
+        r = runs[f"{side}:{spec}"]
+        rc = r.returncodes[-1] if r.returncodes else None
+        if rc not in (1, 2):
+            continue
+        message = r.failures[-1] if r.failures else f"side {side.upper()} failed"
+        doc["failed_side"] = {"side": side.upper(), "spec": spec, "returncode": rc, "reason": message}
+        doc["verdict"] = f"no verdict: side {side.upper()} ({spec}) failed: {message}"
+        if on_update:
+            on_update(doc)
+        if rc == 2:
+            raise FastloopError(message.split("failed in its process: ", 1)[-1])
+        detail = r.details[-1].strip() if r.details else message
+        raise UserCodeError(f"side {side.upper()} ({spec}) of the A/B failed, so there is no comparison:\n{detail}")

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, shorten
 
 HTML_EVERY_S = 15.0
 """A ladder or A/B refreshes report.html (plots) at most this often while it runs; report.json
@@ -32,7 +32,7 @@ __all__ = ["main"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, status 2
-        sys.stderr.write(f"fastloop: error: {message}\n")
+        sys.stderr.write(f"fastloop: error: {_one_line(message)}\n")
         raise SystemExit(2)
 
 
@@ -42,9 +42,9 @@ def _number(convert: type, low: float, high: float, accepted: str, low_open: boo
         try:
             v = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{accepted}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{accepted}, got {shorten(text, 40)!r}") from None
         if not (low < v if low_open else low <= v) or v > high:
-            raise argparse.ArgumentTypeError(f"{accepted}, got {text}")
+            raise argparse.ArgumentTypeError(f"{accepted}, got {shorten(text, 40)}")
         return v
     return conv
 
@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
     sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
-    sp.add_argument("--max-repeats", type=_positive("--max-repeats", most=100), default=6,
+    sp.add_argument("--max-repeats", type=_number(int, 3, 100, "--max-repeats must be an integer from 3 to 100"),
+                    default=6,
                     help="most runs a side per comparison (3 first; more only while the answer is unclear)")
     sp.add_argument("--budget", type=_seconds, default=None,
                     help="seconds: stop adding runs to a comparison once the ladder has run this long")
@@ -138,6 +139,27 @@ def _inputs(args: argparse.Namespace) -> list[str]:
     target = getattr(args, "target", None) or ""
     where = target.rsplit(":", 1)[0]
     return [where] if where.endswith(".py") else []
+
+
+TARGET_MAX = 1024
+"""The longest target name accepted (a file path and a function, or a module and a function)."""
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, a target name no file or module could have: not UTF-8, or
+    too long (a report written under it would fail after the training ran)."""
+    target = getattr(args, "target", None)
+    if not target:
+        return
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FastloopError(f"target {shorten(target)}: the name is not valid UTF-8; rename the file with a "
+                            "UTF-8 name (FILE.py:FUNCTION)") from None
+    longest = max((len(part.encode()) for part in Path(target.rsplit(":", 1)[0]).parts), default=0)
+    if len(target) > TARGET_MAX or longest > 255:
+        raise FastloopError(f"target {shorten(target)} is too long: a name in a path may be at most 255 bytes and a "
+                            f"target at most {TARGET_MAX:,} characters (FILE.py:FUNCTION or package.module:FUNCTION)")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -328,6 +350,18 @@ def _print(doc: dict) -> None:
     print_document(doc, console)
 
 
+ERROR_LINE_MAX = 400
+"""A bad-input message is one line of at most this many characters (an echoed input is shortened)."""
+
+
+def _one_line(err: BaseException) -> str:
+    """The message of a bad-input error as one line of at most :data:`ERROR_LINE_MAX` characters."""
+    from fastloop.errors import shorten
+
+    text = " ".join(str(err).split())
+    return text if len(text) <= ERROR_LINE_MAX else shorten(text, ERROR_LINE_MAX - 24)
+
+
 INTERRUPT_DEADLINE_S = 1.2
 """After Ctrl-C the command has this long to write what it finished; then it ends regardless."""
 
@@ -423,6 +457,7 @@ def _main(argv: list[str] | None = None) -> int:
         return 130
     doc: dict | None = None
     try:
+        _check_target(args)
         _check_outputs(args)
         if args.cmd in ("ladder", "ab") and getattr(args, "devices", 1) <= 1 and not getattr(args, "strategy", None):
             from fastloop.subproc import prestart_fork_server
@@ -435,7 +470,7 @@ def _main(argv: list[str] | None = None) -> int:
 
         write_reports(doc, args.out, args.json)
     except FastloopError as err:
-        sys.stderr.write(f"fastloop: error: {err}\n")
+        sys.stderr.write(f"fastloop: error: {_one_line(err)}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("fastloop: interrupted\n")

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import torch
@@ -206,3 +207,37 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     return {"bottleneck": "compute-bound", "evidence": ev + ": the step is busy computing.",
             "recommendation": "bf16 autocast, fused optimizer, channels_last for conv nets, compile." if (mfu or 0) < 0.4
             else "already near the ceiling: only algorithmic changes will help much."}
+
+
+ADVICE_TERMS: dict[str, str] = {
+    "tf32": r"\btf32\b", "bf16": r"\bbf16\b", "fp16": r"\bfp16\b",
+    "fused_optimizer": r"fused[ _]optimizer", "channels_last": r"channels_last", "compile": r"\bcompile\b",
+    "cuda_graph": r"cuda_graph", "workers": r"\bworkers\b", "pin_memory": r"pin_memory|pinned memory",
+    "prefetch": r"\bprefetch\b", "gpu_resident": r"gpu_resident", "dali": r"\bdali\b", "ddp_comm": r"ddp_comm",
+}
+"""How a recommendation names each speedup (a regular expression over its text)."""
+
+
+def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
+    """``diagnosis`` whose recommendation no longer advises a speedup that the same report measured
+    as not faster on this model (``measured``: name -> what was measured, e.g. "0.99x, no
+    significant difference"); it says what was measured instead.
+
+    Example:
+        >>> d = {"bottleneck": "compute-bound", "evidence": "", "recommendation": "bf16 autocast, compile."}
+        >>> without_measured(d, {"bf16": "1.00x, no significant difference"})["recommendation"]
+        'compile; measured here and not faster, so not advised again: bf16 (1.00x, no significant difference).'
+    """
+    rec = diagnosis.get("recommendation") or ""
+    named = [n for n, pattern in ADVICE_TERMS.items() if re.search(pattern, rec, re.IGNORECASE)]
+    dropped = [n for n in named if n in measured]
+    if not dropped:
+        return diagnosis
+    rest = [n for n in named if n not in measured]
+    said = "; ".join(f"{n} ({measured[n]})" for n in dropped)
+    if rest:
+        text = f"{', '.join(rest)}; measured here and not faster, so not advised again: {said}."
+    else:
+        text = (f"the usual fixes for this bottleneck were measured here and were not faster: {said}; "
+                "profile the step (fastloop run --out DIR shows its GPU profile) to find what holds it.")
+    return {**diagnosis, "recommendation": text, "advice_filtered": dropped}

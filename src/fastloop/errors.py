@@ -21,7 +21,23 @@ import sysconfig
 import traceback
 from types import TracebackType
 
-__all__ = ["FastloopError", "UserCodeError", "format_user_error", "user_frames"]
+__all__ = ["FastloopError", "UserCodeError", "format_user_error", "shorten", "user_frames"]
+
+
+def shorten(text: object, limit: int = 60) -> str:
+    """``text`` as it can be shown in a one-line message: not-UTF-8 bytes escaped, newlines shown
+    as ``\\n``, and the middle elided when longer than ``limit`` characters.
+
+    Example:
+        >>> shorten("a" * 100, 20)
+        'aaaaaaaaa...aaaaaaaa (100 characters)'
+    """
+    shown = str(text).encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
+    if len(shown) <= limit:
+        return shown
+    head = (limit + 1) // 2 - 1
+    tail = limit - head - 3
+    return f"{shown[:head]}...{shown[-tail:]} ({len(shown):,} characters)"
 
 
 class FastloopError(ValueError):

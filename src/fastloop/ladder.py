@@ -53,7 +53,7 @@ from fastloop.compare import (
     merge_runs,
     telling_step_rate,
 )
-from fastloop.doctor import diagnose
+from fastloop.doctor import diagnose, without_measured
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
@@ -290,6 +290,7 @@ class _Ladder:
             out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
         else:
             out["callbacks_line"] = "# no speedup helped measurably on this model and machine"
+        _filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
 
@@ -448,6 +449,36 @@ class _Ladder:
         self.best_runs = {}
         fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
         self._final_from(fresh, ci)
+
+
+def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
+    """Speedups this ladder measured and found not faster: name -> what was measured."""
+    out: dict[str, str] = {}
+    for r in rungs:
+        ci = r.get("speedup_vs_prev")
+        if not str(r.get("rung", "")).startswith("+") or not str(r.get("decision", "")).startswith("dropped") or not ci:
+            continue
+        name = r["rung"][1:].split(":")[0]
+        if ci.get("ratio") is None:
+            continue
+        span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
+                and ci.get("ci_high") is not None else "")
+        out[name] = f"{ci['ratio']:.2f}x{span}, " + ("slower" if ci.get("significant") else "no significant difference")
+    return out
+
+
+def _filter_advice(rungs: list[dict]) -> None:
+    """No rung's advice recommends a speedup that this ladder measured as not faster."""
+    measured = _measured_not_faster(rungs)
+    if not measured:
+        return
+    for r in rungs:
+        if r.get("bottleneck"):
+            before = r["bottleneck"].get("recommendation")
+            r["bottleneck"] = without_measured(r["bottleneck"], measured)
+            moved = r.get("bottleneck_moved")
+            if moved and before != r["bottleneck"]["recommendation"] and " next: " in moved:
+                r["bottleneck_moved"] = moved.split(" next: ")[0] + " next: " + r["bottleneck"]["recommendation"]
 
 
 def _baseline_failed(runs: Runs) -> Exception:

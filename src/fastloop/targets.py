@@ -22,7 +22,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningDataModule, LightningModule
-from fastloop.errors import FastloopError, UserCodeError
+from fastloop.errors import FastloopError, UserCodeError, shorten
 
 __all__ = ["RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "load_target"]
 
@@ -43,13 +43,15 @@ def load_target(spec: str) -> Callable[..., Any]:
     """The target's factory function; raises FastloopError with a one-line reason."""
     spec = RECIPES.get(spec, spec)
     if spec.count(":") != 1 or not all(spec.split(":")):
-        raise FastloopError(f"malformed target {spec!r}: use FILE.py:FUNCTION, package.module:FUNCTION, "
+        raise FastloopError(f"malformed target {shorten(spec)!r}: use FILE.py:FUNCTION, package.module:FUNCTION, "
                             f"or a recipe name ({', '.join(RECIPES)})")
     where, func = spec.split(":")
     if where.endswith(".py"):
         path = Path(where)
+        if path.is_dir():
+            raise FastloopError(f"target {shorten(where)} is a folder; give a Python file: FILE.py:FUNCTION")
         if not path.is_file():
-            raise FastloopError(f"target file not found: {where}")
+            raise FastloopError(f"target file not found: {shorten(where)}")
         name = f"_fastloop_target_{abs(hash(str(path.resolve())))}"
         mspec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(mspec)  # type: ignore[arg-type]
@@ -58,9 +60,9 @@ def load_target(spec: str) -> Callable[..., Any]:
         try:
             mspec.loader.exec_module(module)  # type: ignore[union-attr]
         except SystemExit as err:
-            raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
+            raise UserCodeError(f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise UserCodeError(f"while importing {where}") from err
+            raise UserCodeError(f"while importing {shorten(where)}") from err
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
@@ -70,17 +72,17 @@ def load_target(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(where)
         except ModuleNotFoundError as err:
             if err.name and where.startswith(err.name):
-                raise FastloopError(f"target module {where!r} not found ({err})") from None
-            raise UserCodeError(f"while importing {where}") from err
+                raise FastloopError(f"target module {shorten(where)!r} not found ({err})") from None
+            raise UserCodeError(f"while importing {shorten(where)}") from err
         except SystemExit as err:
-            raise UserCodeError(f"importing {where} called sys.exit({err.code}); nothing was trained") from None
+            raise UserCodeError(f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained") from None
         except Exception as err:
-            raise UserCodeError(f"while importing {where}") from err
+            raise UserCodeError(f"while importing {shorten(where)}") from err
     fn = getattr(module, func, None)
     if fn is None:
-        raise FastloopError(f"{where} has no function {func!r}")
+        raise FastloopError(f"{shorten(where)} has no function {func!r}")
     if not callable(fn):
-        raise FastloopError(f"{where}:{func} is not callable")
+        raise FastloopError(f"{shorten(where)}:{func} is not callable")
     return fn
 
 
@@ -91,23 +93,23 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
         out = fn(**kwargs)
     except TypeError as err:
         if "unexpected keyword" in str(err) and err.__traceback__ is not None and err.__traceback__.tb_next is None:
-            raise FastloopError(f"target {spec} does not accept {err}") from None
-        raise UserCodeError(f"while building target {spec}") from err
+            raise FastloopError(f"target {shorten(spec)} does not accept {err}") from None
+        raise UserCodeError(f"while building target {shorten(spec)}") from err
     except (FastloopError, UserCodeError, KeyboardInterrupt):
         raise
     except SystemExit as err:
-        raise UserCodeError(f"target {spec} called sys.exit({err.code}) while being built; nothing was trained") from None
+        raise UserCodeError(f"target {shorten(spec)} called sys.exit({err.code}) while being built; nothing was trained") from None
     except Exception as err:
-        raise UserCodeError(f"while building target {spec}") from err
+        raise UserCodeError(f"while building target {shorten(spec)}") from err
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise FastloopError(f"target {spec} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
+        raise FastloopError(f"target {shorten(spec)} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
     module, data = out
     if not isinstance(module, LightningModule):
-        raise FastloopError(f"target {spec} returned {type(module).__name__} where a LightningModule was expected")
+        raise FastloopError(f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was expected")
     if data is None and type(module).train_dataloader is LightningModule.train_dataloader:
-        raise FastloopError(f"target {spec} returned (module, None) but {type(module).__name__} defines no "
+        raise FastloopError(f"target {shorten(spec)} returned (module, None) but {type(module).__name__} defines no "
                             f"train_dataloader(): return a DataModule or a DataLoader, or define train_dataloader()")
     if data is not None and not isinstance(data, (LightningDataModule, DataLoader)):
-        raise FastloopError(f"target {spec} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
+        raise FastloopError(f"target {shorten(spec)} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
                             f"or None (the module's own train_dataloader()) was expected")
     return module, data

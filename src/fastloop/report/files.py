@@ -21,7 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, shorten
 
 __all__ = ["MARKER", "REPORT_FILES", "atomic_write", "check_json_path", "check_out_dir", "sanitize", "to_json"]
 
@@ -31,7 +31,8 @@ REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
 def _printable(path: str) -> str:
-    return path.encode("utf-8", "backslashreplace").decode("utf-8")
+    """The path as a one-line message shows it: not-UTF-8 bytes escaped, a long one shortened."""
+    return shorten(path)
 
 
 def _check_name(path: str, flag: str) -> Path:
@@ -42,9 +43,11 @@ def _check_name(path: str, flag: str) -> Path:
     except UnicodeEncodeError:
         raise FastloopError(f"{flag} {_printable(path)}: the path is not valid UTF-8; use a UTF-8 name") from None
     p = Path(path)
+    if len(path.encode()) > 4000:
+        raise FastloopError(f"{flag} {_printable(path)}: the path is too long (at most 4,000 bytes)")
     for part in p.parts:
         if len(part.encode()) > 255:
-            raise FastloopError(f"{flag}: the name {part[:40]}... is {len(part.encode())} bytes long; names may be at most 255")
+            raise FastloopError(f"{flag}: the name {shorten(part, 40)} is {len(part.encode())} bytes long; names may be at most 255")
     return p
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import torch
 
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, shorten
 
 __all__ = [
     "parse_number",
@@ -192,7 +193,7 @@ class Speedup:
 
         Subclasses that take an option override this and set :attr:`option_help`.
         """
-        raise FastloopError(f"{cls.name!r} takes no option, got {cls.name}:{text}")
+        raise FastloopError(f"{cls.name!r} takes no option, got {shorten(f'{cls.name}:{text}', 40)}")
 
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""
@@ -322,6 +323,16 @@ def speedup_names() -> list[str]:
     return [n for n, _ in sorted(REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0]))]
 
 
+def _unknown(item: str, key: str) -> str:
+    """'unknown speedup 'X'; did you mean 'y'?' (names are lower-case, exact) and the valid names."""
+    known = speedup_names() + ["none"]
+    lower = {n.lower(): n for n in known + list(ALIASES)}
+    near = lower.get(key.lower()) or next(iter(difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.75)), None)
+    hint = f"; did you mean {near!r}?" if near else ""
+    case = " (names are lower-case)" if near and near.lower() == key.lower() else ""
+    return f"unknown speedup {shorten(item, 40)!r}{hint}{case}; valid names: {', '.join(speedup_names())}, or none"
+
+
 def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
     """Turn ``"bf16,compile"`` (or a list) into speedup objects in ladder order.
 
@@ -339,7 +350,7 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
     if isinstance(spec, str):
         items = [s.strip() for s in spec.split(",")]
         if any(not s for s in items) and spec.strip() not in ("",):
-            raise FastloopError(f"malformed speedup list {spec!r}: use comma-separated names, e.g. 'bf16,compile'")
+            raise FastloopError(f"malformed speedup list {shorten(spec)!r}: use comma-separated names, e.g. 'bf16,compile'")
         items = [s for s in items if s]
     else:
         items = list(spec)
@@ -351,14 +362,18 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
             out.append(item)
             continue
         key, _, opt = item.partition(":")
-        key = ALIASES.get(key.strip().lower(), key.strip().lower())
+        key = ALIASES.get(key.strip(), key.strip())
         if key == "none":
-            raise FastloopError("'none' means the baseline and cannot be combined with other speedups")
+            raise FastloopError("'none' means the baseline and cannot be combined with other speedups "
+                                f"(got {shorten(','.join(map(str, items)))!r})")
         if key not in REGISTRY:
-            raise FastloopError(f"unknown speedup {item!r}; valid names: {', '.join(speedup_names())}")
+            raise FastloopError(_unknown(item, key))
         cls = REGISTRY[key]
         if ":" in item and not opt.strip():
-            raise FastloopError(f"empty option in {item!r}: {cls.option_help or f'{key} takes no option'}")
+            raise FastloopError(f"empty option in {shorten(item)!r}: {cls.option_help or f'{key} takes no option'}")
+        if len(opt) > 64:
+            raise FastloopError(f"the option in {shorten(item, 40)!r} is {len(opt):,} characters long: "
+                                f"{cls.option_help or f'{key} takes no option'}")
         out.append(cls(**({"mode": cls.parse_option(opt.strip())} if opt else {})))
     names = [s.name for s in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
