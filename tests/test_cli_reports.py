@@ -113,7 +113,8 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
 
     target = "tests/targets.py:sleepy_3ms"
     doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, max_repeats=3, device="cpu")
-    base, workers, prefetch, final = doc["rungs"]
+    by = {r["rung"]: r for r in doc["rungs"]}
+    base, workers, prefetch, final = by["baseline"], by["+workers:4"], by["+prefetch"], doc["rungs"][-1]
     assert base["bottleneck"]["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.6
     v = workers["speedup_vs_prev"]
     assert v["significant"] and v["ratio"] > 1.5 and v["ci_low"] <= v["ratio"] <= v["ci_high"], v

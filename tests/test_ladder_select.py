@@ -32,7 +32,7 @@ def _fake(effects=EFFECT, base_s=0.010, wait=None, seed=0):
 
 
 def test_hurting_dropped_helping_kept_and_final_measured():
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "channels_last"], measure=_fake(), device="cpu")
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "channels_last"], measure=_fake(), device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+workers"]["decision"].startswith("dropped")
     assert by["+bf16"]["decision"].startswith("kept") and by["+bf16"]["vs_spec"] == "none"
@@ -54,7 +54,7 @@ def test_hurting_dropped_helping_kept_and_final_measured():
 
 def test_two_kept_speedups_are_measured_together_against_the_baseline():
     effects = {"workers": 1.3, "bf16": 1.25, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu")
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", mode="sequential")
     assert doc["selected"] == ["workers", "bf16"]
     final = doc["rungs"][-1]
     # measured afresh against the baseline, interleaved; 1.6x is clear after the first look (3 a side)
@@ -70,7 +70,7 @@ def test_the_report_says_when_the_bottleneck_moves():
         return 0.6 if "bf16" in names else 0.05
 
     effects = {"bf16": 1.5, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects, wait=wait), device="cpu")
+    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects, wait=wait), device="cpu", mode="sequential")
     base, bf16 = doc["rungs"][0], doc["rungs"][1]
     assert base["bottleneck"]["bottleneck"] != "data-bound"
     assert bf16["bottleneck"]["bottleneck"] == "data-bound"
@@ -100,7 +100,7 @@ def test_a_failed_configuration_keeps_the_others(tmp_path):
             raise ConfigurationFailed(f"configuration {spec!r} failed in its process: killed", -9)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], measure=measure, device="cpu", on_update=updates.append)
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], measure=measure, device="cpu", on_update=updates.append, mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+fused_optimizer"]["rung_status"] == "failed" and "killed" in by["+fused_optimizer"]["rung_reason"]
     assert by["+bf16"]["decision"].startswith("kept") and by["+workers"]["decision"].startswith("dropped")
@@ -114,7 +114,7 @@ def test_a_failed_configuration_keeps_the_others(tmp_path):
 
 def test_a_base_set_is_the_baseline_and_every_rung_builds_on_it():
     effects = {"tf32": 2.0, "workers": 0.8, "bf16": 1.25, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", base="tf32")
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", base="tf32", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["baseline (tf32)"]["spec"] == "tf32"
     assert by["+workers"]["vs_spec"] == "tf32" and by["+workers"]["decision"].startswith("dropped")
@@ -133,7 +133,7 @@ def test_a_rung_that_is_already_in_the_base_is_refused():
     from fastloop.errors import FastloopError
 
     with pytest.raises(FastloopError, match="already in --base"):
-        run_ladder("x", ["bf16", "tf32"], measure=_fake({"tf32": 1.0, "bf16": 1.0}), device="cpu", base="tf32")
+        run_ladder("x", ["bf16", "tf32"], measure=_fake({"tf32": 1.0, "bf16": 1.0}), device="cpu", base="tf32", mode="sequential")
 
 
 def _with_profile(busy, wait, effects):
@@ -150,18 +150,18 @@ def _with_profile(busy, wait, effects):
 def test_default_ladder_feeds_the_fast_step_last_and_skips_a_feed_that_cannot_help():
     effects = {"workers": 1.0, "bf16": 1.25, "fused_optimizer": 1.0}
     # the demo recipe's rungs are workers, bf16, fused_optimizer: data is tried last
-    doc = run_ladder("demo", None, measure=_with_profile(0.98, 0.004, effects), device="cpu")
+    doc = run_ladder("demo", None, measure=_with_profile(0.98, 0.004, effects), device="cpu", mode="sequential")
     names = [r["rung"] for r in doc["rungs"] if r["rung"].startswith("+")]
     assert names == ["+bf16", "+fused_optimizer", "+workers"]
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "skipped" and "busy 98%" in w["rung_reason"] and "at most 1.020x" in w["rung_reason"]
     assert "step_s" not in w and "speedup_vs_prev" not in w  # not measured, no ratio
     # a GPU that idles: the feed is measured
-    doc = run_ladder("demo", None, measure=_with_profile(0.6, 0.004, effects), device="cpu")
+    doc = run_ladder("demo", None, measure=_with_profile(0.6, 0.004, effects), device="cpu", mode="sequential")
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "applied" and w["speedup_vs_prev"] is not None
     # explicit rungs keep their order, and the cumulative story is not reordered
-    doc = run_ladder("demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu")
+    doc = run_ladder("demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu", mode="sequential")
     assert [r["rung"] for r in doc["rungs"]][1:3] == ["+workers", "+bf16"]
 
 
@@ -175,7 +175,7 @@ def test_a_rung_the_model_rules_out_is_not_measured():
         doc["model_checks"] = {"channels_last": "model has no Conv2d layers"}
         return doc
 
-    doc = run_ladder("x", ["bf16", "channels_last", "fused_optimizer"], measure=measure, device="cpu")
+    doc = run_ladder("x", ["bf16", "channels_last", "fused_optimizer"], measure=measure, device="cpu", mode="sequential")
     cl = next(r for r in doc["rungs"] if r["rung"] == "+channels_last")
     assert cl["rung_status"] == "skipped" and cl["rung_reason"] == "not measured: model has no Conv2d layers"
     assert "step_s" not in cl and not any("channels_last" in c for c in calls)
@@ -205,7 +205,7 @@ def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
                 "speedups": [{"name": n, "status": "applied", "reason": ""} for n in spec.split(",") if n != "none"],
                 "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
 
-    doc = run_ladder("x", ["bf16", "batch_size"], measure=measure, device="cpu")
+    doc = run_ladder("x", ["bf16", "batch_size"], measure=measure, device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+bf16"]["decision"].startswith("dropped")  # the baseline (GPU busy 99%) is the best so far
     bs = by["+batch_size"]
@@ -238,7 +238,7 @@ def test_a_candidate_that_skips_itself_is_run_once():
         calls.append(spec)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu")
+    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu", mode="sequential")
     cl = next(r for r in doc["rungs"] if r["rung"] == "+channels_last")
     assert cl["rung_status"] == "skipped" and cl["repeats"] == 1 and cl["speedup_vs_prev"] is None
     assert calls.count("bf16,channels_last") == 1
@@ -255,7 +255,7 @@ def test_the_report_says_which_runs_measure_s_cut_and_keeps_skip_reasons_in_one_
         doc["step_s_all"] = doc["step_s_all"][:doc["steps"]]
         return doc
 
-    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu")
+    doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu", mode="sequential")
     md = render_markdown({"kind": "ladder", "target": "x", "env": {}, **doc})
     assert "Measured 10-30 steps after 7 warm-up." in md
     assert "Runs whose 30 steps would have taken over 3 s measured fewer (--measure-s)." in md
@@ -270,7 +270,7 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
 
     out = tmp_path / "r"
     first = {"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t",
-             **run_ladder("x", ["bf16"], measure=_fake(), device="cpu")}
+             **run_ladder("x", ["bf16"], measure=_fake(), device="cpu", mode="sequential")}
     write_reports(first, str(out), None)
     html_before = (out / "report.html").read_text()
     later = {**first, "partial": True, "runs": first["runs"] + 1}
@@ -292,10 +292,10 @@ def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
         return fake(target, spec, **kw)
 
     monkeypatch.setattr(ladder_mod, "run_in_subprocess", recording)
-    run_ladder("x", ["bf16"], device="cpu")
-    assert seen and set(seen) == {3.0}
+    run_ladder("x", ["bf16"], device="cpu", mode="sequential")
+    assert seen and set(seen) == {2.0}
     seen.clear()
-    run_ladder("x", ["bf16"], device="cpu", measure_s=None)
+    run_ladder("x", ["bf16"], device="cpu", measure_s=None, mode="sequential")
     assert seen and set(seen) == {None}
 
 
@@ -312,7 +312,7 @@ def test_a_clearly_slower_candidate_is_dropped_after_one_run_and_a_close_or_help
         calls.append(spec)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "compile"], measure=measure, device="cpu")
+    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "compile"], measure=measure, device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     b = by["+bf16"]
     assert calls.count("workers,bf16") == 1 and b["runs_per_side"] == 1 and b["repeats"] == 1
@@ -326,7 +326,7 @@ def test_a_clearly_slower_candidate_is_dropped_after_one_run_and_a_close_or_help
     assert abs(by["+fused_optimizer"]["speedup_vs_prev"]["confidence"] - 0.99) < 1e-9
     assert "first run is a look too" in doc["method"]
     # the first comparison (no runs of its base yet) and the cumulative story never stop after one run
-    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects), device="cpu")
+    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", mode="sequential")
     assert doc["rungs"][1]["runs_per_side"] >= 3
     doc = run_ladder("x", ["workers", "bf16"], measure=_fake(effects), device="cpu", mode="cumulative")
     assert all(r["runs_per_side"] >= 3 for r in doc["rungs"] if r["rung"].startswith("+"))
@@ -364,12 +364,12 @@ def test_a_feed_is_not_measured_when_neither_clock_spends_much_getting_batches()
             return doc
         return measure
 
-    doc = run_ladder("demo", None, measure=with_host(0.01), device="cpu")
+    doc = run_ladder("demo", None, measure=with_host(0.01), device="cpu", mode="sequential")
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "skipped" and "1.0% of its step's host time" in w["rung_reason"]
     assert "waits for them 0.3%" in w["rung_reason"] and "at most 1.010x" in w["rung_reason"]
     assert "step_s" not in w
-    doc = run_ladder("demo", None, measure=with_host(0.2), device="cpu")  # a host-bound loader: measured
+    doc = run_ladder("demo", None, measure=with_host(0.2), device="cpu", mode="sequential")  # a host-bound loader: measured
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "applied" and w["speedup_vs_prev"] is not None
 
@@ -416,13 +416,13 @@ def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster
         calls.append(spec)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["bf16", "workers"], measure=measure, device="cpu", max_repeats=6)
+    doc = run_ladder("x", ["bf16", "workers"], measure=measure, device="cpu", max_repeats=6, mode="sequential")
     w = {r["rung"]: r for r in doc["rungs"]}["+workers"]
     assert w["runs_per_side"] == 3 and calls.count("workers") == 3  # a feed: tried first here
     assert w["speedup_vs_prev"]["ci_high"] < 1.01 and w["speedup_vs_prev"]["futile"]
     assert "at most" in w["decision"] and "no more runs after 3 a side" in w["decision"]
     assert doc["selected"] == ["bf16"]
-    noisy = run_ladder("x", ["bf16", "workers"], measure=_quiet(effects, 0.03), device="cpu", max_repeats=6)
+    noisy = run_ladder("x", ["bf16", "workers"], measure=_quiet(effects, 0.03), device="cpu", max_repeats=6, mode="sequential")
     w = {r["rung"]: r for r in noisy["rungs"]}["+workers"]
     assert w["runs_per_side"] == 6 and not w["speedup_vs_prev"].get("futile")
     # the cumulative story measures its rungs to the end: no futility stop there
@@ -449,7 +449,7 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
         return doc
 
     doc = run_ladder("demo", ["bf16", "fused_optimizer", "workers", "pin_memory", "prefetch"], measure=measure,
-                     device="cpu")
+                     device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+workers"]["rung_status"] == "applied" and by["+workers"]["speedup_vs_prev"] is not None
     for name in ("+pin_memory", "+prefetch"):
@@ -462,5 +462,5 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
         doc.update(host_wait_frac=0.049)
         return doc
 
-    doc = run_ladder("demo", ["bf16", "prefetch"], measure=whole, device="cpu")
+    doc = run_ladder("demo", ["bf16", "prefetch"], measure=whole, device="cpu", mode="sequential")
     assert next(r for r in doc["rungs"] if r["rung"] == "+prefetch")["rung_status"] == "applied"

@@ -77,7 +77,8 @@ def test_ladder_keep_rate_at_the_defaults(effect, bound):
     from fastloop.ladder import run_ladder
 
     rng = np.random.default_rng(99)
-    kept = sum(run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu")["selected"]
+    kept = sum(run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu",
+                             mode="sequential")["selected"]
                == ["fused_optimizer"] for _ in range(300))
     rate = kept / 300
     assert (rate <= bound) if effect == 1.0 else (rate >= bound), rate

@@ -75,7 +75,7 @@ def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
                 "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
                 "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5}
 
-    run_ladder("x", measure=measure, device="cpu")  # the default rungs: feeds last
+    run_ladder("x", measure=measure, device="cpu", mode="sequential")  # the default rungs: feeds last
     assert set(seen["bf16"]) == {None}  # not a feed: no rate
     # workers (a feed) is tried on top of bf16, whose step runs 6.67 ms of which half waits:
     # the step alone would run 300 steps/s

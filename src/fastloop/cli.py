@@ -86,8 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-scaling", action="store_true",
                     help="with --devices N: skip the 1-device run that scaling efficiency is measured against")
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
-                    help="measure fewer than --steps steps (at least 10) when the warm-up shows they would take "
-                         "longer than this many seconds")
+                    help="measure a window of this many seconds of steady steps (at least 10 steps) instead of "
+                         "--steps")
     steps(sp)
     common(sp)
     ranks(sp)
@@ -98,15 +98,19 @@ def _parser() -> argparse.ArgumentParser:
                     default=6,
                     help="most runs a side per comparison (3 first; more only while the answer is unclear)")
     sp.add_argument("--budget", type=_seconds, default=None,
-                    help="seconds: stop adding runs to a comparison once the ladder has run this long")
+                    help="seconds for the whole ladder (default 300 on a GPU, 80 on a CPU); what does not fit is "
+                         "listed as 'not tried: budget'")
     sp.add_argument("--base", default=None,
                     help="speedups every configuration has: the baseline is this set, the rungs are tried on top")
     sp.add_argument("--cumulative", action="store_true",
                     help="add every rung on top of all before it (the story), instead of selecting")
+    sp.add_argument("--sequential", action="store_true",
+                    help="try one rung at a time on top of the best so far (the older search), instead of the "
+                         "staged search (bottleneck first, the compute bundle and its ablation, the feed again)")
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
-    sp.add_argument("--measure-s", type=_measure_seconds, default=3.0,
-                    help="seconds of measured steps a run needs at most: fewer than --steps (at least 10) when the "
-                         "warm-up shows a slow step (default 3; a slow fp32 baseline dominates a ladder's time)")
+    sp.add_argument("--measure-s", type=_measure_seconds, default=2.0,
+                    help="seconds of steady steps each run measures, however short the step (default 2: a 16 ms "
+                         "step measures ~125 steps, enough to tell 5%% from noise)")
     steps(sp)
     common(sp)
     ranks(sp)
@@ -181,8 +185,35 @@ def _stamp(doc: dict, args: argparse.Namespace, device: str) -> dict:
             "device": device, **doc}
 
 
+def run_line(entry: dict, k: int, budget: float | None) -> str:
+    """One finished run as a log line (output that is not a terminal: a CI log, a nohup file).
+
+    Example:
+        >>> run_line({"spec": "bf16", "s": 3.14, "elapsed_s": 41.0,
+        ...           "throughput": {"value": 12345.6, "unit": "samples/s"}}, 7, 300)
+        'ladder: run 7 (bf16): 12,346 samples/s in 3.1 s; 41 s of the 300 s budget'
+    """
+    tp = entry.get("throughput") or {}
+    rate = f"{tp['value']:,.0f} {tp.get('unit', '')}".strip() if tp.get("value") else "failed"
+    of = f" of the {budget:.0f} s budget" if budget else ""
+    return f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s; {entry.get('elapsed_s', 0):.0f} s{of}"
+
+
+class _RunLines:
+    """Prints each finished run of a ladder once, as a line, from the document's run log."""
+
+    def __init__(self) -> None:
+        self.printed = 0
+
+    def __call__(self, doc: dict) -> None:
+        log = doc.get("run_log") or []
+        for k in range(self.printed, len(log)):
+            print(run_line(log[k], k + 1, doc.get("budget_s")), flush=True)
+        self.printed = len(log)
+
+
 def _progress(args: argparse.Namespace):
-    if args.quiet:
+    if args.quiet or not sys.stdout.isatty():
         return None, None
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -256,10 +287,13 @@ def _dispatch(args: argparse.Namespace) -> dict:
         from fastloop.report import write_reports
 
         last_html = [float("-inf")]
+        lines = _RunLines() if not args.quiet and not sys.stdout.isatty() else None
 
         def partial(doc: dict) -> None:
             """Every finished run lands in report.json and report.md at once; report.html (its
             plots cost ~0.5 s) at most every HTML_EVERY_S seconds, and always at the end."""
+            if lines is not None:
+                lines(doc)
             now = time.monotonic()
             html = now - last_html[0] >= HTML_EVERY_S
             write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json, html=html)
@@ -275,7 +309,8 @@ def _dispatch(args: argparse.Namespace) -> dict:
 
                 rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
                 doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
-                                 budget=args.budget, mode="cumulative" if args.cumulative else "select",
+                                 budget=args.budget,
+                                 mode="cumulative" if args.cumulative else "sequential" if args.sequential else "select",
                                  device=device, progress=update, on_update=partial, measure=_measure_on(args),
                                  base=args.base)
                 if doc["rungs"]:

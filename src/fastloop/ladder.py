@@ -55,6 +55,7 @@ from fastloop.compare import (
 )
 from fastloop.doctor import diagnose, without_measured
 from fastloop.errors import FastloopError, UserCodeError
+from fastloop.ladder_search import StagedSearch
 from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
@@ -77,6 +78,18 @@ FEED_WAIT = 0.02
 """A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
 the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
 wait and its host's share of the step getting batches are at most FEED_WAIT."""
+
+
+MODES = ("select", "sequential", "cumulative")
+MEASURE_S = 2.0
+"""Seconds of steady steps each ladder run measures (a 16 ms step: ~125 steps, not 30)."""
+BUDGET_S = {"cuda": 300.0, "cpu": 80.0}
+"""The default budget of a whole ladder: 5 minutes on a GPU; on a CPU the README's main job."""
+
+
+def default_budget(device: str) -> float:
+    """Seconds the whole ladder may take by default on ``device``."""
+    return BUDGET_S.get(device, BUDGET_S["cuda"])
 
 
 def default_rungs(device: str, target: str | None = None) -> list[str]:
@@ -173,13 +186,20 @@ class _Ladder:
             finally:
                 self.process_s.append(time.perf_counter() - t)
                 entry: dict = {"spec": spec, "s": round(self.process_s[-1], 3)}
+                entry["elapsed_s"] = round(self.elapsed(), 1)
                 if isinstance(doc, dict):
+                    entry["throughput"] = doc.get("throughput")
                     entry["compile_s"] = doc.get("compile_s")
                     entry["profile_s"] = (doc.get("gpu_profile") or {}).get("profile_s")
                 self.run_log.append(entry)
 
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
+        self.min_repeats = MIN_REPEATS
+        self.stages: list[dict] = []
+        """The staged search's story: each stage, the bottleneck then, and what it tried."""
+        self.not_tried: list[dict] = []
+        """What the budget (or a reason) left untried: name, stage, why."""
         self.rungs: list[dict] = []
         self.selected: list[str] = []
         self.final: dict | None = None
@@ -187,6 +207,9 @@ class _Ladder:
         self._pending: dict[str, Runs] | None = None
         self.interrupted = False
         self.best_runs: dict[str, Runs] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
 
     def _spec(self, extra: list[str] | None = None) -> str:
         """The configuration: the base, the kept candidates, and ``extra``."""
@@ -222,7 +245,7 @@ class _Ladder:
         fresh: dict[str, Runs] = {}
         if base in self.best_runs:  # the best configuration's runs so far count again
             fresh[base] = self.best_runs[base]
-        early = self.mode == "select" and len(fresh[base].docs) >= MIN_REPEATS if base in fresh else False
+        early = self.mode != "cumulative" and len(fresh[base].docs) >= MIN_REPEATS if base in fresh else False
         looks = self._looks(early)
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         ci = None
@@ -239,7 +262,7 @@ class _Ladder:
                 break
             if ci["ci_high"] is not None and ci["ci_high"] < 1.0:  # clearly slower: no point measuring more
                 break
-            if self.mode == "select" and ci["ci_high"] is not None and ci["ci_high"] < MIN_GAIN:
+            if self.mode != "cumulative" and ci["ci_high"] is not None and ci["ci_high"] < MIN_GAIN:
                 ci["futile"] = True  # at most 1% faster: no number of runs makes it worth keeping
                 break
             if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
@@ -273,7 +296,7 @@ class _Ladder:
                "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
-               "run_log": list(self.run_log),
+               "run_log": list(self.run_log), "stages": list(self.stages), "not_tried": list(self.not_tried),
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
@@ -306,6 +329,13 @@ class _Ladder:
             label = "baseline" if not self.base else f"baseline ({self.base_spec})"
             self.rungs.insert(0, self._rung_doc(label, self.base_spec, runs, "applied", ""))
             self.base_runs = runs
+
+    def run_staged(self, candidates: list) -> dict:
+        """The default search (:mod:`fastloop.ladder_search`): bottleneck first, the feed, the
+        compute bundle and its ablation, the feed again; then the final measured comparison."""
+        StagedSearch(self).run(candidates, Context(torch.device(self.device)))
+        self._final()
+        return self.document()
 
     def run(self, candidates: list) -> dict:
         ctx = Context(torch.device(self.device))
@@ -452,18 +482,22 @@ class _Ladder:
 
 
 def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
-    """Speedups this ladder measured and found not faster: name -> what was measured."""
+    """Speedups this ladder measured and found not faster (a rung of one speedup dropped, or a
+    member the ablation found not missed): name -> what was measured."""
     out: dict[str, str] = {}
     for r in rungs:
         ci = r.get("speedup_vs_prev")
-        if not str(r.get("rung", "")).startswith("+") or not str(r.get("decision", "")).startswith("dropped") or not ci:
-            continue
-        name = r["rung"][1:].split(":")[0]
-        if ci.get("ratio") is None:
+        names = r.get("measured_not_faster")
+        if names is None and str(r.get("rung", "")).startswith("+") and str(r.get("decision", "")).startswith("dropped"):
+            names = [r["rung"][1:].split(":")[0]] if "," not in r["rung"] else []
+        if not names or not ci or ci.get("ratio") is None:
             continue
         span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
                 and ci.get("ci_high") is not None else "")
-        out[name] = f"{ci['ratio']:.2f}x{span}, " + ("slower" if ci.get("significant") else "no significant difference")
+        what = "without it " if r.get("ablation") else ""
+        sig = ("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else "no significant difference"
+        for name in names:
+            out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
     return out
 
 
@@ -496,24 +530,29 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
                max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
                measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
                on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None,
-               measure_s: float | None = 3.0) -> dict:
+               measure_s: float | None = MEASURE_S) -> dict:
     """Run the ladder; returns its document (without the env stamp).
 
-    ``measure_s``: each run (a fresh process, unless ``measure`` is given) measures fewer than
-    ``steps`` steps, at least 10, when its steady warm-up says they would take longer than this
-    (``fastloop run --measure-s``); None measures ``steps`` always.
+    ``mode``: ``"select"`` (the default) is the staged search of :mod:`fastloop.ladder_search`;
+    ``"sequential"`` tries one rung at a time on top of the best so far; ``"cumulative"`` adds
+    every rung on top of all before it.
+
+    ``measure_s``: each run (a fresh process, unless ``measure`` is given) measures a window of
+    this many seconds of steady steps (at least 10 steps), however short or long the step
+    (``fastloop run --measure-s``); None measures ``steps`` always. ``budget``: seconds for the
+    whole ladder (None: :func:`default_budget` of the device).
 
     ``base``: speedups every configuration has (the baseline is that set; the candidates are
     tried on top of it). ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
     document of what finished is returned with ``"interrupted": True``.
     """
-    if mode not in ("select", "cumulative"):
-        raise FastloopError(f"ladder mode must be 'select' or 'cumulative', got {mode!r}")
+    if mode not in MODES:
+        raise FastloopError(f"ladder mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
         raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
     base_names = [s.spec for s in resolve(base or [])]
     chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
-    if rungs is None and mode == "select":
+    if rungs is None and mode == "sequential":
         # feed the fast step: data speedups are tried once the step is as fast as the others make
         # it (a loader that keeps up with an fp32 step may be the wall after compile)
         chosen = select_order(chosen, set(RECIPE_RUNGS.get(target or "", [])))
@@ -527,11 +566,13 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
     if measure is None:
         measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
+    if budget is None:
+        budget = default_budget(device)
     ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure,
                      progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
                      base=base_names)
     try:
-        return ladder.run(chosen)
+        return ladder.run_staged(chosen) if mode == "select" else ladder.run(chosen)
     except KeyboardInterrupt:
         ladder.interrupted = True
         doc = ladder.document()

@@ -32,6 +32,8 @@ from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
 MIN_MEASURED_STEPS = 10
 """The fewest measured steps ``measure_s`` leaves a run."""
+MAX_MEASURED_STEPS = 50_000
+"""The most steps a ``measure_s`` window measures (a 40 us step in a 2 s window)."""
 
 __all__ = ["FeedClock", "MeasureCallback", "prefetch_buffer"]
 
@@ -334,10 +336,11 @@ class MeasureCallback(Callback):
             trainer.fit_loop.epoch_loop.max_steps += 1
 
     def _fit_steps_to_time(self, step_s: float) -> None:
-        """At the end of the warm-up: at most ``measure_s`` seconds of measured steps."""
+        """At the end of the warm-up: a window of ``measure_s`` seconds of measured steps, however
+        short or long the step (at least MIN_MEASURED_STEPS, at most MAX_MEASURED_STEPS)."""
         if self.measure_s is None or self.steps is None or step_s <= 0:
             return
-        self.steps = min(self.steps, max(MIN_MEASURED_STEPS, math.ceil(self.measure_s / step_s)))
+        self.steps = min(MAX_MEASURED_STEPS, max(MIN_MEASURED_STEPS, math.ceil(self.measure_s / step_s)))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._flop_mode is not None:  # the first step raised while FLOPs were being counted

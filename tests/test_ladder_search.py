@@ -1,0 +1,112 @@
+"""The staged ladder search (fastloop.ladder_search) on fakes with known effects: the feed first
+when the baseline is data-bound; the compute stack as one bundle, then its ablation, so that two
+speedups that help only together are found; the feed re-checked after the bottleneck moved (a
+rung dropped before it moved tried again); the budget bounding the whole ladder; the log lines."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from fastloop.cli import _RunLines
+from fastloop.ladder import run_ladder
+
+
+def _fake(speed, wait, seed=0, sleep=0.0):
+    """``speed(names)``: the step's speed-up over the baseline; ``wait(names)``: its data wait."""
+    rng = np.random.default_rng(seed)
+
+    def measure(target, spec, **kw):
+        if sleep:
+            time.sleep(sleep)
+        names = [] if spec == "none" else [s.split(":")[0] for s in spec.split(",")]
+        mean = 0.010 / speed(set(names))
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": wait(set(names)), "step_s": {"mean": mean},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+    return measure
+
+
+def _measured(doc):
+    return [r for r in doc["rungs"] if r.get("speedup_vs_prev") is not None]
+
+
+def test_feed_first_when_the_baseline_waits_for_data():
+    def speed(n):
+        return (2.0 if "workers" in n else 1.0) * (1.2 if "bf16" in n else 1.0)
+
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
+                     measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55))
+    first = _measured(doc)[0]
+    assert first["rung"] == "+workers" and first["decision"].startswith("kept")
+    assert first["stage"].startswith("feed first")
+    assert [s["stage"] for s in doc["stages"]][:2] == ["baseline", "feed first (the baseline waits for data)"]
+    assert doc["stages"][0]["bottleneck"] == "data-bound"
+    assert set(doc["selected"]) == {"workers", "bf16"}
+
+
+def test_the_compute_bundle_finds_a_pair_that_helps_only_together_and_ablation_drops_the_rest():
+    def speed(n):  # bf16 and compile help only together (1.6x); fused_optimizer does nothing
+        return 1.6 if {"bf16", "compile"} <= n else 0.97 if "compile" in n else 1.0
+
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "compile"], device="cpu",
+                     measure=_fake(speed, lambda n: 0.02))
+    bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
+    assert bundle["decision"].startswith("kept") and set(bundle["members"]) == {"bf16", "fused_optimizer", "compile"}
+    ablation = {r["ablation"]: r for r in doc["rungs"] if r.get("ablation")}
+    assert ablation["fused_optimizer"]["decision"].startswith("removed fused_optimizer: not missed")
+    assert ablation["compile"]["decision"].startswith("kept compile")
+    assert set(doc["selected"]) == {"bf16", "compile"}
+    final = doc["rungs"][-1]
+    assert final["final"] and final["speedup_vs_baseline"]["significant"]
+    assert final["speedup_vs_baseline"]["ci_low"] <= 1.6 <= final["speedup_vs_baseline"]["ci_high"]
+    # one at a time, the old search finds nothing: neither helps alone
+    old = run_ladder("x", ["bf16", "fused_optimizer", "compile"], device="cpu", mode="sequential",
+                     measure=_fake(speed, lambda n: 0.02))
+    assert old["selected"] == []
+
+
+def test_the_feed_is_rechecked_after_the_bottleneck_moved():
+    # data-bound at first, yet more workers do not help the slow fp32 step (the fake says so);
+    # once bf16 makes the step fast and the wait moves, workers help: tried again and kept
+    def speed(n):
+        s = 2.0 if "bf16" in n else 1.0
+        return s * (1.4 if "workers" in n and "bf16" in n else 1.0)
+
+    def wait(n):
+        if "bf16" in n:
+            return 0.05 if "workers" in n else 0.15
+        return 0.3
+
+    doc = run_ladder("x", ["bf16", "workers"], device="cpu", measure=_fake(speed, wait))
+    tries = [r for r in doc["rungs"] if r["rung"] == "+workers"]
+    assert len(tries) == 2, [r["rung"] for r in doc["rungs"]]
+    assert tries[0]["decision"].startswith("dropped") and tries[0]["stage"].startswith("feed first")
+    assert tries[1]["decision"].startswith("kept") and tries[1]["stage"].startswith("feed re-checked")
+    assert set(doc["selected"]) == {"bf16", "workers"}
+
+
+def test_the_budget_bounds_the_whole_ladder_and_lists_what_was_not_tried():
+    per_run = 0.15
+    t0 = time.perf_counter()
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "compile", "workers"], device="cpu", budget=2.0,
+                     measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.02, sleep=per_run))
+    wall = time.perf_counter() - t0
+    assert wall <= 2.0 + 2 * per_run + 0.5, wall  # within about one run's length
+    assert doc["not_tried"] and all(t["why"] == "budget" for t in doc["not_tried"])
+    assert doc["rungs"][-1].get("final")  # the final comparison still fits
+
+
+def test_log_lines_one_per_finished_run(capsys):
+    lines = _RunLines()
+    log = [{"spec": "none", "s": 2.5, "elapsed_s": 2.5, "throughput": {"value": 1000.0, "unit": "samples/s"}}]
+    lines({"run_log": log, "budget_s": 80.0})
+    log.append({"spec": "bf16", "s": 2.0, "elapsed_s": 4.5, "throughput": None})
+    lines({"run_log": log, "budget_s": 80.0})
+    lines({"run_log": log, "budget_s": 80.0})  # nothing new: nothing printed
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["ladder: run 1 (none): 1,000 samples/s in 2.5 s; 2 s of the 80 s budget",
+                   "ladder: run 2 (bf16): failed in 2.0 s; 4 s of the 80 s budget"]
