@@ -108,9 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="try one rung at a time on top of the best so far (the older search), instead of the "
                          "staged search (bottleneck first, the compute bundle and its ablation, the feed again)")
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
-    sp.add_argument("--measure-s", type=_measure_seconds, default=2.0,
-                    help="seconds of steady steps each run measures, however short the step (default 2: a 16 ms "
-                         "step measures ~125 steps, enough to tell 5%% from noise)")
+    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
+                    help="seconds of steady steps each run measures, however short the step (default 2 on a GPU: "
+                         "a 16 ms step measures ~125 steps, enough to tell 5%% from noise; 1 on a CPU)")
     steps(sp)
     common(sp)
     ranks(sp)
@@ -304,7 +304,10 @@ def _dispatch(args: argparse.Namespace) -> dict:
             if prog:
                 prog.start()
             if args.cmd == "ladder":
-                from fastloop.ladder import run_ladder
+                from fastloop.ladder import default_measure_s, run_ladder
+
+                if args.measure_s is None:
+                    args.measure_s = default_measure_s(device)
                 from fastloop.speedups.base import resolve
 
                 rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None

@@ -60,7 +60,7 @@ from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
 
-__all__ = ["DEFAULT_RUNGS", "default_rungs", "run_ladder", "select_order"]
+__all__ = ["DEFAULT_RUNGS", "default_budget", "default_measure_s", "default_rungs", "run_ladder", "select_order"]
 
 DEFAULT_RUNGS = default_ladder()
 """The registered speedups marked ``in_default_ladder``, in ladder order."""
@@ -81,10 +81,16 @@ wait and its host's share of the step getting batches are at most FEED_WAIT."""
 
 
 MODES = ("select", "sequential", "cumulative")
-MEASURE_S = 2.0
-"""Seconds of steady steps each ladder run measures (a 16 ms step: ~125 steps, not 30)."""
+MEASURE_S = {"cuda": 2.0, "cpu": 1.0}
+"""Seconds of steady steps each ladder run measures (on a GPU a 16 ms step: ~125 steps, not 30;
+on a CPU, whose steps are slow anyway, 1 s keeps the README's main job within 90 s)."""
 BUDGET_S = {"cuda": 300.0, "cpu": 80.0}
 """The default budget of a whole ladder: 5 minutes on a GPU; on a CPU the README's main job."""
+
+
+def default_measure_s(device: str) -> float:
+    """Seconds of steady steps a ladder run measures by default on ``device``."""
+    return MEASURE_S.get(device, MEASURE_S["cuda"])
 
 
 def default_budget(device: str) -> float:
@@ -196,6 +202,8 @@ class _Ladder:
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats = MIN_REPEATS
+        self.vs_baseline: tuple[dict[str, Runs], dict | None] | None = None
+        """The latest comparison of the baseline with a kept configuration (fresh runs, its interval)."""
         self.stages: list[dict] = []
         """The staged search's story: each stage, the bottleneck then, and what it tried."""
         self.not_tried: list[dict] = []
@@ -210,6 +218,19 @@ class _Ladder:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    def fits(self, runs: int, final: bool = True) -> bool:
+        """Do ``runs`` more runs (and, with ``final``, the final comparison after them) fit the budget?"""
+        if self.budget is None or not self.process_s:
+            return True
+        per_run = sum(self.process_s) / len(self.process_s)
+        reserve = 2 * self.min_repeats if final and self.selected and not self.final_ready() else 0
+        return self.elapsed() + per_run * (runs + reserve) <= self.budget
+
+    def final_ready(self) -> bool:
+        """Has the selected set already been measured against the baseline, interleaved?"""
+        spec = self._spec()
+        return self.vs_baseline is not None and spec in self.vs_baseline[0] and self.base_spec in self.vs_baseline[0]
 
     def _spec(self, extra: list[str] | None = None) -> str:
         """The configuration: the base, the kept candidates, and ``extra``."""
@@ -250,6 +271,10 @@ class _Ladder:
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         ci = None
         for i, n in enumerate(looks):
+            needed = sum(max(0, n - len(fresh[k].docs)) if k in fresh else n for k in (base, cand))
+            if i > 0 and ci is not None and not self.fits(needed):
+                ci["budget"] = True  # the next look's runs and the final comparison would not fit
+                break
             self._measure([base, cand], n, fresh, up_to=n, own=own)
             self.best_runs[base] = fresh[base]
             if n == 1:  # the early look: one run of the candidate against the base's runs
@@ -334,7 +359,12 @@ class _Ladder:
         """The default search (:mod:`fastloop.ladder_search`): bottleneck first, the feed, the
         compute bundle and its ablation, the feed again; then the final measured comparison."""
         StagedSearch(self).run(candidates, Context(torch.device(self.device)))
-        self._final()
+        if self.selected and self.final_ready():
+            # the selected set was kept in a comparison with the baseline itself, interleaved:
+            # those runs are the final measurement (no second comparison of the same pair)
+            self._final_from(*self.vs_baseline)  # type: ignore[misc]
+        else:
+            self._final()
         return self.document()
 
     def run(self, candidates: list) -> dict:
@@ -530,7 +560,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
                max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
                measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
                on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None,
-               measure_s: float | None = MEASURE_S) -> dict:
+               measure_s: float | None | str = "auto") -> dict:
     """Run the ladder; returns its document (without the env stamp).
 
     ``mode``: ``"select"`` (the default) is the staged search of :mod:`fastloop.ladder_search`;
@@ -539,7 +569,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
 
     ``measure_s``: each run (a fresh process, unless ``measure`` is given) measures a window of
     this many seconds of steady steps (at least 10 steps), however short or long the step
-    (``fastloop run --measure-s``); None measures ``steps`` always. ``budget``: seconds for the
+    (``fastloop run --measure-s``); ``"auto"``: :func:`default_measure_s`; None measures ``steps``. ``budget``: seconds for the
     whole ladder (None: :func:`default_budget` of the device).
 
     ``base``: speedups every configuration has (the baseline is that set; the candidates are
@@ -564,6 +594,8 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {_join(base_names)}: "
                             "a rung is tried on top of the base, so list each speedup in one of them")
     resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
+    if measure_s == "auto":
+        measure_s = default_measure_s(device)
     if measure is None:
         measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
     if budget is None:

@@ -93,12 +93,7 @@ class StagedSearch:
 
     def fits(self, runs: int) -> bool:
         """Do ``runs`` more runs, and the final comparison after them, fit the budget?"""
-        L = self.L
-        if L.budget is None or not L.process_s:
-            return True
-        per_run = sum(L.process_s) / len(L.process_s)
-        final = 2 * L.min_repeats if L.selected else 0
-        return L.elapsed() + per_run * (runs + final) <= L.budget
+        return self.L.fits(runs)
 
     def not_tried(self, names: list[str], why: str = "budget") -> None:
         for n in names:
@@ -145,6 +140,8 @@ class StagedSearch:
             before = self._kind()
             L.selected.extend(active)
             L.best_runs = {L._spec(): cand}  # members that did nothing change nothing: the same runs
+            if base_spec == L.base_spec:
+                L.vs_baseline = ({L.base_spec: base, L._spec(): cand}, ci)
             self._moved(doc, before)
         else:
             if not active:
@@ -199,6 +196,8 @@ class StagedSearch:
                 doc["measured_not_faster"] = [spec.split(":")[0]]
                 L.selected = without
                 L.best_runs = {cand_spec: cand}
+                if cand_spec == L.base_spec:
+                    L.vs_baseline = None
             L.rungs.append(doc)
             L._update()
 
