@@ -244,3 +244,21 @@ def env_probe():
         with open(os.environ["FASTLOOP_TEST_PROBE_RATE"], "a") as f:
             f.write(os.environ.get("FASTLOOP_STEP_RATE", "unset") + "\n")
     return tiny_mlp()
+
+
+def with_trainer_settings(clip: float = 1e-3, precision: str | None = None, extra: str = "", seed: int = 0):
+    """tiny_mlp with the user's Trainer settings as a third element (issue 31: they travel with
+    the target). A tiny ``gradient_clip_val`` changes the loss trajectory, so a run that honours
+    it can be told from one that does not."""
+    module, loader = tiny_mlp(seed=seed)
+    kwargs: dict = {"gradient_clip_val": clip, "max_epochs": 3}
+    if precision:
+        kwargs["precision"] = precision
+    if extra:
+        kwargs[extra] = 1
+    return module, loader, kwargs
+
+
+def trainer_settings_not_a_dict():
+    module, loader = tiny_mlp()
+    return module, loader, ["gradient_clip_val", 1.0]

@@ -332,7 +332,7 @@ def _dispatch(args: argparse.Namespace) -> dict:
         from fastloop.batch_size import search_batch_size
         from fastloop.targets import build_target
 
-        module, data = build_target(args.target)
+        module, data, _ = build_target(args.target)  # the search trains no Trainer: its settings do not apply
         doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
                                 objective=args.objective, margin=args.margin)
         return _stamp({"kind": "batch-size", **doc}, args, device)

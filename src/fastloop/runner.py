@@ -35,7 +35,7 @@ from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
 from fastloop.speedups.base import REGISTRY, Record, resolve
-from fastloop.targets import build_target
+from fastloop.targets import build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "weights_digest"]
 
@@ -385,7 +385,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
               devices: int = 1, strategy: str | None = None, measure_s: float | None = None) -> dict:
 
     t_build = time.perf_counter()
-    module, data = build_target(target, **(target_kwargs or {}))
+    module, data, user_trainer = build_target(target, **(target_kwargs or {}))
+    user_trainer, left_out = check_trainer_kwargs(target, user_trainer)
     build_s = time.perf_counter() - t_build
     model_checks = model_checks_of(module)
     extra: dict = {}
@@ -404,11 +405,13 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None
+    user_callbacks = list(user_trainer.pop("callbacks", None) or [])
     trainer = Trainer(
+        **user_trainer,  # the user's own settings (gradient clipping, accumulation, precision, ...)
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
         max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[*cbs, measure, monitored, gather], profiler=FeedClock(),
+        callbacks=[*user_callbacks, *cbs, measure, monitored, gather], profiler=FeedClock(),
         **({"strategy": _strategy(strategy, dev)} if distributed
            else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
     )
@@ -467,6 +470,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                       if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
     doc["model_checks"] = model_checks
+    doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
+                               "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:

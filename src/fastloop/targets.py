@@ -1,7 +1,11 @@
 """Load a target: ``FILE.py:FUNCTION``, ``package.module:FUNCTION`` or a recipe's short name.
 
 The function takes keyword arguments (all optional) and returns ``(lightning_module, data)``,
-where data is a ``LightningDataModule`` or a training ``DataLoader``.
+where data is a ``LightningDataModule`` or a training ``DataLoader``; or
+``(lightning_module, data, trainer_kwargs)``, where ``trainer_kwargs`` is the dict of ``Trainer``
+keyword arguments the user trains with (``{"gradient_clip_val": 1.0, "precision": "bf16-mixed"}``):
+every run of ``run``, ``ladder`` and ``ab`` builds its Trainer with them, and fastloop's speedups
+respect them as the callbacks do in the user's own Trainer (a precision the user chose is kept).
 
 Example:
     >>> load_target("nonexistent.py:make")
@@ -24,7 +28,24 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
-__all__ = ["RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "load_target"]
+__all__ = ["OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "check_trainer_kwargs",
+           "load_target"]
+
+OWNED_TRAINER_KWARGS: dict[str, str] = {
+    **{k: "fastloop sets how long a measured run trains" for k in
+       ("max_steps", "max_epochs", "min_steps", "min_epochs", "max_time", "limit_train_batches")},
+    **{k: "fastloop's runs do not validate" for k in
+       ("limit_val_batches", "num_sanity_val_steps", "val_check_interval", "check_val_every_n_epoch")},
+    **{k: "fastloop chooses the device (--device) and the number of devices (--devices, --strategy)" for k in
+       ("accelerator", "devices", "strategy", "num_nodes")},
+    **{k: "fastloop's runs write no logs, checkpoints or progress bars (their cost is not the training's)" for k in
+       ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "default_root_dir",
+        "log_every_n_steps")},
+    "profiler": "fastloop's feed clock is the run's profiler",
+}
+"""Trainer settings a target may not carry, and why: fastloop's measurement owns them (they are
+left out of the run, and the report says so). Everything else (gradient_clip_val,
+accumulate_grad_batches, precision, deterministic, benchmark, callbacks, ...) is the user's."""
 
 RECIPES: dict[str, str] = {
     "gpt": "fastloop.recipes.gpt.target:make",
@@ -86,8 +107,37 @@ def load_target(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader | None]:
-    """Call the target and check what it returned (data None: the module's own ``train_dataloader()``)."""
+def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the Trainer settings a run uses, the ones it leaves out -> why). FastloopError for a
+    value that is not a dict of Trainer keyword arguments.
+
+    Example:
+        >>> used, left = check_trainer_kwargs("t", {"gradient_clip_val": 1.0, "max_epochs": 3})
+        >>> used, sorted(left)
+        ({'gradient_clip_val': 1.0}, ['max_epochs'])
+    """
+    import inspect
+
+    from fastloop._compat import Trainer
+
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise FastloopError(f"target {shorten(spec)} returned {type(kwargs).__name__} as its third element, where a "
+                            "dict of Trainer keyword arguments was expected (e.g. {'gradient_clip_val': 1.0})")
+    accepted = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+    unknown = sorted(k for k in kwargs if k not in accepted)
+    if unknown:
+        raise FastloopError(f"target {shorten(spec)} returned Trainer settings that Trainer does not take: "
+                            f"{shorten(', '.join(unknown))}")
+    used = {k: v for k, v in kwargs.items() if k not in OWNED_TRAINER_KWARGS}
+    left = {k: OWNED_TRAINER_KWARGS[k] for k in kwargs if k in OWNED_TRAINER_KWARGS}
+    return used, left
+
+
+def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader | None,
+                                                     dict[str, Any]]:
+    """Call the target and check what it returned: ``(module, data, trainer_kwargs)`` (data None:
+    the module's own ``train_dataloader()``; ``trainer_kwargs`` the user's Trainer settings, ``{}``
+    when the target returned two elements)."""
     fn = load_target(spec)
     try:
         out = fn(**kwargs)
@@ -101,9 +151,13 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
         raise UserCodeError(f"target {shorten(spec)} called sys.exit({err.code}) while being built; nothing was trained") from None
     except Exception as err:
         raise UserCodeError(f"while building target {shorten(spec)}") from err
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise FastloopError(f"target {shorten(spec)} must return (LightningModule, DataModule or DataLoader), got {type(out).__name__}")
-    module, data = out
+    if not (isinstance(out, tuple) and len(out) in (2, 3)):
+        raise FastloopError(f"target {shorten(spec)} must return (LightningModule, DataModule or DataLoader) or "
+                            f"(LightningModule, data, Trainer keyword arguments), got {type(out).__name__}")
+    module, data = out[0], out[1]
+    trainer_kwargs = out[2] if len(out) == 3 else {}
+    if not isinstance(trainer_kwargs, dict):
+        check_trainer_kwargs(spec, trainer_kwargs)  # raises with the reason
     if not isinstance(module, LightningModule):
         raise FastloopError(f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was expected")
     if data is None and type(module).train_dataloader is LightningModule.train_dataloader:
@@ -112,4 +166,4 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     if data is not None and not isinstance(data, (LightningDataModule, DataLoader)):
         raise FastloopError(f"target {shorten(spec)} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
                             f"or None (the module's own train_dataloader()) was expected")
-    return module, data
+    return module, data, trainer_kwargs
