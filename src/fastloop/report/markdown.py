@@ -8,6 +8,23 @@ from fastloop.report.format import ranks_lines, rows, selected_line
 __all__ = ["render_markdown"]
 
 
+def search_story(doc: dict) -> list[str]:
+    """The staged search as a list: each stage with the bottleneck then and what it tried, what
+    the ablation removed, and what the budget left untried."""
+    out: list[str] = []
+    if doc.get("stages"):
+        out += ["", "**The search:**"]
+        for st in doc["stages"]:
+            out.append(f"1. *{st['stage']}* on `{st['configuration']}`: {st.get('bottleneck') or 'bottleneck unknown'}"
+                       f" — {st['action']}")
+    removed = [r["decision"] for r in doc.get("rungs", []) if r.get("ablation")]
+    if removed:
+        out += ["", "**Ablation** (each member taken out in turn):"] + [f"- {d}" for d in removed]
+    if doc.get("not_tried"):
+        out += ["", "**Not tried:** " + "; ".join(f"{t['name']} ({t['why']}, at {t['stage']})" for t in doc["not_tried"])]
+    return out
+
+
 def render_markdown(doc: dict) -> str:
     env = doc.get("env", {})
     lines = ["<!-- fastloop-report -->", f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`", "",
@@ -62,6 +79,7 @@ def render_markdown(doc: dict) -> str:
     if ladder and doc.get("runs"):
         lines.append(f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
                      f"average) in {doc.get('wall_s', 0):.0f} s.")
+    lines += search_story(doc)
     for move in doc.get("moves", []):
         lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":

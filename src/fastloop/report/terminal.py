@@ -7,6 +7,7 @@ from rich.table import Table
 
 from fastloop.compare import loss_line
 from fastloop.report.format import ranks_lines, rows, selected_line
+from fastloop.report.markdown import search_story
 
 __all__ = ["make_console", "print_document"]
 
@@ -46,6 +47,9 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         console.print(f"verdict: {doc['verdict']}")
         if loss_line(doc.get("loss_agreement")):
             console.print(f"loss: {loss_line(doc.get('loss_agreement'))}")
+    for line in search_story(doc):
+        if line:
+            console.print(line.replace("**", "").replace("`", "").replace("1. ", "- ", 1), highlight=False)
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
