@@ -262,3 +262,66 @@ def with_trainer_settings(clip: float = 1e-3, precision: str | None = None, extr
 def trainer_settings_not_a_dict():
     module, loader = tiny_mlp()
     return module, loader, ["gradient_clip_val", 1.0]
+
+
+class _Untraceable(torch.nn.Module):
+    """A layer torch.compile cannot trace: its forward is excluded from compilation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    @torch.compiler.disable
+    def forward(self, x):
+        return self.net(x)
+
+
+def untraceable(batch_size: int = 16, seed: int = 0):
+    """tiny_mlp whose only child torch.compile cannot trace: compile compiles no graph."""
+    torch.manual_seed(seed)
+    module = Classifier(batch_size=batch_size)
+    module.net = _Untraceable()
+    return module, DataLoader(_data(False), batch_size=batch_size, shuffle=False)
+
+
+class GraphPattern(LightningModule):
+    """A small conv net written the ordinary way, with one of the patterns that decide how much of
+    its step a CUDA graph can capture (tests/test_graph_tiers.py)."""
+
+    def __init__(self, pattern: str = "plain") -> None:
+        super().__init__()
+        self.pattern = pattern
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
+                                       torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
+                                       torch.nn.Linear(64, 4))
+        if pattern == "metric_object":
+            import torchmetrics
+
+            self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=4)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        if self.pattern == "metric_object":
+            self.acc(logits, y)
+            self.log("train_acc", self.acc, on_step=True)
+        self.log("train_loss", loss, prog_bar=self.pattern == "prog_bar")
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        if self.pattern == "momentum_cycling":
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10_000)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return opt
+
+
+def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
+    torch.manual_seed(seed)
+    loader = DataLoader(_data(True, n=512), batch_size=batch_size, shuffle=False, drop_last=True,
+                        pin_memory=pattern != "pageable")
+    module = GraphPattern(pattern)
+    if pattern == "grad_clip":
+        return module, loader, {"gradient_clip_val": 1.0}
+    return module, loader

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONV_TYPES", "compiled_call", "draw_loader_base_seed", "dynamo_counters", "found_inf", "is_compiled",
+__all__ = ["CONV_TYPES", "compiled_call", "compiled_graph_count", "first_graph_break", "draw_loader_base_seed", "dynamo_counters", "found_inf", "is_compiled",
            "loader_auto_collation", "loader_iterator", "scaler_scale", "set_compiled_call", "shutdown_workers"]
 
 # Why: "is this a convolution" for cuDNN and MFU decisions. Public alternative: listing
@@ -39,6 +39,21 @@ def dynamo_counters() -> dict:
     )
 
     return counters
+
+
+def compiled_graph_count() -> tuple[int, int]:
+    """(graphs Dynamo compiled, frames it tried to convert) in this process so far
+    (``counters["stats"]["unique_graphs"]``, ``counters["frames"]["total"]``). A frame tried that
+    left no graph fell back to eager; no frame tried at all is a cache hit (a second fit)."""
+    c = dynamo_counters()
+    return int(c["stats"].get("unique_graphs", 0)), int(c["frames"].get("total", 0))
+
+
+def first_graph_break() -> str | None:
+    """The first line of the first graph-break reason Dynamo counted in this process, if any."""
+    breaks = dynamo_counters().get("graph_break") or {}
+    first = next(iter(breaks), None)
+    return str(first).strip().splitlines()[0] if first else None
 
 
 def loader_auto_collation(loader: torch.utils.data.DataLoader) -> bool:

@@ -25,13 +25,15 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._lightning_private import ddp_kwargs, set_train_source, train_source
 from fastloop._torch_private import (
     compiled_call,
+    compiled_graph_count,
+    first_graph_break,
     scaler_scale,
     set_compiled_call,
     shutdown_workers,
 )
 from fastloop.data import rebuild_loader, to_channels_last
 from fastloop.errors import FastloopError
-from fastloop.lightning_graph import WholeStepGraph, whole_step_blocker
+from fastloop.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.batch_size import BatchSize, search_batch_size
 from fastloop.speedups.compile import CUDAGRAPH_MODES
@@ -120,6 +122,12 @@ class SpeedupCallback(Callback):
         self._scale_before: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None
         self._graph: WholeStepGraph | None = None
+        self.module: LightningModule | None = None
+        self.tier: str | None = None
+        """cuda_graph only: the tier that ran ("whole step", "forward+backward graphed", "eager")."""
+        self.tier_why: str | None = None
+        """Why the tier above it did not run."""
+        self._graphs_before: tuple[int, int] | None = None
 
     @property
     def state_key(self) -> str:
@@ -159,6 +167,10 @@ class SpeedupCallback(Callback):
             return
         s = self.speedup
         self._graph = None
+        self.module = pl_module
+        self.tier = self.tier_why = None
+        compiles = s.compile_mode() is not None or s.uses_cudagraphs()
+        self._graphs_before = compiled_graph_count() if compiles else None  # Dynamo's import costs ~1 s
         self.ctx = ctx = Context(trainer.strategy.root_device)
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
@@ -248,27 +260,45 @@ class SpeedupCallback(Callback):
             if already not in CUDAGRAPH_MODES and blocker is None:
                 self._graph = WholeStepGraph(trainer, pl_module, lambda obj, attr, value: _patch(obj, attr, value, self._undo()),
                                              on_fallback=self._graph_fallback)
+                self.tier = "whole step"
                 ctx.describe(self.speedup.name, self._graph.detail())
                 return
             if blocker is not None:
                 ctx.stats[f"{self.speedup.name}_whole_step"] = f"not captured whole: {blocker}"
-            if already in CUDAGRAPH_MODES:
-                ctx.stats[self.speedup.name] = f"captured by compile:{already}"
-            else:
-                children = _compilable_children(pl_module)
-                if not children:
-                    ctx.record(self.speedup.name, "skipped", f"{type(pl_module).__name__} has no child module with "
-                                                             f"parameters to capture")
-                    return
-                for _, child in children:
-                    self._compile(child, lambda c=child: c.compile(mode="reduce-overhead"))
-                if already is not None:
-                    ctx.stats[self.speedup.name] = f"compile's mode raised from {already} to reduce-overhead"
-                _COMPILE_MODE[pl_module] = "reduce-overhead"
-                self._undo().append(lambda: _COMPILE_MODE.pop(pl_module, None))
+            self._compiled_graphs(pl_module, ctx, blocker or "compile's CUDA graphs were asked for")
+
+    def _compiled_graphs(self, pl_module: LightningModule, ctx: Context, why_not_whole: str) -> None:
+        """The second tier: forward and backward through compile's CUDA graphs
+        ("reduce-overhead", each step marked in on_train_batch_start), the optimizer fused and
+        eager. If the compile speedup compiled the children already, its mode is raised instead
+        (compile is lazy: before the first step nothing was compiled yet)."""
+        name = self.speedup.name
+        already = _COMPILE_MODE.get(pl_module)
+        self.tier = "forward+backward graphed"
+        self.tier_why = why_not_whole
+        if already in CUDAGRAPH_MODES:
+            ctx.stats[name] = f"captured by compile:{already}"
+        else:
+            children = _compilable_children(pl_module)
+            if not children:
+                self.tier = "eager"
+                self._fail("fallback", f"whole step: {why_not_whole}; {type(pl_module).__name__} has no child module "
+                                       f"with parameters for compile's CUDA graphs: the steps run eagerly")
+                return
+            for _, child in children:
+                self._compile(child, lambda c=child: c.compile(mode="reduce-overhead"))
+            if already is not None:
+                ctx.stats[name] = f"compile's mode raised from {already} to reduce-overhead"
+            _COMPILE_MODE[pl_module] = "reduce-overhead"
+            self._undo().append(lambda: _COMPILE_MODE.pop(pl_module, None))
+        ctx.describe(name, f"{self.tier}; whole step: {why_not_whole}")
 
     def _graph_fallback(self, reason: str) -> None:
-        self._fail("fallback", f"whole step not captured, the steps ran without the graph: {reason}")
+        """The whole step cannot be replayed (found while the run is under way): drop one tier, to
+        compile's CUDA graphs of forward and backward, in the same run."""
+        assert self.ctx is not None and self.module is not None
+        self._graph = None
+        self._compiled_graphs(self.module, self.ctx, reason)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
@@ -285,8 +315,11 @@ class SpeedupCallback(Callback):
             if fused and self.speedup.changes == "optimizer":
                 self.ctx.describe(self.speedup.name, "fused " + ", ".join(fused))
         if self._graph is not None:
+            cycling = cycled_hyperparameters(trainer)
             if len(trainer.optimizers) != 1:
                 self._graph.fail(f"{len(trainer.optimizers)} optimizers (the graph takes one)")
+            elif cycling:  # known before the first step: the next tier compiles before warm-up
+                self._graph.fail(cycling)
             else:
                 self._graph.prepare_optimizer(trainer.optimizers[0], self._undo())
         if self.plan.grad_scaler:
@@ -335,6 +368,7 @@ class SpeedupCallback(Callback):
             self._skipped = skipped if self._skipped is None else self._skipped + skipped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_compiled(pl_module)
         if self._graph is not None and self.ctx is not None and self._graph.failed is None:
             if self._graph.graph is None:  # the fit ended before the capture: nothing was graphed
                 self._fail("skipped", f"the fit ended after {self._graph.steps} steps, before the whole step was "
@@ -345,6 +379,25 @@ class SpeedupCallback(Callback):
                     self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(self._graph.capture_s, 3)
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
+
+    def _check_compiled(self, pl_module: LightningModule) -> None:
+        """A compile that compiled nothing (every frame fell back to eager) is not ``applied``:
+        ``fallback`` with torch's first graph-break reason. cuda_graph's tier is named."""
+        ctx, name = self.ctx, self.speedup.name
+        if ctx is None or not ctx.applied(name):
+            return
+        compiled = self.speedup.compile_mode() is not None or self.tier == "forward+backward graphed"
+        graphs, frames = compiled_graph_count() if self._graphs_before is not None else (0, 0)
+        if compiled and self._graphs_before is not None and graphs == self._graphs_before[0] \
+                and frames > self._graphs_before[1]:  # frames were tried and none gave a graph
+            why = first_graph_break() or "no frame of the model was compiled"
+            self.tier = "eager" if self.tier else None
+            self._fail("fallback", f"torch.compile compiled no graph, the steps ran eagerly: {why}")
+            return
+        if self.tier is not None:
+            ctx.stats[f"{name}_tier"] = self.tier
+            if self.tier_why:
+                ctx.describe(name, f"{self.tier} (whole step: {self.tier_why})")
 
     def _undo(self) -> list:
         """Where every change to the user's objects registers how to put it back (run at teardown)."""

@@ -34,7 +34,7 @@ from fastloop._lightning_private import closure_result, current_hook, peek_closu
 from fastloop.data import map_tensors
 from fastloop.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
 
-__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
+__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
 
 HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 """Callback and module hooks that Lightning calls inside the optimizer step."""
@@ -84,6 +84,25 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
                if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))]
     if foreign:
         return f"callback hooks run inside the step ({', '.join(foreign)}): in a graph their Python would run once"
+    return None
+
+
+CYCLING = {"OneCycleLR": ("cycle_momentum", "momentum"), "CyclicLR": ("cycle_momentum", "momentum")}
+"""Schedulers that change a hyperparameter besides lr every step when their flag is on."""
+
+
+def cycled_hyperparameters(trainer: Trainer) -> str | None:
+    """Why the whole step cannot be replayed because a scheduler cycles a hyperparameter the
+    graph would bake in (OneCycleLR cycles SGD's momentum or Adam's beta1 by default), known
+    before the first step; None when no scheduler does."""
+    for config in getattr(trainer, "lr_scheduler_configs", []) or []:
+        sched = config.scheduler
+        flag = CYCLING.get(type(sched).__name__)
+        if flag and getattr(sched, flag[0], False):
+            opt = getattr(sched, "optimizer", None)
+            what = "betas" if opt is not None and "betas" in opt.defaults else "momentum"
+            return (f"{type(sched).__name__} cycles {type(opt).__name__ if opt is not None else 'the optimizer'}'s "
+                    f"{what} every step ({flag[0]}=True), which a graph would bake in")
     return None
 
 
