@@ -124,7 +124,7 @@ def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
     out = tmp_path / "rep"
     p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:dies_fourth", "--device", "cpu",
                         "--rungs", "fused_optimizer,bf16", "--max-repeats", "3", "--steps", "5", "--warmup", "1",
-                        "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                        "--sequential", "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     doc = json.loads((out / "report.json").read_text())
     by = {r["rung"]: r for r in doc["rungs"]}

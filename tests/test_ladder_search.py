@@ -110,3 +110,24 @@ def test_log_lines_one_per_finished_run(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out == ["ladder: run 1 (none): 1,000 samples/s in 2.5 s; 2 s of the 80 s budget",
                    "ladder: run 2 (bf16): failed in 2.0 s; 4 s of the 80 s budget"]
+
+
+def test_a_bundle_whose_process_fails_is_tried_one_at_a_time():
+    from fastloop.subproc import ConfigurationFailed
+
+    inner = _fake(lambda n: 1.5 if "bf16" in n else 1.0, lambda n: 0.02)
+
+    def measure(target, spec, **kw):
+        if "compile" in spec.split(","):
+            raise ConfigurationFailed(f"configuration {spec!r} failed in its process: exit -9", -9)
+        return inner(target, spec, **kw)
+
+    doc = run_ladder("x", ["bf16", "compile"], device="cpu", measure=measure)
+    by = [(r["rung"], r.get("rung_status"), r.get("decision", "")) for r in doc["rungs"]]
+    bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
+    assert bundle["rung_status"] == "failed" and "exit -9" in bundle["rung_reason"]
+    single = next(r for r in doc["rungs"] if r["rung"] == "+bf16")
+    assert single["decision"].startswith("kept"), by
+    assert next(r for r in doc["rungs"] if r["rung"] == "+compile")["rung_status"] == "failed"
+    assert doc["selected"] == ["bf16"] and doc["rungs"][-1].get("final")
+    assert doc["rungs"][0]["repeats"] >= 3  # the baseline row shows its topped-up runs

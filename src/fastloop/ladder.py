@@ -310,6 +310,10 @@ class _Ladder:
 
     def document(self) -> dict:
         rungs = [dict(r) for r in self.rungs]
+        base = getattr(self, "base_runs", None)
+        if base is not None and rungs and str(rungs[0].get("rung", "")).startswith("baseline") \
+                and rungs[0].get("repeats") != len(base.docs):  # topped up by later comparisons
+            rungs[0] = self._rung_doc(rungs[0]["rung"], self.base_spec, base, "applied", "")
         if self.final is not None:
             rungs.append(self.final)
         for spec, runs in (self._pending or {}).items():  # the comparison under way

@@ -121,7 +121,8 @@ class StagedSearch:
             L._baseline(fresh[L.base_spec])
         cand, base = fresh[cand_spec], fresh[base_spec]
         if cand.failures or base.failures or not cand.docs:
-            why = cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
+            why = (cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
+                   if base.failures else "no run finished")
             doc = L._rung_doc(label, cand_spec, cand, "failed", why)
             doc.update(stage=self.stage, members=specs)
             L.rungs.append(doc)
@@ -272,7 +273,8 @@ class StagedSearch:
                 usable.append(s)
         feed, compute, rest = split_groups(usable)
         fresh: dict[str, Runs] = {}
-        L._measure([L.base_spec], L.min_repeats, fresh)
+        # one run tells the bottleneck; the first comparison tops the baseline up, interleaved
+        L._measure([L.base_spec], 1, fresh)
         L._baseline(fresh[L.base_spec])
         L.best_runs = {L.base_spec: fresh[L.base_spec]}
         self.note("baseline", "measured")
