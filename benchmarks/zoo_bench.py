@@ -118,14 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", default=",".join(MODULES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT", "zoo_out"))
-    p.add_argument("--clock", default=None, help="MODULE:SPEC: also check the report against an outside wall clock")
+    p.add_argument("--clock", default=None,
+                   help="MODULE[:SPEC]: also check the report against an outside wall clock (default SPEC: the pick)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [bench_module(m, out, args.rounds) for m in args.modules.split(",") if m]
     if args.clock:
         module, _, spec = args.clock.partition(":")
-        c = wall_clock_check(module, spec or "none", out)
+        picked = next((r["selected"] for r in rows if r["module"] == module), "none")
+        c = wall_clock_check(module, spec or picked, out)
         print(f"wall clock: {module} {c['spec']}: reported {c['reported']:,.0f} vs outside {c['outside']:,.0f} "
               f"items/s -> {c['ratio']:.3f}")
     print(f"{'module':18} {'plain':>10} {'expert':>10} {'pick':>10} {'pick/exp':>16} {'ladder s':>9}  selected")
