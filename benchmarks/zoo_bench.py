@@ -100,15 +100,17 @@ def wall_clock_check(module: str, spec: str, out: Path) -> dict:
                                     measure_s=2.0, profile=False)
         finally:
             os.environ.pop("ZOO_CLOCK_FILE", None)
-        t = json.loads(Path(clock).read_text())["batch_end_s"]
+        clock_doc = json.loads(Path(clock).read_text())
+    t, t0 = clock_doc["batch_end_s"], clock_doc["batch_start_s"]
     w, n = doc["warmup_steps"], doc["steps"]
-    outside_s = t[w + n - 1] - t[w - 1]  # end of the last warm-up step to the end of the last measured one
+    outside_s = t[w + n - 1] - t0[w]  # start of the first measured step to the end of the last one
     items = doc.get("items_per_step") or 0
     outside = items * n / outside_s
     reported = doc["throughput"]["value"]
     result = {"module": module, "spec": spec, "reported": reported, "outside": outside,
               "ratio": reported / outside, "steps": n, "warmup_steps": w, "batch_ends_recorded": len(t),
-              "clock": "time.perf_counter at every on_train_batch_end of a plain Lightning callback, no synchronize"}
+              "clock": "time.perf_counter after torch.cuda.synchronize() in a plain Lightning callback's "
+                       "on_train_batch_start (first measured step) and on_train_batch_end (last measured step)"}
     (out / "zoo_wall_clock.json").write_text(json.dumps(result, indent=2))
     return result
 

@@ -45,6 +45,12 @@ __all__ = ["FEED_FIRST_WAIT", "StagedSearch", "split_groups"]
 FEED_FIRST_WAIT = 0.2
 """The baseline's data-wait fraction from which the feed is fixed before the compute stack."""
 CPU_FEED = ("workers", "pin_memory", "prefetch")
+ABLATE_ORDER = ("compile", "cuda_graph", "fp8", "fused_loss", "channels_last", "bf16", "fp16", "workers", "prefetch")
+"""Members an ablation takes out, the costliest first (compile time, capture and memory, precision,
+layout, processes); the rest cost nothing when they do not help and are not ablated."""
+ABLATION_LOSS = 0.02
+"""A member is kept when the configuration without it is this much slower at the point estimate,
+even where the interval is too wide to call it significant."""
 GPU_FEEDS = ("gpu_resident", "dali")
 """Feeds that replace the loader: with one kept, the CPU feed has nothing left to do."""
 
@@ -69,6 +75,8 @@ class StagedSearch:
     def __init__(self, ladder: _Ladder) -> None:
         self.L = ladder
         self.stage = "baseline"
+        self.inactive: set[str] = set()
+        """Speedups that skipped themselves or fell back inside a run: never tried again."""
         self.dropped_under: dict[str, str] = {}
         """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
 
@@ -135,6 +143,7 @@ class StagedSearch:
         if inactive:
             doc["inactive"] = {n: f"{r['status']}: {r['reason']}" for n, r in inactive.items()}
         active = [s for s in specs if s.split(":")[0] not in inactive]
+        self.inactive.update(inactive)  # skipped or fell back inside its process: not tried again
         kept = bool(active) and bool(ci and ci["significant"] and ci["ratio"] > 1)
         if kept:
             doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}"
@@ -165,10 +174,14 @@ class StagedSearch:
                                        f"next: {doc['bottleneck']['recommendation']}")
 
     def ablate(self, members: list[str]) -> None:
-        """Take each kept member out in turn (the likely least needed first); leave it out when the
-        configuration without it is not significantly slower."""
+        """Take each kept member that costs something out in turn (compile time, capture, precision,
+        layout: ``ABLATE_ORDER``); leave it out when the configuration without it is not slower.
+        Members that cost nothing when they do not help (TF32, a fused optimizer, the data on the
+        GPU) stay without a comparison: the budget goes where a removal can matter."""
         L = self.L
-        for spec in reversed(members):
+        order = [n for n in ABLATE_ORDER if any(m.split(":")[0] == n for m in members)]
+        for name in order:
+            spec = next(m for m in members if m.split(":")[0] == name)
             if spec not in L.selected or len(L.selected) <= 1:
                 continue
             if not self.fits(L.min_repeats):
@@ -188,7 +201,9 @@ class StagedSearch:
                 continue
             doc = L._rung_doc(label, cand_spec, cand, "applied", "")
             doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, ablation=spec)
-            slower = bool(ci and ci["significant"] and ci["ratio"] < 1)
+            # left out only when not missed: not significantly slower without it AND no more than
+            # ABLATION_LOSS slower at the point estimate (a wide interval is not evidence of no effect)
+            slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
             if slower:
                 doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']})"
             else:
@@ -210,7 +225,7 @@ class StagedSearch:
         if chosen & set(GPU_FEEDS):
             return
         now = self._kind()
-        todo = [s for s in feed if s.name not in chosen
+        todo = [s for s in feed if s.name not in chosen and s.name not in self.inactive
                 and (s.name not in self.dropped_under or self.dropped_under[s.name] != now)]
         if not todo:
             return
@@ -283,7 +298,11 @@ class StagedSearch:
             self.compute(compute, "compute stack")
             self.feed(feed, "feed re-checked after the compute stack")
         else:
-            self.compute(compute, "compute stack")
+            data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
+            resident = [s for s in feed if s.name == "gpu_resident" and data.get("in_memory_tensors")]
+            # in-memory tensors: the data on the GPU goes in with the compute stack (an expert's
+            # first move; it costs nothing when it does not help)
+            self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""))
             self.feed(feed, "feed checked for the faster step")
         if rest:
             self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
