@@ -229,6 +229,8 @@ class StagedSearch:
                 and (s.name not in self.dropped_under or self.dropped_under[s.name] != now)]
         if not todo:
             return
+        data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
+        todo = [s for s in todo if s.name != "gpu_resident" or data.get("in_memory_tensors")]
         blocked = {s.name: L._feed_cannot_help(s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
         self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
@@ -237,10 +239,7 @@ class StagedSearch:
             return
         first_time = L.base_runs is not None and self.best() is L.base_runs
         tell = not first_time  # feed-first: size the feed for the step the model will reach, not today's
-        data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
         for s in [s for s in todo if s.name in GPU_FEEDS]:
-            if s.name == "gpu_resident" and not data.get("in_memory_tensors"):
-                continue
             if self.try_adding([s], f"+{s.spec}", tell_rate=tell):
                 return
         bundle = [s for s in todo if s.name in CPU_FEED]
