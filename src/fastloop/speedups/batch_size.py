@@ -26,11 +26,7 @@ Example:
     >>> is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     False
 
-Card:
-- Helps: steps too small to fill the GPU; the search measures samples/s per size and keeps
-  the fastest that fits with headroom.
-- Hurts: optimization dynamics change with batch size (retune LR); memory headroom shrinks.
-- Costs: the search's wall time (a few trial steps per size), reported.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/batch_size.md``.
 Changes the data pipeline (the target's ``batch_size``). Applied by the runner before training.
 """
 

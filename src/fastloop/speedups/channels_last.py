@@ -1,10 +1,6 @@
 """``channels_last``: NHWC memory layout for models with 4-D convolutions.
 
-Card:
-- Helps: conv nets under bf16/fp16 on tensor-core GPUs (ResNet-50 on our H200: 2444 ->
-  4678 img/s), since cuDNN's fast kernels are NHWC and NCHW costs transposes.
-- Hurts: models without Conv2d (nothing to gain; skipped), fp32 on some GPUs.
-- Costs: a one-off copy of the weights; inputs are converted per batch.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/channels_last.md``.
 Changes the model (and its inputs).
 """
 

@@ -1,11 +1,6 @@
 """``compile``: ``torch.compile`` of the model (Inductor: fused kernels, fewer launches).
 
-Card:
-- Helps: models with many small elementwise ops (GPT-2 on our H200: 330k -> 485k tokens/s).
-- Hurts: dynamic shapes (each new shape recompiles: fastloop counts recompilations), host
-  syncs inside forward (graph breaks), very short runs (compile time dominates).
-- Costs: compile time on the first steps (tens of seconds for GPT-2), reported apart from
-  step statistics. A compile error falls back to eager with the reason recorded.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/compile.md``.
 Options: ``mode`` (``default``, ``reduce-overhead``, ``max-autotune``, ...): ``compile:max-autotune``.
 Changes the model.
 """

@@ -1,29 +1,10 @@
-"""``cuda_graph``: the whole train step captured once as a CUDA graph and replayed.
+"""``cuda_graph``: the train step captured as a CUDA graph and replayed, in tiers (the whole
+step; forward and backward through compile's CUDA graphs; eager with the cause).
 
-Card:
-- Helps: launch-bound steps (small models, small batches): one graph launch replaces
-  hundreds of kernel launches and their Python overhead (tiny MLP on our H200: 7.2x).
-- Hurts: a GPU data pipeline on its own streams when CUDA has too few hardware queues: with
-  CUDA's default 8, DALI's kernels that share a queue with the training stream wait behind the
-  whole captured step (DALI-fed ResNet-50 on our H200: 0.81x of synthetic data, data wait 20%;
-  0.99x with the 32 queues fastloop's command line asks for, see :mod:`fastloop.cuda_env`);
-  steps with host syncs (``.item()``, printing, data-dependent control flow), dynamic
-  shapes, or CPU-side logic per step: these are checked before capture and the step runs
-  eagerly with the cause recorded. A short last batch runs eagerly.
-- Costs: a few warm-up steps and the capture (reported apart); static input buffers and
-  a private memory pool; the optimizer is made capturable.
-Plain loop: forward + backward + optimizer step in one graph. Lightning: the whole step too
-(``fastloop.lightning_graph``): one call of the ``optimizer_step`` hook, with the
-``training_step`` and backward it runs, is captured after warm-up and replayed, the batch copied
-into static buffers, the values ``training_step`` logs re-logged after each replay (CIFAR
-ResNet-18 on our H200: the step went from host-bound 5.5 ms to GPU-bound 4.0 ms). Where a hook of
-the module or of a callback runs inside the step, or with manual optimization, gradient
-accumulation, fp16's GradScaler or several processes, Lightning falls back to forward and
-backward through ``torch.compile(mode="reduce-overhead")`` with a fused optimizer (compile's own
-mode raised when ``compile`` is also requested: one compilation). A host sync in the step, a
-Python value logged from it, or a capture error leaves the steps eager in the same run, the
-record ``fallback`` with the cause; elsewhere a capture error repeats the run without cuda_graph.
-Changes the train step.
+The card, with when it helps, when it hurts, what each tier costs and which patterns of ordinary
+Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. The Lightning capture is in
+:mod:`fastloop.lightning_graph`, the tiers in :class:`fastloop.lightning.SpeedupCallback`, the
+plain loop's in :mod:`fastloop.graph_step`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """``cudnn_benchmark``: let cuDNN time its convolution algorithms and keep the fastest.
 
-Card:
-- Helps: convolutional networks with fixed input shapes; cuDNN's heuristic choice is not
-  always the fastest algorithm for a given layer, shape, dtype and memory format. Often little
-  on recent cuDNN: ResNet-50 bf16 + channels_last on our H200 went 4,695 -> 4,702 img/s eager
-  and 6,661 -> 6,724 compiled (<= 1%), for 14 s of benchmarking in warm-up.
-- Hurts: inputs whose shapes change often (every new shape is benchmarked again; the last
-  short batch of an epoch costs one extra round); results are not bitwise reproducible
-  across runs, since the chosen algorithm may differ.
-- Costs: a few hundred milliseconds of benchmarking on the first step of each shape
-  (counted in warm-up, not in step statistics).
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/cudnn_benchmark.md``.
 Changes the train step (``torch.backends.cudnn.benchmark``, restored afterwards); the same
 switch as Lightning's ``Trainer(benchmark=True)``. Models without convolutions are skipped.
 """

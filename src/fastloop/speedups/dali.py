@@ -1,12 +1,6 @@
 """``dali``: decode and augment JPEGs on the GPU with NVIDIA DALI (a recipe-level pipeline).
 
-Card:
-- Helps: image models fed from JPEG files, where PIL decoding in loader workers cannot keep
-  up with the GPU (ResNet-50 B256 on our H200, bf16 + channels_last + compile, through
-  fastloop: 2,307 -> 5,605 img/s, 2.43x, data wait 45% -> 3%).
-- Hurts: nothing when the loader was not the bottleneck; DALI's GPU decode uses some GPU
-  memory and SMs.
-- Costs: the ``dali`` extra (``pip install 'fastloop[dali]'``); a pipeline build at start.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/dali.md``.
 Changes the data pipeline. Applies to loaders that offer a DALI equivalent (the imagenet
 recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason.
 Without a GPU the same DALI pipeline runs on the CPU.

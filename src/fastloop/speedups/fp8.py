@@ -10,11 +10,7 @@ than fp8 saves).
 Options: ``fp8:tensorwise`` (default: one scale per tensor, the fastest) or ``fp8:rowwise`` (a
 scale per row: closer to bf16, slower).
 
-Card:
-- Helps: large matmuls on Hopper/Ada (sm_89+): up to 2x the bf16 matmul rate.
-- Hurts: small layers (casting costs more than the matmul saves), models without compile.
-- Costs: loss trajectories differ from bf16 by fp8 rounding (stated in the card, measured).
-  MFU stays rated against the bf16 peak, so fp8 layers make it read higher.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/fp8.md``.
 Skipped without CUDA, before sm_89, and when torchao is not installed
 (``pip install 'fastloop[fp8]'``). Changes the model.
 """

@@ -1,16 +1,6 @@
 """``gpu_resident``: the whole in-memory dataset moved to the GPU once, batches served from there.
 
-Card:
-- Helps: small and medium in-memory datasets (CIFAR-sized tensors) whose loader becomes the
-  wall once the step is fast: no collate in Python, no host->device copy per step, no workers.
-  This is how the fastest CIFAR-10 trainers feed the GPU (airbench keeps data and augmentation
-  on the device).
-- Hurts: nothing when it applies; it refuses datasets that would take more than ``share`` of
-  the free GPU memory (default 0.5), datasets whose ``__getitem__`` may transform each sample
-  (anything but a ``TensorDataset`` or a ``Subset`` of one: random augmentations would be
-  frozen), and loaders with a custom ``collate_fn``; each refusal is recorded with its reason.
-- Costs: one copy of the dataset in GPU memory (stored dtype kept: uint8 images stay uint8),
-  one host read of the sampler's order per epoch.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/gpu_resident.md``.
 Semantics kept: the loader's own sampler (or batch sampler) decides the order, so shuffling
 follows the loader's generator and seed exactly; ``batch_size`` and ``drop_last`` as set.
 Options: ``gpu_resident:SHARE``, the largest share of free GPU memory the data may take.

@@ -1,11 +1,6 @@
 """``pin_memory``: page-locked host batches, pinned by the loader's own pin thread.
 
-Card:
-- Helps: every host->device copy; pinned copies reach ~55 GB/s on our H200 vs ~6 GB/s
-  pageable, and only pinned copies can overlap compute (see ``prefetch``).
-- Hurts: hosts short of RAM (pinned pages cannot be swapped).
-- Costs: a pin thread in the loader. Pinning each batch right before its copy (in the step)
-  is up to 2x slower than this; do it in the loader.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/pin_memory.md``.
 Changes the data pipeline.
 """
 

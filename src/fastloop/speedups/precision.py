@@ -1,15 +1,7 @@
 """``bf16`` and ``fp16``: autocast mixed precision.
 
-Card (bf16):
-- Helps: any matmul/conv-heavy model on Ampere+ (2x over tf32 for GPT-2 on our H200).
-- Hurts: ops autocast keeps in fp32 stay fp32; losses differ from fp32 by bf16 rounding
-  (~1e-2 relative per step, trajectories stay close).
-- Costs: nothing; no loss scaling needed (bf16 has fp32's exponent range).
-Card (fp16):
-- Helps: GPUs without bf16 (V100, T4).
-- Hurts: overflow: a GradScaler skips steps whose gradients are inf/NaN; fastloop counts
-  them and does not advance the LR scheduler on a skipped step (plain loop and Lightning).
-- Costs: the scaler's unscale pass per step.
+The cards (when each helps, when it hurts, what it costs, with measured figures):
+``docs/speedups/bf16.md`` and ``docs/speedups/fp16.md``.
 Both change the train step; they cannot be combined.
 """
 

@@ -1,10 +1,6 @@
 """``prefetch``: the next batch copied to the GPU on a side stream while this step runs.
 
-Card:
-- Helps: steps whose host->device copy is a visible share of the step (large inputs: images,
-  long token windows), together with ``pin_memory`` (pageable copies cannot overlap).
-- Hurts: nothing measurable when the copy is tiny; holds one extra batch in GPU memory.
-- Costs: one extra batch of device memory.
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/prefetch.md``.
 Changes the data pipeline. Handles tensors, tuples, lists, dicts and dataclasses of tensors.
 """
 

@@ -1,11 +1,6 @@
 """``tf32``: TensorFloat-32 for fp32 matmuls and cuDNN convolutions.
 
-Card:
-- Helps: fp32 models on Ampere or newer; matmuls run on tensor cores (~3x on our H200 for
-  GPT-2, 54k -> 158k tokens/s).
-- Hurts: code that needs full fp32 mantissa in matmuls (10-bit mantissa products; ~1e-3
-  relative error). Does nothing under bf16/fp16 autocast.
-- Costs: nothing. Changes the train step (process-wide matmul precision).
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/tf32.md``.
 """
 
 from __future__ import annotations

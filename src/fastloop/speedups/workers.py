@@ -14,12 +14,7 @@ consumes 500 samples/s from a loader that delivers 15,000/s in the main process 
 saving are in the record's statistics (``loader_rates``, ``step_demand``, ``predicted_saving``)
 and in the report.
 
-Card:
-- Helps: any loader whose per-batch work (decode, augment, collate) is CPU-heavy; the GPU
-  stops waiting once enough workers run in parallel.
-- Hurts: tiny in-memory datasets (worker start-up and IPC cost more than they save); memory
-  grows with workers x prefetch_factor batches.
-- Costs: start-up of the worker processes (kept alive across epochs: persistent_workers).
+The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/workers.md``.
 Changes the data pipeline; the dataset, sampler and collate function are kept as they are.
 """
 
