@@ -121,3 +121,13 @@ def test_no_import_cycle():
     assert len(graph) > 40 and graph["fastloop.lightning"], "the graph was not built"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_report_and_compare_import_without_torch():
+    """Issue 33: reading or rendering a report, and comparing runs, need no torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, fastloop.report, fastloop.compare; assert 'torch' not in sys.modules, 'torch was imported'"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

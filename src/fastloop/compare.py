@@ -21,8 +21,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
-from fastloop.speedups.workers import STEP_RATE_ENV
+from fastloop.measure.stats import STEP_RATE_ENV, one_run_ci, run_ratio_ci, summarize, verdict
 from fastloop.subproc import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",

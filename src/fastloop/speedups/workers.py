@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
+from fastloop.measure.stats import STEP_RATE_ENV
 from fastloop.speedups.base import (
     Context,
     Speedup,
@@ -140,7 +141,6 @@ WORKER_MIN_SAVING = 0.10
 the prediction leaves out the worker processes' contention for the cores with the main process
 (H200 round 8, CIFAR ResNet-18 B256 from memory: a predicted 5.8% saving with 16 workers trained
 0.90x, 97% CI 0.79-1.04)."""
-STEP_RATE_ENV = "FASTLOOP_STEP_RATE"
 
 
 def step_rate_hint() -> float | None:
