@@ -1,35 +1,20 @@
 """The ladder: find the fastest *measured* configuration for a model it has never seen.
 
-Selection (the default): each candidate is tried on top of the best configuration so far, the
-two measured interleaved in fresh processes; the candidate is kept only when it is
-significantly faster (the run-level CI lies above 1), otherwise dropped, and the next one
-starts from the previous best. The last rung measures the selected set against the baseline
-again, interleaved, and the callbacks line names exactly that measured set.
+This module runs the ladder's comparisons and writes its document; the search that decides what
+to compare is :mod:`fastloop.ladder_search` (the default, ``mode="select"``: bottleneck first,
+the feed, the compute stack as one bundle and its ablation, the feed again) or
+:mod:`fastloop.ladder_sequential` (``"sequential"``: one rung at a time on top of the best so far;
+``"cumulative"``: every rung on top of all before it).
 
-The default rungs are tried compute first (a recipe's own rungs, such as fp8, after the general
-ones and so after compile), data last ("feed the fast step": a loader that keeps
-up with an fp32 step may be the wall after compile), and a feed speedup is not measured when a
-faster feed could gain at most 2%: when the best configuration's GPU profile shows the GPU busy
->= 95% of the step with <= 2% data wait, or when its steps spend <= 2% of the time getting batches
-on the GPU's clock (idle while the batch comes) and on the host's (loader and copy: all a
-host-bound step could save). The host's share is the loader's ``next`` and ``batch_to_device``
-timed apart from Lightning's own work between steps (:class:`~fastloop.measure.callback.FeedClock`);
-for a speedup that only speeds up the copy (``pin_memory``, ``prefetch``: ``feeds_copy_only``),
-only the copy's part of it.
-
-Cumulative (``mode="cumulative"``): the old story, every candidate added on top of all before.
-
-Measurement is adaptive: each comparison starts with 3 runs a side, stops when the answer is
-clear (kept, slower, or at most 1% faster: ``MIN_GAIN``), and otherwise adds runs up to
-``max_repeats`` while the time ``budget`` allows. The best
-configuration's runs are measured once and count again in the next comparison (topped up when a
-comparison needs more), so each candidate costs only its own runs; a candidate whose first run is
-clearly slower than those runs (>= 2% and outside their prediction interval) is dropped after
-that one run (fp8 or a fused loss that recompiles for 15 s a process costs one run, not three). Each
-look uses a stricter interval (Bonferroni over the looks) so that looking twice does not
-raise the false-positive rate. Rungs that cannot apply here are not measured and show no
-ratio; neither does one whose speedup skipped itself inside its process (run once, not again).
-Only a configuration's first run takes the GPU profile (the others skip its cost).
+Each comparison interleaves the two configurations in fresh processes, starts with 3 runs a side
+(the best configuration's runs so far count again), stops when the answer is clear (kept,
+slower, or at most 1% faster: ``MIN_GAIN``; a candidate whose first run is clearly slower than
+the best's runs is dropped after that run: ``EARLY_DROP``) and otherwise adds runs up to
+``max_repeats`` while the runs and the final comparison fit the ``budget``. Each look uses a
+stricter interval (Bonferroni over the looks). A feed speedup is not measured when a faster feed
+could gain at most 2% (``FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
+data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures
+the selected set against the baseline, interleaved, and the callbacks line names exactly it.
 
 Example:
     >>> default_rungs("cpu")[:3]
@@ -51,11 +36,12 @@ from fastloop.compare import (
     compare,
     measure_interleaved,
     merge_runs,
-    telling_step_rate,
 )
-from fastloop.doctor import diagnose, without_measured
+from fastloop.doctor import diagnose
 from fastloop.errors import FastloopError, UserCodeError
+from fastloop.ladder_report import _breakdown, _feed_line, _filter_advice, _join, _own_record  # noqa: F401
 from fastloop.ladder_search import StagedSearch
+from fastloop.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.subproc import ConfigurationFailed, run_in_subprocess
 from fastloop.targets import RECIPE_LADDER, RECIPE_RUNGS
@@ -106,67 +92,6 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
-def select_order(speedups: list, recipe: set[str]) -> list:
-    """The order the selecting ladder tries its default rungs in: the general compute rungs, then
-    the recipe's own (fp8, fused_loss: made for the compiled step, so tried once compile is in),
-    then the data rungs (feed the fast step). Within each group, the registry's order.
-
-    Example:
-        >>> [s.name for s in select_order(resolve(["workers", "bf16", "fused_loss", "compile"]), {"fused_loss"})]
-        ['bf16', 'compile', 'fused_loss', 'workers']
-    """
-    return ([s for s in speedups if s.changes != "data" and s.name not in recipe]
-            + [s for s in speedups if s.changes != "data" and s.name in recipe]
-            + [s for s in speedups if s.changes == "data"])
-
-
-def _own_record(doc: dict, spec: str) -> dict | None:
-    name = spec.split(":")[0]
-    return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
-
-
-def _join(specs: list[str]) -> str:
-    return ",".join(specs) or "none"
-
-
-def _breakdown(doc: dict) -> dict:
-    """Where a rung's mean step goes: waiting for data, and the rest (host + GPU work); on CUDA,
-    with the run's GPU profile, the rest splits into GPU busy and GPU idle while the host works."""
-    mean = (doc.get("step_s") or {}).get("mean")
-    wait = doc.get("data_wait_frac")
-    if not mean or wait is None:
-        return {}
-    out = {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait), "data_wait_frac": wait}
-    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
-    if busy is not None:  # CUDA: the rest of the step splits into GPU busy and GPU idle while the host works
-        out["gpu_busy_s"] = mean * busy
-        out["host_idle_s"] = max(0.0, mean * (1 - busy - wait))
-        out["gpu_busy_frac"] = busy
-    return out
-
-
-def _feed_line(doc: dict) -> str:
-    """The loader's rate against the step's demand, from one rung's measurement, and the host's
-    time getting each batch where it was timed apart (``host_fetch_s``)."""
-    mean = (doc.get("step_s") or {}).get("mean")
-    wait = doc.get("data_wait_frac") or 0.0
-    items = doc.get("items_per_step")
-    if not (mean and items):
-        return ""
-    demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
-    line = f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
-    return line + _fetch_clause(doc)
-
-
-def _fetch_clause(doc: dict) -> str:
-    """'; getting a batch takes X ms of the host's time (copy Y ms)' where the feed clock timed it."""
-    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
-    if not fetch:
-        return ""
-    return f"; getting a batch takes {1e3 * fetch:.2f} ms of the host's time" + (
-        f" (the copy to the device {1e3 * copy:.2f} ms of it)" if copy else "")
-
-
 class _Ladder:
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
@@ -201,7 +126,7 @@ class _Ladder:
 
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
-        self.min_repeats = MIN_REPEATS
+        self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.vs_baseline: tuple[dict[str, Runs], dict | None] | None = None
         """The latest comparison of the baseline with a kept configuration (fresh runs, its interval)."""
         self.stages: list[dict] = []
@@ -372,80 +297,8 @@ class _Ladder:
         return self.document()
 
     def run(self, candidates: list) -> dict:
-        ctx = Context(torch.device(self.device))
-        self.base_runs: Runs | None = None
-        prev_bottleneck: str | None = None
-        last_kept: tuple[dict[str, Runs], str] | None = None
-        for s in candidates:
-            label = f"+{s.spec}"
-            reason = s.why_not(ctx) or self._model_says_no(s) or self._feed_cannot_help(s)
-            if reason:
-                self.rungs.append(self._rung_doc(label, self._spec([s.spec]), None, "skipped", reason))
-                self._update()
-                continue
-            base_spec = self._spec()
-            cand_spec = self._spec([s.spec])
-            # a feed candidate's runs learn what the step consumes (workers weighs its loader against it)
-            with telling_step_rate(self.best_runs.get(base_spec) if s.feeds else None):
-                fresh, ci, n = self._compare_adaptive(base_spec, cand_spec, own=s.spec)
-            if self.base_runs is None:
-                self._baseline(fresh[self.base_spec])
-                prev_bottleneck = self.rungs[0].get("bottleneck", {}).get("bottleneck")
-            cand, base = fresh[cand_spec], fresh[base_spec]
-            if cand.failures or base.failures:  # a process died: no verdict, the ladder goes on
-                why = cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
-                self.rungs.append(self._rung_doc(label, cand_spec, cand, "failed", why))
-                self._update()
-                continue
-            own = _own_record(cand.docs[-1], s.spec)
-            doc = self._rung_doc(label, cand_spec, cand, "applied", "")
-            doc["vs_spec"] = base_spec
-            doc["runs_per_side"] = n
-            if own and own["status"] != "applied":
-                doc["rung_status"], doc["rung_reason"] = own["status"], own["reason"]
-                doc["speedup_vs_prev"] = None
-                doc["decision"] = f"dropped: {own['status']} inside its process ({own['reason']})"
-                self.rungs.append(doc)
-                self._update()
-                continue
-            doc["speedup_vs_prev"] = ci
-            keep = self.mode == "cumulative" or bool(ci and ci["significant"] and ci["ratio"] > 1)
-            if self.mode == "cumulative":
-                doc["decision"] = "kept (cumulative ladder)"
-            elif keep:
-                per = " per item (throughput; its batch size differs)" if ci.get("per") == "item" else ""
-                doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}{per}"
-            elif ci and n == 1:
-                doc["decision"] = (f"dropped after one run: {ci['verdict']}, against the spread of "
-                                   f"{len(base.docs)} runs of {base_spec} (prediction interval)")
-            elif ci and ci.get("futile"):
-                doc["decision"] = (f"dropped: {ci['verdict']}; at most {ci['ci_high']:.3f}x faster "
-                                   f"(below {MIN_GAIN}x), so no more runs after {n} a side")
-            else:
-                doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
-            if keep:
-                self.selected.append(s.spec)
-                last_kept = (fresh, base_spec)
-                self.best_runs = {cand_spec: cand}
-                now = doc.get("bottleneck", {}).get("bottleneck")
-                if now and prev_bottleneck and now.split()[0] != prev_bottleneck.split()[0]:  # "(fp32)" is no move
-                    feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
-                    doc["bottleneck_moved"] = (f"after {s.spec}: {now}: {doc['bottleneck']['evidence']}{feed} "
-                                               f"next: {doc['bottleneck']['recommendation']}")
-                    prev_bottleneck = now
-            self.rungs.append(doc)
-            self._update()
-        if self.base_runs is None:  # nothing could be measured on top of it: the baseline alone
-            fresh = {}
-            self._measure([self.base_spec], MIN_REPEATS, fresh)
-            self._baseline(fresh[self.base_spec])
-        if len(self.selected) == 1 and last_kept is not None and last_kept[1] == self.base_spec:
-            # the one kept speedup was already measured against the baseline, interleaved
-            fresh, _ = last_kept
-            self._final_from(fresh)
-        else:
-            self._final()
-        return self.document()
+        """The sequential search (``mode="sequential"`` or ``"cumulative"``): :mod:`fastloop.ladder_sequential`."""
+        return run_sequential(self, candidates)
 
     def _model_says_no(self, s: Any) -> str | None:
         """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
@@ -513,40 +366,6 @@ class _Ladder:
         self.best_runs = {}
         fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
         self._final_from(fresh, ci)
-
-
-def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
-    """Speedups this ladder measured and found not faster (a rung of one speedup dropped, or a
-    member the ablation found not missed): name -> what was measured."""
-    out: dict[str, str] = {}
-    for r in rungs:
-        ci = r.get("speedup_vs_prev")
-        names = r.get("measured_not_faster")
-        if names is None and str(r.get("rung", "")).startswith("+") and str(r.get("decision", "")).startswith("dropped"):
-            names = [r["rung"][1:].split(":")[0]] if "," not in r["rung"] else []
-        if not names or not ci or ci.get("ratio") is None:
-            continue
-        span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
-                and ci.get("ci_high") is not None else "")
-        what = "without it " if r.get("ablation") else ""
-        sig = ("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else "no significant difference"
-        for name in names:
-            out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
-    return out
-
-
-def _filter_advice(rungs: list[dict]) -> None:
-    """No rung's advice recommends a speedup that this ladder measured as not faster."""
-    measured = _measured_not_faster(rungs)
-    if not measured:
-        return
-    for r in rungs:
-        if r.get("bottleneck"):
-            before = r["bottleneck"].get("recommendation")
-            r["bottleneck"] = without_measured(r["bottleneck"], measured)
-            moved = r.get("bottleneck_moved")
-            if moved and before != r["bottleneck"]["recommendation"] and " next: " in moved:
-                r["bottleneck_moved"] = moved.split(" next: ")[0] + " next: " + r["bottleneck"]["recommendation"]
 
 
 def _baseline_failed(runs: Runs) -> Exception:
