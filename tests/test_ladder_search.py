@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from fastloop.cli import _RunLines
+from fastloop.report.lines import RunLines as _RunLines
 from fastloop.ladder import run_ladder
 
 

@@ -13,15 +13,14 @@ Example:
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
 from fastloop.errors import FastloopError, shorten
+from fastloop.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
 
 HTML_EVERY_S = 15.0
 """A ladder or A/B refreshes report.html (plots) at most this often while it runs; report.json
@@ -185,33 +184,6 @@ def _stamp(doc: dict, args: argparse.Namespace, device: str) -> dict:
             "device": device, **doc}
 
 
-def run_line(entry: dict, k: int, budget: float | None) -> str:
-    """One finished run as a log line (output that is not a terminal: a CI log, a nohup file).
-
-    Example:
-        >>> run_line({"spec": "bf16", "s": 3.14, "elapsed_s": 41.0,
-        ...           "throughput": {"value": 12345.6, "unit": "samples/s"}}, 7, 300)
-        'ladder: run 7 (bf16): 12,346 samples/s in 3.1 s; 41 s of the 300 s budget'
-    """
-    tp = entry.get("throughput") or {}
-    rate = f"{tp['value']:,.0f} {tp.get('unit', '')}".strip() if tp.get("value") else "failed"
-    of = f" of the {budget:.0f} s budget" if budget else ""
-    return f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s; {entry.get('elapsed_s', 0):.0f} s{of}"
-
-
-class _RunLines:
-    """Prints each finished run of a ladder once, as a line, from the document's run log."""
-
-    def __init__(self) -> None:
-        self.printed = 0
-
-    def __call__(self, doc: dict) -> None:
-        log = doc.get("run_log") or []
-        for k in range(self.printed, len(log)):
-            print(run_line(log[k], k + 1, doc.get("budget_s")), flush=True)
-        self.printed = len(log)
-
-
 def _progress(args: argparse.Namespace):
     if args.quiet or not sys.stdout.isatty():
         return None, None
@@ -287,7 +259,9 @@ def _dispatch(args: argparse.Namespace) -> dict:
         from fastloop.report import write_reports
 
         last_html = [float("-inf")]
-        lines = _RunLines() if not args.quiet and not sys.stdout.isatty() else None
+        from fastloop.report.lines import RunLines
+
+        lines = RunLines() if not args.quiet and not sys.stdout.isatty() else None
 
         def partial(doc: dict) -> None:
             """Every finished run lands in report.json and report.md at once; report.html (its
@@ -400,70 +374,6 @@ def _one_line(err: BaseException) -> str:
     return text if len(text) <= ERROR_LINE_MAX else shorten(text, ERROR_LINE_MAX - 24)
 
 
-INTERRUPT_DEADLINE_S = 1.2
-"""After Ctrl-C the command has this long to write what it finished; then it ends regardless."""
-
-
-def _arm_interrupt_deadline() -> None:
-    """On the first Ctrl-C, a timer ends the process (status 130, its loader workers and other
-    children killed) if the orderly path (Lightning's shutdown, writing the reports) has not
-    finished within :data:`INTERRUPT_DEADLINE_S`; the orderly path runs meanwhile as usual."""
-    def deadline() -> None:
-        time.sleep(INTERRUPT_DEADLINE_S)
-        sys.stderr.write("fastloop: interrupted\n")
-        _leave_now(130)
-
-    def on_sigint(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing now
-        threading.Thread(target=deadline, daemon=True).start()
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-
-_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "remote worker", "distbackenderror",
-                 "communicator was aborted", "broken pipe")
-
-
-def _peer_failed(err: BaseException) -> bool:
-    """In a multi-rank run: did this rank fail only because another rank died (a collective
-    lost its peer)?"""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 and "MASTER_PORT" not in os.environ:
-        return False  # not a rank (Lightning's launcher sets MASTER_PORT in rank 0, WORLD_SIZE in the others)
-    seen, e = set(), err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = f"{type(e).__name__}: {e}".lower()
-        if any(m in text for m in _PEER_MARKERS):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _distributed_left_open() -> bool:
-    """True when this process still holds a torch.distributed process group (a multi-rank run
-    that ended in an error: Lightning's teardown did not destroy it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
-    except Exception:  # noqa: BLE001 - a probe at exit
-        return False
-
-
-def _leave_now(rc: int) -> None:
-    """End the process at once with ``rc``: loader workers and the fork server killed, output flushed."""
-    for child in multiprocessing.active_children():  # DataLoader workers
-        child.kill()
-    subproc = sys.modules.get("fastloop.subproc")
-    if subproc is not None:
-        subproc._stop_fork_server()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The ``fastloop`` command. Returns the exit status (see the module docstring)."""
     from fastloop.cuda_env import ensure_cuda_queues
@@ -474,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         # interrupted, the reports already written: skip the interpreter's teardown, whose
         # collection of torch's and Lightning's objects took 1-4 s on 2 cores after a ladder's
         # Ctrl-C (faulthandler: "Garbage-collecting"); children first, as the deadline does
-        _leave_now(rc)
-    if argv is None and _distributed_left_open():
+        leave_now(rc)
+    if argv is None and distributed_left_open():
         # a rank whose peer failed holds a process group whose C++ threads can abort the
         # interpreter's shutdown ("terminate called without an active exception", SIGABRT),
         # replacing this exit status: leave at once with it, output flushed
@@ -487,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     if argv is None and threading.current_thread() is threading.main_thread():
-        _arm_interrupt_deadline()
+        arm_interrupt_deadline()
     try:
         args = _parser().parse_args(argv)
     except KeyboardInterrupt:
@@ -520,7 +430,7 @@ def _main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the user's code raised (or, with no frame of theirs, fastloop did)
         from fastloop.errors import format_user_error
 
-        if _peer_failed(err):  # one clear error: the failing rank's own, not its peers' echo
+        if peer_failed(err):  # one clear error: the failing rank's own, not its peers' echo
             sys.stderr.write("fastloop: this rank stopped because another rank failed (its error is above)\n")
             return 1
         sys.stderr.write(format_user_error(err))
