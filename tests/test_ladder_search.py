@@ -154,3 +154,21 @@ def test_ablation_keeps_a_member_whose_removal_looks_slower_even_when_not_signif
     ci = ablation["bf16"]["speedup_vs_prev"]
     if ci["ratio"] < 0.98:
         assert ablation["bf16"]["decision"].startswith("kept bf16") and "bf16" in doc["selected"]
+
+
+def test_the_budget_holds_within_one_run_when_the_candidates_runs_are_slow():
+    """A compiled bundle whose runs take 5x the baseline's: the ladder stops starting runs that
+    would not fit (with the final comparison's first runs), instead of finishing the look."""
+    inner = _fake(lambda n: 1.5 if "bf16" in n else 1.0, lambda n: 0.02)
+
+    def measure(target, spec, **kw):
+        time.sleep(0.5 if "compile" in spec else 0.1)
+        return inner(target, spec, **kw)
+
+    budget = 3.0
+    t0 = time.perf_counter()
+    doc = run_ladder("x", ["bf16", "compile"], device="cpu", budget=budget, measure=measure)
+    wall = time.perf_counter() - t0
+    assert wall <= budget + 0.5 + 0.6, wall  # one of the slowest runs past the budget at most, and slack
+    assert doc["rungs"][-1].get("final")
+    assert doc["not_tried"]

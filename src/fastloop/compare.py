@@ -55,14 +55,16 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                         steps: int, warmup: int, device: str, runs: dict[str, Runs] | None = None,
                         progress: Callable[[str], None] | None = None,
                         on_run: Callable[[], None] | None = None, up_to: int | None = None,
-                        done: Callable[[str, dict], str] | None = None) -> dict[str, Runs]:
+                        done: Callable[[str, dict], str] | None = None,
+                        stop: Callable[[str], bool] | None = None) -> dict[str, Runs]:
     """``repeats`` rounds of one run per spec, in order (A B A B ...); ``measure`` is called with
     ``profile=True`` for a spec's first run only (the GPU profile is taken once per configuration).
     ``done(spec, doc)``, after each run, may return a reason to run that spec no more (the
     ladder: the candidate's speedup skipped itself, so further runs would measure the base again).
     With ``up_to``, a spec that
     already has that many runs is not run again (runs are topped up, still interleaved). A failed
-    run is kept as a failure and the spec is not run again; ``on_run`` is called after every run."""
+    run is kept as a failure and the spec is not run again; ``on_run`` is called after every run.
+    ``stop(spec)``, before each run, may end the whole measurement (the ladder's budget)."""
     runs = runs if runs is not None else {}
     for spec in specs:
         runs.setdefault(spec, Runs(spec))
@@ -71,6 +73,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
             r = runs[spec]
             if r.failures or r.settled or (up_to is not None and len(r.docs) >= up_to):
                 continue
+            if stop is not None and stop(spec):
+                return runs
             if progress:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")
             try:

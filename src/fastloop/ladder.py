@@ -116,6 +116,7 @@ class _Ladder:
                 return doc
             finally:
                 self.process_s.append(time.perf_counter() - t)
+                self.spec_s.setdefault(str(spec), []).append(self.process_s[-1])
                 entry: dict = {"spec": spec, "s": round(self.process_s[-1], 3)}
                 entry["elapsed_s"] = round(self.elapsed(), 1)
                 if isinstance(doc, dict):
@@ -127,6 +128,11 @@ class _Ladder:
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
+        self.finalizing = False
+        self.cut_by_budget = False
+        """Set when the budget ended a comparison before its look (cleared at each comparison)."""
+        self.spec_s: dict[str, list[float]] = {}
+        """Each configuration's run seconds (a compiled configuration's runs cost more)."""
         self.vs_baseline: tuple[dict[str, Runs], dict | None] | None = None
         """The latest comparison of the baseline with a kept configuration (fresh runs, its interval)."""
         self.stages: list[dict] = []
@@ -172,10 +178,29 @@ class _Ladder:
             rec = _own_record(doc, own) if own and spec == specs[-1] else None
             return f"{own} {rec['status']} inside its process" if rec and rec["status"] != "applied" else ""
 
+        def stop(spec: str) -> bool:
+            if self._run_fits(spec, fresh):
+                return False
+            self.cut_by_budget = True
+            return True
+
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
                             device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
-                            done=done)
+                            done=done, stop=stop)
         self._pending = None
+
+    def _run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
+        """Does one more run of ``spec`` fit the budget, with the final comparison after it? The
+        final comparison itself always gets its first 3 runs a side (a selection must be measured)."""
+        if self.budget is None or not self.process_s:
+            return True
+        if self.finalizing and len(fresh[spec].docs) < self.min_repeats:
+            return True
+        mean = sum(self.process_s) / len(self.process_s)
+        own = self.spec_s.get(spec)
+        per_run = sum(own) / len(own) if own else mean
+        reserve = 0 if self.finalizing else (2 * self.min_repeats * mean if self.selected and not self.final_ready() else 0)
+        return self.elapsed() + per_run + reserve <= self.budget
 
     def _looks(self, early: bool = False) -> list[int]:
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
@@ -195,6 +220,7 @@ class _Ladder:
         looks = self._looks(early)
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
         ci = None
+        self.cut_by_budget = False
         for i, n in enumerate(looks):
             needed = sum(max(0, n - len(fresh[k].docs)) if k in fresh else n for k in (base, cand))
             if i > 0 and ci is not None and not self.fits(needed):
@@ -202,6 +228,11 @@ class _Ladder:
                 break
             self._measure([base, cand], n, fresh, up_to=n, own=own)
             self.best_runs[base] = fresh[base]
+            if self.cut_by_budget:  # the budget ended this look early: decide on what ran
+                ci = compare(fresh[base], fresh[cand], confidence=confidence) if fresh[cand].docs else None
+                if ci is not None:
+                    ci["budget"] = True
+                break
             if n == 1:  # the early look: one run of the candidate against the base's runs
                 ci = compare(fresh[base], fresh[cand], confidence=confidence, one_run=True)
                 if ci is None or fresh[cand].settled or (ci["significant"] and ci["ratio"] <= EARLY_DROP):
@@ -364,6 +395,7 @@ class _Ladder:
         # 3 a side first, more only while the interval is too wide to call (it rarely is: the
         # selected set is usually many times the baseline)
         self.best_runs = {}
+        self.finalizing = True
         fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
         self._final_from(fresh, ci)
 

@@ -158,6 +158,9 @@ class StagedSearch:
                 doc["rung_status"] = "skipped"
                 doc["rung_reason"] = "; ".join(f"{n} {v}" for n, v in doc["inactive"].items())
             doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
+            if ci and ci.get("budget"):
+                doc["decision"] += f" (the budget ended the comparison after {len(cand.docs)} run(s) of it)"
+                self.not_tried([f"a full comparison of {label.lstrip('+')}"])
             if ci and ci.get("ratio") is not None and len(specs) == 1 and active:
                 doc["measured_not_faster"] = [specs[0].split(":")[0]]
             for s in specs:
@@ -204,7 +207,10 @@ class StagedSearch:
             # left out only when not missed: not significantly slower without it AND no more than
             # ABLATION_LOSS slower at the point estimate (a wide interval is not evidence of no effect)
             slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
-            if slower:
+            if ci and ci.get("budget") and not slower:  # too few runs to take anything out
+                doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)"
+                self.not_tried([f"ablation of {spec}"])
+            elif slower:
                 doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']})"
             else:
                 verdict = ci["verdict"] if ci else "no comparison"
