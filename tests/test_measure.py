@@ -170,8 +170,9 @@ def test_measured_ceiling_roundtrip(tmp_path, monkeypatch):
 def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     """``--measure-s``: a window of seconds of steady steps. A 48 ms step (16 samples x 3 ms of
     loading) measures 10 steps (the least), not 30, in a 0.2 s window; a sub-millisecond step
-    measures many more than ``--steps`` in a 1 s window, and the window is about 1 s long
-    (measured against the run's own steps, not a fixed time: robust to a busy machine)."""
+    measures many more than ``--steps`` in a 1 s window. (The count comes from the steady warm-up's
+    step time: on a busy machine the measured steps may then run slower, so the window's length is
+    bounded below only.)"""
     from fastloop.subproc import run_in_subprocess
 
     slow = run_in_subprocess("tests/targets.py:sleepy_3ms", "none", steps=30, warmup=3, device="cpu", measure_s=0.2)
@@ -179,8 +180,7 @@ def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     assert len(slow["step_s_all"]) == 10
     fast = run_in_subprocess("tests/targets.py:tiny_mlp", "none", steps=30, warmup=3, device="cpu", measure_s=1.0)
     assert fast["steps"] > 30 and len(fast["step_s_all"]) == fast["steps"]
-    window = sum(fast["step_s_all"])
-    assert 0.3 < window < 3.0, window  # the steady warm-up's estimate sets the count; steps vary a little
+    assert sum(fast["step_s_all"]) > 0.3  # about 1 s of steps, never a handful
 
 
 def test_measure_s_must_be_positive():
