@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import math
@@ -26,199 +25,24 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, DDPStrategy, FSDPStrategy, SingleDeviceStrategy, Trainer
 from fastloop._torch_private import CONV_TYPES
-from fastloop.data import tensor_dataset_parts
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import SpeedupCallback, records_of
 from fastloop.measure.callback import FeedClock, MeasureCallback
-from fastloop.measure.flops import load_measured_ceiling, peak_tflops
-from fastloop.measure.gpu_busy import per_measured_step
-from fastloop.speedups.base import REGISTRY, Record, resolve
+from fastloop.run_document import (
+    describe_dataset,
+    measured_configuration,
+    model_checks_of,
+    profile_steps,
+    prog_bar_warning,
+    steadiness_warning,
+    weights_digest,
+)
+from fastloop.speedups.base import Record, resolve
 from fastloop.targets import build_target, check_trainer_kwargs
 
-__all__ = ["measured_configuration", "run_configuration", "weights_digest"]
-
-
-def model_checks_of(module: Any) -> dict[str, str]:
-    """Every registered speedup that cannot apply to this model, with its reason (a ladder skips
-    such a rung without measuring it: the model was built once already)."""
-    out = {}
-    for name, cls in REGISTRY.items():
-        try:
-            reason = cls().why_not_model(module)
-        except Exception:  # noqa: BLE001 - a check that cannot run decides nothing here
-            reason = None
-        if reason:
-            out[name] = reason
-    return out
-
-
-def profile_steps() -> int:
-    """Extra steps profiled after the measured ones on CUDA (GPU busy fraction, host syncs):
-    ``FASTLOOP_PROFILE_STEPS`` (default 3; 0 turns the profile off)."""
-    text = os.environ.get("FASTLOOP_PROFILE_STEPS", "3")
-    try:
-        n = int(text)
-    except ValueError:
-        raise FastloopError(f"FASTLOOP_PROFILE_STEPS must be a whole number of steps (0 = off), got {text!r}") from None
-    if n < 0:
-        raise FastloopError(f"FASTLOOP_PROFILE_STEPS must be >= 0, got {n}")
-    return n
-
-
-def prog_bar_warning(keys: list[str]) -> str:
-    """Lightning converts every ``prog_bar=True`` value to a Python number after each training
-    step (``.item()``, in its logger connector's ``on_batch_end``), whether or not a progress bar
-    is shown: on CUDA each is a host-device sync, and the GPU idles while the host then runs the
-    next step's Python. Measured on the H200 (GPT-2 124M, B16): 1 sync per step, 4% of the step."""
-    return (f"self.log(..., prog_bar=True) of {', '.join(keys)}: Lightning reads these to the host (.item()) after "
-            f"every step, a sync that leaves the GPU idle while the host prepares the next step; log them without "
-            f"prog_bar (the logger still receives them) to let the host run ahead")
-
-
-def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
-    """The dtype whose peak MFU is rated against: the lowest precision an applied speedup runs
-    its matmuls in (:attr:`Speedup.math_dtype`). cuDNN runs fp32 convolutions in TF32 by
-    default (``torch.backends.cudnn.allow_tf32``), so a conv net's "fp32" is rated as tf32."""
-    dtypes = {REGISTRY[n].math_dtype for n in applied if n in REGISTRY}
-    for dtype in ("bf16", "fp16", "tf32"):
-        if dtype in dtypes:
-            return dtype
-    return "tf32" if conv_tf32 else "fp32"
-
-
-def describe_dataset(loader: Any) -> dict | None:
-    """What the doctor needs to know of the training data: its type and, for in-memory tensors
-    (a TensorDataset or a Subset of one), their size: such data can live on the GPU."""
-    dataset = getattr(loader, "dataset", None)
-    if dataset is None:
-        return None
-    parts = tensor_dataset_parts(dataset)
-    if parts is None:
-        return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None}
-    tensors, indices = parts
-    n = len(indices) if indices is not None else len(tensors[0])
-    return {"type": type(dataset).__name__, "in_memory_tensors": True,
-            "bytes": n * sum(t[0].numel() * t.element_size() for t in tensors)}
-
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_MIX = (0x9E3779B97F4A7C15 - 2**64, 0xC2B2AE3D27D4EB4F - 2**64)  # odd 64-bit constants (golden ratio, xxHash)
-_CHUNK = 1 << 24
-
-
-def weights_digest(module: torch.nn.Module) -> str:
-    """A digest of every parameter's exact bits, in order: equal digests mean bitwise-equal weights.
-
-    Computed where the weights are: each parameter's bits, read as integers, are reduced on its
-    own device to three 64-bit sums (plain, position-weighted, and of a mixed product; integer
-    arithmetic wraps exactly, so the sums do not depend on the reduction order), and SHA-256
-    hashes those sums with the names, shapes and dtypes. One host read at the end: copying
-    GPT-2 124M's 500 MB to the host and hashing it there took 0.6 s of every ladder run.
-
-    Example:
-        >>> m = torch.nn.Linear(3, 2)
-        >>> d = weights_digest(m)
-        >>> with torch.no_grad():
-        ...     m.weight[0, 0] = torch.nextafter(m.weight[0, 0], torch.tensor(9.0))
-        >>> weights_digest(m) != d
-        True
-    """
-    h = hashlib.sha256()
-    sums = []
-    for name, p in module.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
-        flat = p.detach().reshape(-1)
-        if flat.dtype.is_complex:
-            flat = torch.view_as_real(flat).reshape(-1)
-        bits = flat.view(_INT_OF_SIZE[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
-        acc = torch.zeros(3, dtype=torch.int64, device=p.device)
-        for start in range(0, bits.numel(), _CHUNK):
-            x = bits[start:start + _CHUNK].to(torch.int64)
-            pos = torch.arange(start + 1, start + 1 + x.numel(), dtype=torch.int64, device=p.device)
-            acc += torch.stack([x.sum(), (x * (pos * _MIX[0])).sum(), ((x + pos) * (x ^ _MIX[1])).sum()])
-        sums.append(acc)
-    if sums:
-        h.update(str(torch.stack(sums).cpu().tolist()).encode())
-    return h.hexdigest()
-
-
-def steadiness_warning(step_s: list[float]) -> str | None:
-    """A warning when the second half of the measured steps is clearly slower than the first:
-    a loader's prefetch buffer (workers x prefetch_factor batches filled during warm-up) was
-    still draining, so the run was too short to show the pipeline's steady-state rate."""
-    n = len(step_s) // 2
-    if n < 4:
-        return None
-    first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
-    if second > 1.15 * first:
-        return (f"not steady: the second half of the steps averaged {second / first:.2f}x the first half "
-                f"(a loader buffer filled during warm-up was draining); measure more steps for the steady rate")
-    return None
-
-
-def _mean(values: list[float] | None) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def measured_configuration(measure: MeasureCallback, records: list, device: torch.device,
-                           unit: str, extra: dict | None = None, conv_tf32: bool = False) -> dict:
-    """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
-    stats = measure.result()
-    summary = stats.summary()
-    applied = {r.name for r in records if r.status == "applied"}
-    med = summary["median"]
-    mean = summary["mean"]
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    dtype = _dtype_name(applied, conv_tf32)
-    peak = peak_tflops(gpu, dtype)
-    ceiling = load_measured_ceiling(gpu, dtype)
-    mfu = mfu_measured = None
-    if measure.flops_per_step and peak and med:
-        mfu = measure.flops_per_step / mean / (peak * 1e12)
-    if measure.flops_per_step and ceiling and med:
-        mfu_measured = measure.flops_per_step / mean / (ceiling * 1e12)
-    losses = measure.loss_values()
-    return {
-        "speedups": [r.to_dict() for r in records],
-        "steps": stats.steps,
-        "steps_planned": measure.steps_planned,  # asked for; fewer were measured when measure_s cut them
-        "measure_s": measure.measure_s,
-        "warmup_steps": stats.warmup_steps,
-        "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
-        "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
-        "warmup_steady": measure.warmup_steady,
-        "warmup_gc_s": measure.warmup_gc_s,  # the full garbage collection that ends the warm-up
-        "step_s": summary,
-        "step_s_all": stats.step_s,
-        "wait_s_all": stats.wait_s,
-        "throughput": {"value": (measure.items_per_step or 0) / mean if mean else None, "unit": f"{unit}/s",
-                       "basis": "items per step / mean step time"},
-        "items_per_step": measure.items_per_step,
-        "data_wait_frac": stats.data_wait_frac,
-        "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
-        "host_fetch_s": _mean(stats.host_wait_s),  # host seconds a batch: the loader and the copy
-        "host_copy_s": _mean(stats.host_copy_s),  # of which the copy to the device
-        "peak_mem_bytes": measure.peak_mem_bytes,
-        "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
-        "warmup_overhead_s": stats.compile_s,
-        "mfu": mfu,
-        "mfu_detail": {
-            "flops_per_step": measure.flops_per_step,
-            "convention": measure.flops_convention if measure.flops_per_step else None,
-            "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
-            "measured_ceiling_tflops": ceiling, "mfu_vs_measured_ceiling": mfu_measured,
-            "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device" if ceiling
-            else "none: run `fastloop doctor` once on this machine",
-        },
-        "loss": {"first": next((v for v in losses if v is not None), None),
-                 "last": next((v for v in reversed(losses) if v is not None), None)},
-        "losses": losses,
-        "gpu_profile": per_measured_step(measure.gpu_profile, mean),
-        "extra": extra or {},
-        "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
-    }
+__all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
 
 
 class _MonitoredSchedulers(Callback):

@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import inspect
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -50,6 +47,17 @@ from fastloop.data import first_tensor, rebuild_loader, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, register, resolve
+from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
+    _NOWHERE,
+    _digest,
+    _snapshot,
+    _restore,
+    _rng_state,
+    _set_rng_state,
+    _holders,
+    _current,
+    set_batch_size,
+)
 
 __all__ = ["BatchSize", "is_oom", "search_batch_size", "set_batch_size"]
 
@@ -81,143 +89,6 @@ def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-
-
-def _bytes(v: Any) -> bytes:
-    """A tensor's bytes (0-dim tensors too: a byte view needs at least one dimension)."""
-    if not torch.is_tensor(v):
-        return repr(v).encode()
-    return v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
-
-
-def _metric_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """torchmetrics metrics (their states are attributes, not buffers: state_dict leaves them out)."""
-    return [m for m in module.modules() if hasattr(m, "_defaults") and hasattr(m, "_update_count")]
-
-
-def _digest(module: torch.nn.Module, optimizers: list) -> str:
-    h = hashlib.sha256()
-    for k, v in module.state_dict().items():
-        h.update(k.encode())
-        h.update(_bytes(v))
-    for k, v in module.named_buffers():  # non-persistent buffers too
-        h.update(k.encode())
-        h.update(_bytes(v))
-    for m in _metric_modules(module):
-        for k in sorted(m._defaults):
-            h.update(k.encode())
-            v = getattr(m, k)
-            for t in (v if isinstance(v, list) else [v]):
-                h.update(_bytes(t))
-        h.update(repr(m._update_count).encode())
-    for opt in optimizers:
-        for st in opt.state.values():
-            for k, v in sorted(st.items()):
-                h.update(k.encode())
-                h.update(_bytes(v))
-        h.update(repr([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]).encode())
-    return h.hexdigest()
-
-
-_PLAIN = (int, float, bool, str, type(None))
-
-
-def _snapshot(module: torch.nn.Module) -> dict:
-    """Everything a trial step may change on the module: its state_dict, non-persistent buffers,
-    torchmetrics states, and the plain Python attributes (counters, flags) of every submodule."""
-    def clone(v: Any) -> Any:
-        if torch.is_tensor(v):
-            return v.detach().clone()
-        if isinstance(v, list):
-            return [clone(x) for x in v]
-        return v
-
-    return {
-        "state": {k: v.detach().clone() for k, v in module.state_dict().items()},
-        "buffers": {k: v.detach().clone() for k, v in module.named_buffers()},
-        "metrics": [(m, {k: clone(getattr(m, k)) for k in m._defaults},
-                     {k: vars(m).get(k) for k in ("_update_count", "_computed", "_forward_cache")})
-                    for m in _metric_modules(module)],
-        "plain": [(m, {k: v for k, v in vars(m).items() if isinstance(v, _PLAIN)}) for m in module.modules()],
-    }
-
-
-def _restore(module: torch.nn.Module, snap: dict) -> None:
-    with torch.no_grad():
-        module.load_state_dict(snap["state"])
-        for k, v in module.named_buffers():
-            if k in snap["buffers"]:
-                v.copy_(snap["buffers"][k])
-    for m, states, extra in snap["metrics"]:
-        for k, v in states.items():
-            setattr(m, k, v)
-        for k, v in extra.items():
-            setattr(m, k, v)
-    for m, attrs in snap["plain"]:
-        for k, v in attrs.items():
-            if vars(m).get(k, object()) is not v:
-                vars(m)[k] = v
-
-
-def _rng_state() -> dict:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    if "cuda" in st:
-        torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def _holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
-    """Every place the target keeps its batch size, where Lightning's ``BatchSizeFinder`` looks:
-    the module's attribute, its hparams, the DataModule's attribute, its hparams."""
-    out: list[tuple[Any, str]] = []
-    places: list[Any] = [module] + ([data] if isinstance(data, LightningDataModule) else [])
-    for obj in places:
-        if "batch_size" in vars(obj) or isinstance(getattr(type(obj), "batch_size", None), property):
-            out.append((obj, "attr"))
-        hp = getattr(obj, "hparams", None)
-        try:
-            if hp is not None and "batch_size" in hp:
-                out.append((hp, "item"))
-        except TypeError:  # hparams of a type without "in"
-            pass
-    return out
-
-
-def _current(holders: list[tuple[Any, str]]) -> int | None:
-    if not holders:
-        return None
-    obj, kind = holders[-1]  # Lightning reads the last holder
-    value = obj["batch_size"] if kind == "item" else obj.batch_size
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
-    """Write ``size`` everywhere the target keeps its batch size; returns where it went."""
-    holders = _holders(module, data)
-    if not holders:
-        return "nowhere (no batch_size attribute or hparam; the DataLoader is rebuilt instead)"
-    names = []
-    for obj, kind in holders:
-        if kind == "item":
-            obj["batch_size"] = size
-            names.append(f"{'LightningModule' if obj is getattr(module, 'hparams', None) else 'DataModule'}.hparams.batch_size")
-        else:
-            obj.batch_size = size
-            names.append(f"{type(obj).__name__}.batch_size")
-    return ", ".join(names)
-
-
-_NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
-            "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
-            "build train_dataloader() from it, or pass a DataLoader to train on")
 
 
 def _loader_for(module: LightningModule, data: Any, size: int) -> Any:
