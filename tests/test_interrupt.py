@@ -43,6 +43,9 @@ def _start(tmp_path: Path, cmd: str) -> tuple[subprocess.Popen, str, Path]:
     out = tmp_path / "rep"
     proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", cmd, "tests/targets.py:slow_workers",
                              "--device", "cpu", "--steps", "200", "--warmup", "2", "--out", str(out), "--quiet",
+                             # long runs (200 steps of ~0.16 s, not the 1 s CPU window): the command is
+                             # surely still running when the test sends Ctrl-C
+                             *(["--measure-s", "20", "--budget", "3000"] if cmd == "ladder" else []),
                              *(["--rungs", "fused_optimizer"] if cmd == "ladder" else ["--a", "none", "--b", "fused_optimizer"])],
                             cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     return proc, mark, out

@@ -185,6 +185,20 @@ def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     assert sum(fast["step_s_all"]) > 0.3  # about 1 s of steps, never a handful
 
 
+def test_a_window_the_warmup_underestimated_ends_on_time():
+    """A data-bound step (2 loader workers, 0.16 s a batch) whose warm-up ran from a full prefetch
+    buffer looked ~5 ms long, so a 1 s window planned ~200 steps (33.6 s measured with the cut
+    disabled); the window now ends once it has run WINDOW_OVERRUN times longer than asked."""
+    from fastloop.measure.callback import MIN_MEASURED_STEPS, WINDOW_OVERRUN
+    from fastloop.subproc import run_in_subprocess
+
+    d = run_in_subprocess("tests/targets.py:slow_workers", "none", steps=200, warmup=2, device="cpu", measure_s=1.0)
+    measured = sum(d["step_s_all"])
+    assert d["steps"] == len(d["step_s_all"]) >= MIN_MEASURED_STEPS
+    assert measured < WINDOW_OVERRUN * 1.0 + 2 * max(d["step_s_all"]), (measured, d["steps"])
+    assert d["steps"] < 200 and d["measure_window_cut"] is True
+
+
 def test_measure_s_must_be_positive():
     import pytest
 

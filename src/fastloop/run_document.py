@@ -166,6 +166,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "steps": stats.steps,
         "steps_planned": measure.steps_planned,  # asked for; fewer were measured when measure_s cut them
         "measure_s": measure.measure_s,
+        "measure_window_cut": measure.window_cut,  # the window ended on time: the warm-up underestimated the step
         "warmup_steps": stats.warmup_steps,
         "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
         "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady

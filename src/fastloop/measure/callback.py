@@ -34,6 +34,10 @@ MIN_MEASURED_STEPS = 10
 """The fewest measured steps ``measure_s`` leaves a run."""
 MAX_MEASURED_STEPS = 50_000
 """The most steps a ``measure_s`` window measures (a 40 us step in a 2 s window)."""
+WINDOW_OVERRUN = 3.0
+"""A ``measure_s`` window ends on the host's clock once it has run this many times longer than
+asked (and measured at least MIN_MEASURED_STEPS): a warm-up fed from a full prefetch buffer can
+make a data-bound step look 30x faster than it is, and the planned count would then run minutes."""
 
 __all__ = ["FeedClock", "MeasureCallback", "prefetch_buffer"]
 
@@ -168,6 +172,9 @@ class MeasureCallback(Callback):
         self._profiler = None
         self._measured_end: int | None = None
         self._measured_wall: float | None = None
+        self._window_t0: float | None = None
+        self.window_cut = False
+        """The ``measure_s`` window ended on time (:data:`WINDOW_OVERRUN`), before its planned count."""
         self.manual = False
         self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
@@ -266,6 +273,7 @@ class MeasureCallback(Callback):
         if self.warmup_gc_s is None and self.timer.recorded_steps >= self.warmup:
             self.warmup_gc_s = collect_garbage()
             self.timer.resume()  # the collection is the warm-up's, not the first measured step's
+            self._window_t0 = time.perf_counter()
         if self.steps is not None:
             self._maybe_stop(trainer)
         self.timer.fetch_start()
@@ -275,6 +283,8 @@ class MeasureCallback(Callback):
         assert self.timer is not None
         n = self.timer.recorded_steps
         if self._measured_end is None:
+            if self._overran(trainer, n):
+                self.steps, self.window_cut = n - self.warmup, True
             if n < self.warmup + (self.steps or 0):
                 return
             self._measured_end = n
@@ -334,6 +344,13 @@ class MeasureCallback(Callback):
         self.timer.warmup += 1
         if trainer.fit_loop.epoch_loop.max_steps > 0:
             trainer.fit_loop.epoch_loop.max_steps += 1
+
+    def _overran(self, trainer: Trainer, n: int) -> bool:
+        """The time window has run :data:`WINDOW_OVERRUN` times longer than ``measure_s`` (one
+        process only: ranks that stopped on their own clocks would stop at different steps)."""
+        return (self.measure_s is not None and self._window_t0 is not None and trainer.world_size == 1
+                and n - self.warmup >= MIN_MEASURED_STEPS
+                and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s)
 
     def _fit_steps_to_time(self, step_s: float) -> None:
         """At the end of the warm-up: a window of ``measure_s`` seconds of measured steps, however
