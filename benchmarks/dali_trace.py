@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import fastloop.measure.callback as cbmod
     import fastloop.measure.gpu_busy as gb
-    import fastloop.runner as runner
+    import fastloop.drivers.runner as runner
     from fastloop.recipes.imagenet import data as imdata
 
     saved: dict = {}

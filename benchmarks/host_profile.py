@@ -22,7 +22,7 @@ import pstats
 import sys
 import time
 
-import fastloop.runner as runner
+import fastloop.drivers.runner as runner
 from fastloop.measure.callback import MeasureCallback
 
 

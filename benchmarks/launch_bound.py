@@ -51,7 +51,7 @@ def main(steps: int = 500, warmup: int = 20, rounds: int = 3) -> None:
     # difference; the first 20 steps are the equivalence figure, the full run's is kept beside it
     max_rel = max(abs(a - b) / abs(a) for a, b in zip(le, lg))
     max_rel_20 = max(abs(a - b) / abs(a) for a, b in zip(le[:20], lg[:20]))
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     lb = run_configuration("benchmarks/launch_bound.py:lightning_target", "none", steps=300, warmup=20, device="cuda")
     lg_ = run_configuration("benchmarks/launch_bound.py:lightning_target", "cuda_graph", steps=300, warmup=20, device="cuda")

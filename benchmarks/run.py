@@ -1,13 +1,22 @@
 """The one benchmark runner: ``python3 benchmarks/run.py NAME [ARGS...]`` on the GPU machine
 (``PYTHONPATH=src:.``). Each named benchmark writes JSON under $OUT and prints a short table
-last; its figures go into benchmarks/RESULTS.md with the date and this command.
+last; its figures go into benchmarks/RESULTS.md (one table per benchmark, dated rows, the command).
 
-Names:
+Benchmarks:
 - ``zoo``: the default ladder against an expert on ordinary modules (benchmarks/zoo_bench.py)
-- ``vs-hand``: fastloop beside the same training written by hand (benchmarks/vs_handwritten.py)
+- ``vs-hand``: fastloop beside the same training written by hand: GPT-2 124M B16/B32, ResNet-50
+  B256, the launch-bound MLP (benchmarks/vs_handwritten.py)
 - ``launch-bound``: the launch-bound MLP, eager against the whole-step graph
 - ``imagenet-feed``: the ImageNet recipe's feed (torchvision workers against DALI)
+- ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
 - ``gpu-tests``: the GPU test suite (``pytest -m gpu``)
+
+Probes (where a step's time goes; their output explains a benchmark's figure):
+``gpt-profile``, ``host-profile``, ``dali-trace``, ``h2d-feed``, ``loader-throughput``,
+``timer-overhead``, ``liger-fusions``.
+
+Example:
+    ``python3 benchmarks/run.py zoo --modules cifar_resnet --rounds 3``
 """
 
 from __future__ import annotations
@@ -19,17 +28,27 @@ import sys
 
 SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritten.py",
            "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py"}
+PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
+          "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
+          "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",
+          "liger-fusions": "benchmarks/liger_fusions.py"}
+COMMANDS = ("gpt-ladder", "gpu-tests")
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in (*SCRIPTS, "gpu-tests"):
-        sys.stderr.write(f"usage: run.py NAME [ARGS...]; NAME is one of {', '.join([*SCRIPTS, 'gpu-tests'])}\n")
+    names = [*SCRIPTS, *COMMANDS, *PROBES]
+    if not argv or argv[0] not in names:
+        sys.stderr.write(f"usage: run.py NAME [ARGS...]; NAME is one of {', '.join(names)}\n")
         return 2
     name, rest = argv[0], argv[1:]
     if name == "gpu-tests":
         return subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *rest])
-    sys.argv = [SCRIPTS[name], *rest]
-    runpy.run_path(os.path.join(os.getcwd(), SCRIPTS[name]), run_name="__main__")
+    if name == "gpt-ladder":
+        out = os.path.join(os.environ.get("OUT", "."), "gpt_ladder")
+        return subprocess.call([sys.executable, "-m", "fastloop.cli", "ladder", "gpt", "--out", out, *rest])
+    script = {**SCRIPTS, **PROBES}[name]
+    sys.argv = [script, *rest]
+    runpy.run_path(os.path.join(os.getcwd(), script), run_name="__main__")
     return 0
 
 

@@ -33,7 +33,7 @@ from benchmarks._common import emit
 
 
 def _fastloop(target: str, speedups: str, steps: int, warmup: int, kwargs: dict) -> dict:
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration(target, speedups, steps=steps, warmup=warmup, device="cuda", target_kwargs=kwargs)
     return {"throughput": doc["throughput"]["value"], "unit": doc["throughput"]["unit"],

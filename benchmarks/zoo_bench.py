@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from fastloop.compare import Runs, compare, merge_runs
-from fastloop.subproc import ConfigurationFailed, run_in_subprocess
+from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
 MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small")
 

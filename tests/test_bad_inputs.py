@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fastloop.doctor import without_measured
+from fastloop.drivers.doctor import without_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 T = "tests/targets.py"
@@ -118,7 +118,7 @@ def test_advice_never_recommends_what_was_measured_not_faster():
 
 
 def test_the_ladder_report_does_not_advise_a_dropped_rung():
-    from fastloop.ladder import run_ladder
+    from fastloop.drivers.ladder import run_ladder
     from tests.test_ladder_select import _fake
 
     effects = {"workers": 1.0, "bf16": 1.0, "fused_optimizer": 1.0}

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fastloop import FastloopError
 from fastloop._compat import LightningDataModule, LightningModule, Trainer
-from fastloop.batch_size import is_oom, search_batch_size
+from fastloop.drivers.batch_size import is_oom, search_batch_size
 from fastloop.lightning import BatchSizeSearch
 
 
@@ -153,7 +153,7 @@ def test_ddp_one_rank_oom_both_back_off(tmp_path):
 
 
 def test_run_with_batch_size_trains_at_the_found_size_from_a_plain_loader():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "batch_size", steps=3, warmup=1, device="cpu")
     found = doc["extra"]["batch_size_search"]["batch_size"]

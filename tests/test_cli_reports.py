@@ -111,7 +111,7 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     the callbacks line naming it) when significant; on a machine under heavy load (two CPU burners
     beside the suite widened 3 runs' interval to [0.83, 19.7] around 4.04x) dropped, and the report
     says nothing helped. Either way the decision and the report agree with the measurement."""
-    from fastloop.ladder import run_ladder
+    from fastloop.drivers.ladder import run_ladder
 
     target = "tests/targets.py:sleepy_3ms"
     doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, max_repeats=6, budget=900,
@@ -163,7 +163,7 @@ def _screenshot(page, png):
 
 
 def test_data_bound_recommendation_names_the_next_fix():
-    from fastloop.doctor import diagnose
+    from fastloop.drivers.doctor import diagnose
 
     def cfg(*names):
         return {"data_wait_frac": 0.5, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30,  # measured on a GPU
@@ -187,7 +187,7 @@ def test_data_bound_recommendation_names_the_next_fix():
 
 def test_markdown_says_how_much_warmup_drained_the_loader():
     from fastloop.report.markdown import render_markdown
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=4, warmup=1, device="cpu")
     text = render_markdown(doc)
@@ -196,7 +196,7 @@ def test_markdown_says_how_much_warmup_drained_the_loader():
 
 
 def test_data_bound_doctor_names_gpu_resident_and_the_rate_to_reach():
-    from fastloop.doctor import diagnose
+    from fastloop.drivers.doctor import diagnose
 
     cfg = {"data_wait_frac": 0.6, "step_s": {"median": 0.01, "mean": 0.01}, "items_per_step": 256,
            "peak_mem_bytes": 2**30, "speedups": [],
@@ -209,7 +209,7 @@ def test_data_bound_doctor_names_gpu_resident_and_the_rate_to_reach():
 
 
 def test_runner_describes_an_in_memory_dataset():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu")
     assert doc["extra"]["dataset"] == {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 256 * 16 * 4 + 256 * 8}

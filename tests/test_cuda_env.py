@@ -45,7 +45,7 @@ def test_the_command_line_sets_it_for_its_children(tmp_path):
 
 
 def test_the_runner_sets_it_and_the_report_stamps_it(monkeypatch):
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     monkeypatch.setenv(CUDA_QUEUES_VAR, "")  # restored after the test; empty counts as unset
     from fastloop.measure.env import env_stamp

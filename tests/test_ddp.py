@@ -51,7 +51,7 @@ def test_two_ranks_report_per_rank_and_scaling(tmp_path):
 
 
 def test_doctor_calls_poor_scaling_communication_bound():
-    from fastloop.doctor import diagnose
+    from fastloop.drivers.doctor import diagnose
 
     cfg = {"data_wait_frac": 0.02, "step_s": {"median": 0.05}, "speedups": [],
            "scaling": {"devices": 2, "efficiency": 0.6, "step_time_growth": 0.66}}

@@ -5,9 +5,9 @@ import importlib
 
 import pytest
 
-MODULES = ["fastloop", "fastloop.loop", "fastloop.data", "fastloop.ab", "fastloop.ladder", "fastloop.doctor",
-           "fastloop.batch_size", "fastloop.speedups.batch_size", "fastloop.device", "fastloop.targets", "fastloop.lightning", "fastloop.measure.stats",
-           "fastloop.measure.flops", "fastloop.measure.timer", "fastloop.speedups.base", "fastloop.lightning_graph", "fastloop.cuda_env",
+MODULES = ["fastloop", "fastloop.loop", "fastloop.data", "fastloop.drivers.ab", "fastloop.drivers.ladder", "fastloop.drivers.doctor",
+           "fastloop.drivers.batch_size", "fastloop.speedups.batch_size", "fastloop.device", "fastloop.drivers.targets", "fastloop.lightning", "fastloop.measure.stats",
+           "fastloop.measure.flops", "fastloop.measure.timer", "fastloop.speedups.base", "fastloop.adapters.lightning_graph", "fastloop.cuda_env",
            "fastloop.speedups.cudnn_benchmark", "fastloop.speedups.workers", "fastloop.recipes.imagenet.module", "fastloop.recipes.imagenet.target"]
 
 

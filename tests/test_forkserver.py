@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop import subproc
-from fastloop.subproc import run_in_subprocess
+from fastloop.drivers import subproc
+from fastloop.drivers.subproc import run_in_subprocess
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypa
 def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, monkeypatch, tmp_path):
     """An A/B tells B A's step rate and not A: were the variable read at import, every B run and
     every A run after it would start a new server (torch and Lightning imported again)."""
-    from fastloop.ab import run_ab
+    from fastloop.drivers.ab import run_ab
 
     probe, rate = tmp_path / "probe.txt", tmp_path / "rate.txt"
     monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(probe))
@@ -106,7 +106,7 @@ def test_the_compiler_preload_imports_inductor_without_initializing_cuda():
     import subprocess
     import sys
 
-    code = ("import torch; from fastloop.forkserver import preload_compiler, wants_compiler; "
+    code = ("import torch; from fastloop.drivers.forkserver import preload_compiler, wants_compiler; "
             "done = preload_compiler(); print(sorted(done)); print(torch.cuda.is_initialized()); "
             "print(wants_compiler(['run', 'x', '--speedups', 'bf16,cuda_graph']), wants_compiler(['run', 'compiled']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout.split("\n")

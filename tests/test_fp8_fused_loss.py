@@ -11,7 +11,7 @@ import fastloop.speedups.fp8 as fp8_module
 import fastloop.speedups.fused_loss as fused_module
 from fastloop.errors import FastloopError
 from fastloop.recipes.gpt.model import GPT, GPTConfig
-from fastloop.runner import run_configuration
+from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import resolve
 from fastloop.speedups.base import Context
 

@@ -114,7 +114,7 @@ def test_h2d_prefetch_moves_nested_batches():
 
 
 def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_conv", "pin_memory,prefetch,bf16,channels_last", steps=10, warmup=3, device="cuda")
     assert doc["peak_mem_bytes"] > 0
@@ -124,7 +124,7 @@ def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
 
 def test_batch_size_search_real_oom_and_memory_restored():
     from fastloop._compat import LightningModule
-    from fastloop.batch_size import search_batch_size
+    from fastloop.drivers.batch_size import search_batch_size
 
     class Wide(LightningModule):
         def __init__(self):
@@ -205,7 +205,7 @@ def test_dali_gpu_pipeline_batches_on_the_device(tmp_path, monkeypatch):
 
 
 def test_lightning_gpu_resident_same_losses_and_no_data_wait():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     base = run_configuration("tests/targets.py:tiny_mlp", "none", steps=20, warmup=2, device="cuda", steady_warmup=False)
     res = run_configuration("tests/targets.py:tiny_mlp", "gpu_resident", steps=20, warmup=2, device="cuda",
@@ -219,7 +219,7 @@ def test_lightning_gpu_resident_same_losses_and_no_data_wait():
 def test_lightning_demo_transformer_with_cuda_graphs_ends_cleanly(spec):
     """Lightning's own demo Transformer caches a tensor made in forward: each graph speedup is
     applied, or falls back with its cause, and the run completes."""
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("benchmarks/targets/lightning_demo.py:make", spec, steps=10, warmup=3, device="cuda")
     assert doc["steps"] == 10
@@ -268,7 +268,7 @@ def test_fp8_applies_on_hopper_and_tracks_bf16():
     pytest.importorskip("torchao")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs sm_89+")
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     common = dict(steps=30, warmup=2, device="cuda", steady_warmup=False,
                   target_kwargs={"preset": "small", "batch_size": 8})
@@ -281,8 +281,8 @@ def test_fp8_applies_on_hopper_and_tracks_bf16():
 
 
 def test_gpu_profile_splits_the_step_and_counts_host_syncs():
-    from fastloop.doctor import diagnose
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.doctor import diagnose
+    from fastloop.drivers.runner import run_configuration
 
     plain = run_configuration("tests/targets.py:tiny_mlp", "none", steps=20, warmup=5, device="cuda")
     prof = plain["gpu_profile"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop.doctor import diagnose
-from fastloop.ladder import _breakdown
+from fastloop.drivers.doctor import diagnose
+from fastloop.drivers.ladder import _breakdown
 from fastloop.measure.gpu_busy import busy_span, summarize_trace
 from fastloop.report.html import render_html
 

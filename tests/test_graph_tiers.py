@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastloop.runner import run_configuration
+from fastloop.drivers.runner import run_configuration
 
 T = "tests/targets.py"
 

@@ -95,7 +95,7 @@ def test_short_run_learns_above_chance():
 
 @needs_dali
 def test_dali_speedup_swaps_the_loader_in_a_run():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("imagenet", "workers:2,dali", steps=2, warmup=1, device="cpu")
     rec = {r["name"]: r for r in doc["speedups"]}

@@ -1,4 +1,4 @@
-"""The staged ladder search (fastloop.ladder_search) on fakes with known effects: the feed first
+"""The staged ladder search (fastloop.drivers.ladder_search) on fakes with known effects: the feed first
 when the baseline is data-bound; the compute stack as one bundle, then its ablation, so that two
 speedups that help only together are found; the feed re-checked after the bottleneck moved (a
 rung dropped before it moved tried again); the budget bounding the whole ladder; the log lines."""
@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from fastloop.report.lines import RunLines as _RunLines
-from fastloop.ladder import run_ladder
+from fastloop.drivers.ladder import run_ladder
 
 
 def _fake(speed, wait, seed=0, sleep=0.0):
@@ -116,7 +116,7 @@ def test_log_lines_one_per_finished_run(capsys):
 
 
 def test_a_bundle_whose_process_fails_is_tried_one_at_a_time():
-    from fastloop.subproc import ConfigurationFailed
+    from fastloop.drivers.subproc import ConfigurationFailed
 
     inner = _fake(lambda n: 1.5 if "bf16" in n else 1.0, lambda n: 0.02)
 

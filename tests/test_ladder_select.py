@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastloop.ladder import run_ladder
+from fastloop.drivers.ladder import run_ladder
 
 # true effect of each speedup on the mean step (multiplicative), and on data wait
 EFFECT = {"workers": 0.8, "bf16": 1.25, "fused_optimizer": 1.0, "channels_last": 1.0}
@@ -90,7 +90,7 @@ def test_cumulative_mode_keeps_everything():
 
 
 def test_a_failed_configuration_keeps_the_others(tmp_path):
-    from fastloop.subproc import ConfigurationFailed
+    from fastloop.drivers.subproc import ConfigurationFailed
 
     inner = _fake()
     updates = []
@@ -182,7 +182,7 @@ def test_a_rung_the_model_rules_out_is_not_measured():
 
 
 def test_runs_record_which_speedups_the_model_rules_out():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=2, warmup=1, device="cpu", steady_warmup=False)
     assert doc["model_checks"]["channels_last"] == "model has no Conv2d layers"
@@ -218,9 +218,9 @@ def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
 def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
     """H200 round 6: fp8 was tried before compile (registry order) and measured 2.86x slower
     eager, where it is not meant to run."""
-    from fastloop.ladder import DEFAULT_RUNGS, select_order
+    from fastloop.drivers.ladder import DEFAULT_RUNGS, select_order
     from fastloop.speedups.base import resolve
-    from fastloop.targets import RECIPE_RUNGS
+    from fastloop.drivers.targets import RECIPE_RUNGS
 
     order = [s.name for s in select_order(resolve(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"]), set(RECIPE_RUNGS["gpt"]))]
     assert order.index("fp8") > order.index("compile") and order.index("fused_loss") > order.index("cuda_graph")
@@ -282,7 +282,7 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
 
 
 def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
-    import fastloop.ladder as ladder_mod
+    import fastloop.drivers.ladder as ladder_mod
 
     seen = []
     fake = _fake()

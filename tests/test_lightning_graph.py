@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fastloop._compat import Callback, LightningModule, Trainer
-from fastloop.lightning_graph import whole_step_blocker
+from fastloop.adapters.lightning_graph import whole_step_blocker
 
 
 class Lit(LightningModule):
@@ -148,7 +148,7 @@ def test_a_hook_inside_the_step_keeps_compiles_graphs():
 
 
 def test_make_capturable_turns_lr_into_a_tensor_a_scheduler_reaches():
-    from fastloop.graph_step import GraphIneligible, make_capturable, sync_lr
+    from fastloop.adapters.graph_step import GraphIneligible, make_capturable, sync_lr
 
     p = [torch.nn.Parameter(torch.randn(3))]
     fused_sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True)

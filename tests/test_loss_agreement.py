@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop.ab import run_ab
+from fastloop.drivers.ab import run_ab
 from fastloop.compare import loss_agreement
 from fastloop.report.html import render_html
 from fastloop.report.markdown import render_markdown

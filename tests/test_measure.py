@@ -149,7 +149,7 @@ def test_env_stamp_has_contract_keys():
 
 
 def test_draining_buffer_is_flagged_not_steady():
-    from fastloop.runner import steadiness_warning
+    from fastloop.drivers.runner import steadiness_warning
 
     assert steadiness_warning([0.01] * 10 + [0.05] * 10).startswith("not steady")
     assert steadiness_warning([0.01, 0.011] * 10) is None
@@ -173,7 +173,7 @@ def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     measures many more than ``--steps`` in a 1 s window. (The count comes from the steady warm-up's
     step time: on a busy machine the measured steps may then run slower, so the window's length is
     bounded below only.)"""
-    from fastloop.subproc import run_in_subprocess
+    from fastloop.drivers.subproc import run_in_subprocess
 
     slow = run_in_subprocess("tests/targets.py:sleepy_3ms", "none", steps=30, warmup=3, device="cpu", measure_s=0.2)
     assert slow["steps_planned"] == 30 and slow["steps"] == 10 and slow["measure_s"] == 0.2
@@ -190,7 +190,7 @@ def test_a_window_the_warmup_underestimated_ends_on_time():
     buffer looked ~5 ms long, so a 1 s window planned ~200 steps (33.6 s measured with the cut
     disabled); the window now ends once it has run WINDOW_OVERRUN times longer than asked."""
     from fastloop.measure.callback import MIN_MEASURED_STEPS, WINDOW_OVERRUN
-    from fastloop.subproc import run_in_subprocess
+    from fastloop.drivers.subproc import run_in_subprocess
 
     d = run_in_subprocess("tests/targets.py:slow_workers", "none", steps=200, warmup=2, device="cpu", measure_s=1.0)
     measured = sum(d["step_s_all"])
@@ -203,7 +203,7 @@ def test_measure_s_must_be_positive():
     import pytest
 
     from fastloop.errors import FastloopError
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     with pytest.raises(FastloopError, match="--measure-s must be"):
         run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu", measure_s=0)
@@ -260,7 +260,7 @@ def test_time_between_a_steps_end_and_resume_belongs_to_no_step():
 def test_measured_steps_exclude_the_warmup_collection(monkeypatch):
     """The collection that ends the warm-up is reported apart (warmup_gc_s), never in a step."""
     import fastloop.measure.callback as cb
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     monkeypatch.setattr(cb, "collect_garbage", lambda: (time.sleep(0.3), 0.3)[1])
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=5, warmup=2, device="cpu", steady_warmup=False)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastloop.loop import FastLoop
-from fastloop.runner import run_configuration
+from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import REGISTRY
 from tests.speedup_settings import PARITY
 from tests.targets import tiny_conv, tiny_mlp

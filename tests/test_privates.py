@@ -1,4 +1,4 @@
-"""Pins every Lightning and torch private fastloop uses (fastloop/_lightning_private.py and
+"""Pins every Lightning and torch private fastloop uses (fastloop/adapters/_lightning_private.py and
 fastloop/_torch_private.py): when a release moves one, this fails and says which."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fastloop import _lightning_private as lp
+from fastloop.adapters import _lightning_private as lp
 from fastloop import _torch_private as tp
 from fastloop._compat import Trainer
 
@@ -31,7 +31,7 @@ def test_lightning_train_source_is_where_fit_put_it():
                       enable_model_summary=False, callbacks=[Probe()], accelerator="cpu")
     trainer.fit(module, train_dataloaders=loader)
     assert seen["source"] is loader, ("Lightning moved trainer.fit_loop._data_source.instance: "
-                                      "update fastloop/_lightning_private.py")
+                                      "update fastloop/adapters/_lightning_private.py")
 
 
 def test_grad_scaler_privates():
@@ -83,7 +83,7 @@ def test_lightning_ddp_kwargs_reach_distributed_data_parallel():
 
     strategy = DDPStrategy(bucket_cap_mb=7)
     kwargs = lp.ddp_kwargs(strategy)
-    assert kwargs == {"bucket_cap_mb": 7}, "DDPStrategy._ddp_kwargs changed: update fastloop/_lightning_private.py"
+    assert kwargs == {"bucket_cap_mb": 7}, "DDPStrategy._ddp_kwargs changed: update fastloop/adapters/_lightning_private.py"
     assert lp.ddp_kwargs(object()) is None
 
 
@@ -116,4 +116,4 @@ def test_lightning_closure_result_and_current_hook():
     trainer.fit(module, train_dataloaders=loader)
     assert torch.equal(seen["out"], seen["loss"]), "Lightning moved Closure._result or ClosureResult"
     assert seen["hook"] == "optimizer_step" and seen["set"] == "training_step", (
-        "Lightning moved LightningModule._current_fx_name: update fastloop/_lightning_private.py")
+        "Lightning moved LightningModule._current_fx_name: update fastloop/adapters/_lightning_private.py")

@@ -135,7 +135,7 @@ def test_lightning_drop_in_with_all_cpu_speedups():
 
 
 def test_lightning_callbacks_match_plain_lightning_losses():
-    from fastloop.runner import run_configuration
+    from fastloop.drivers.runner import run_configuration
 
     a = run_configuration("tests/targets.py:tiny_mlp", "none", steps=8, warmup=0, device="cpu")
     b = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=8, warmup=0, device="cpu")
@@ -208,8 +208,8 @@ def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch
 
 
 def test_default_ladders_per_recipe_and_device():
-    from fastloop.ladder import DEFAULT_RUNGS, default_rungs
-    from fastloop.targets import RECIPE_RUNGS
+    from fastloop.drivers.ladder import DEFAULT_RUNGS, default_rungs
+    from fastloop.drivers.targets import RECIPE_RUNGS
 
     cpu = default_rungs("cpu", "imagenet")
     assert "cudnn_benchmark" not in cpu and "pin_memory" not in cpu and "gpu_resident" not in cpu  # CUDA-only

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastloop.ab import DEFAULT_REPEATS, run_ab
+from fastloop.drivers.ab import DEFAULT_REPEATS, run_ab
 from fastloop.compare import VERDICT_CONFIDENCE
 from fastloop.measure.stats import run_ratio_ci
 
@@ -74,7 +74,7 @@ def test_ladder_keep_rate_at_the_defaults(effect, bound):
     """The ladder's own decision (3 runs, then up to 6 when unclear; Bonferroni over the two
     looks) keeps a useless candidate in <= 5% and a true 10% speed-up in >= 80% of 300 ladders
     (at 5 runs it was 77%: hence the default of 6)."""
-    from fastloop.ladder import run_ladder
+    from fastloop.drivers.ladder import run_ladder
 
     rng = np.random.default_rng(99)
     kept = sum(run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fastloop.errors import FastloopError
-from fastloop.runner import run_configuration
+from fastloop.drivers.runner import run_configuration
 
 T = "tests/targets.py"
 

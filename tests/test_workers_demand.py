@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fastloop.ladder import run_ladder
+from fastloop.drivers.ladder import run_ladder
 from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
 from fastloop.speedups.base import Context
@@ -102,7 +102,7 @@ def test_round_8s_cifar_rates_skip_workers_once_the_demand_is_known(monkeypatch)
 def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
     import os
 
-    from fastloop.ab import run_ab
+    from fastloop.drivers.ab import run_ab
 
     told: dict[str, list] = {}
 

@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningDataModule, Trainer
-from fastloop.batch_size import search_batch_size
+from fastloop.drivers.batch_size import search_batch_size
 from fastloop.errors import FastloopError
 from fastloop.lightning import BatchSizeSearch, SpeedupCallback, callbacks, records_of
 from fastloop.measure.stats import RatioCI, verdict
-from fastloop.runner import run_configuration
+from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import REGISTRY
 from tests import zoo
 

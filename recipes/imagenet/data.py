@@ -97,7 +97,7 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 
     DALI's default, 0.65, was tuned on the A100. Hopper has more NVJPG engines: on our H200
     0.99 decoded 22.5k img/s alone vs 20.7k at 0.65, and DALI's own kernels took 1.4 instead of
-    2.1 ms of GPU time per ResNet-50 step (benchmarks/RESULTS.md). Other GPUs keep DALI's default.
+    2.1 ms of GPU time per ResNet-50 step (benchmarks/HISTORY.md, round 12). Other GPUs keep DALI's default.
     """
     if device_id is None or not torch.cuda.is_available():
         return 0.65
@@ -184,7 +184,7 @@ class DaliLoader:
             images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=(crop, crop),
                                               mean=[255 * m for m in MEAN], std=[255 * s for s in STD], mirror=mirror)
             # labels on the GPU too, so no step copies from pageable host memory (on our H200
-            # this made no measurable difference to throughput; see benchmarks/RESULTS.md)
+            # this made no measurable difference to throughput; see benchmarks/HISTORY.md)
             return images, (lab.gpu() if gpu and gpu_labels else lab)
 
         self.pipe = pipe(batch_size=batch_size, num_threads=num_threads or min(8, os.cpu_count() or 1),

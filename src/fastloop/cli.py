@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from fastloop.errors import FastloopError, shorten
-from fastloop.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
+from fastloop.drivers.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
 
 HTML_EVERY_S = 15.0
 """A ladder or A/B refreshes report.html (plots) at most this often while it runs; report.json
@@ -209,7 +209,7 @@ def _measure_on(args: argparse.Namespace):
     """How ladder and ab measure a configuration: a fresh process, on ``--devices`` ranks."""
     import functools
 
-    from fastloop.subproc import run_in_subprocess
+    from fastloop.drivers.subproc import run_in_subprocess
 
     kw: dict = {"measure_s": args.measure_s} if getattr(args, "measure_s", None) else {}
     if args.devices > 1 or args.strategy:
@@ -221,8 +221,8 @@ def _scaling_run(args: argparse.Namespace, device: str) -> dict:
     """``run --devices N``: the same configuration on 1 device, then on N (each in its own
     process; the N ranks are started by Lightning), and the scaling efficiency between them:
     N-device throughput / (N x 1-device throughput), same per-device batch."""
-    from fastloop.doctor import diagnose
-    from fastloop.subproc import run_in_subprocess
+    from fastloop.drivers.doctor import diagnose
+    from fastloop.drivers.subproc import run_in_subprocess
 
     kw = dict(steps=args.steps, warmup=args.warmup, device=device)
     one = run_in_subprocess(args.target, args.speedups, **kw)
@@ -246,7 +246,7 @@ def _dispatch(args: argparse.Namespace) -> dict:
 
     device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
     if args.cmd == "run":
-        from fastloop.runner import run_configuration
+        from fastloop.drivers.runner import run_configuration
 
         if args.devices > 1 and not args.no_scaling:
             return _stamp({"kind": "run", **_scaling_run(args, device)}, args, device)
@@ -278,7 +278,7 @@ def _dispatch(args: argparse.Namespace) -> dict:
             if prog:
                 prog.start()
             if args.cmd == "ladder":
-                from fastloop.ladder import default_measure_s, run_ladder
+                from fastloop.drivers.ladder import default_measure_s, run_ladder
 
                 if args.measure_s is None:
                     args.measure_s = default_measure_s(device)
@@ -293,7 +293,7 @@ def _dispatch(args: argparse.Namespace) -> dict:
                 if doc["rungs"]:
                     doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
             else:
-                from fastloop.ab import run_ab
+                from fastloop.drivers.ab import run_ab
 
                 doc = run_ab(args.target, args.a, args.b, repeats=args.repeats, steps=args.steps,
                              warmup=args.warmup, device=device, progress=update, on_update=partial,
@@ -303,19 +303,19 @@ def _dispatch(args: argparse.Namespace) -> dict:
                 prog.stop()
         return _stamp(doc, args, device)
     if args.cmd == "batch-size":
-        from fastloop.batch_size import search_batch_size
-        from fastloop.targets import build_target
+        from fastloop.drivers.batch_size import search_batch_size
+        from fastloop.drivers.targets import build_target
 
         module, data, _ = build_target(args.target)  # the search trains no Trainer: its settings do not apply
         doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
                                 objective=args.objective, margin=args.margin)
         return _stamp({"kind": "batch-size", **doc}, args, device)
     if args.cmd == "doctor":
-        from fastloop.doctor import diagnose, machine_ceilings
+        from fastloop.drivers.doctor import diagnose, machine_ceilings
 
         doc: dict = {"kind": "doctor", "ceilings": machine_ceilings(quick=args.quick)}
         if args.target:
-            from fastloop.runner import run_configuration
+            from fastloop.drivers.runner import run_configuration
 
             base = run_configuration(args.target, "none", steps=args.steps, warmup=args.warmup, device=device)
             doc["baseline"] = base
@@ -408,7 +408,7 @@ def _main(argv: list[str] | None = None) -> int:
         _check_target(args)
         _check_outputs(args)
         if args.cmd in ("ladder", "ab") and getattr(args, "devices", 1) <= 1 and not getattr(args, "strategy", None):
-            from fastloop.subproc import prestart_fork_server
+            from fastloop.drivers.subproc import prestart_fork_server
 
             prestart_fork_server()  # its imports run while this process imports torch and Lightning
         doc = _dispatch(args)

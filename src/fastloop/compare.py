@@ -2,7 +2,7 @@
 partial results handed out after every run (so an interrupted or crashed comparison loses only
 the configuration that was running).
 
-Used by :mod:`fastloop.ab` and :mod:`fastloop.ladder`; knows no speedup names.
+Used by :mod:`fastloop.drivers.ab` and :mod:`fastloop.drivers.ladder`; knows no speedup names.
 
 Example:
     >>> fake = lambda t, s, **k: {"step_s_all": [0.01 if s == "none" else 0.005] * 5, "speedups": [],
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fastloop.measure.stats import STEP_RATE_ENV, one_run_ci, run_ratio_ci, summarize, verdict
-from fastloop.subproc import ConfigurationFailed
+from fastloop.drivers.subproc import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
            "telling_step_rate"]

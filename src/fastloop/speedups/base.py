@@ -5,8 +5,8 @@ A speedup is a measured change. Each one
 1. says whether it applies here (:meth:`Speedup.why_not`), and if not, why;
 2. changes exactly one of four things (:attr:`Speedup.changes`): the model, the optimizer,
    the data pipeline or the train step;
-3. is applied through the same object by the plain-loop wrapper (:mod:`fastloop.loop`) and by
-   the Lightning callbacks (:mod:`fastloop.lightning`), which import this module (never the
+3. is applied through the same object by the plain-loop wrapper (:mod:`fastloop.adapters.loop`) and by
+   the Lightning callbacks (:mod:`fastloop.adapters.lightning`), which import this module (never the
    other way round).
 
 Example:

@@ -1,5 +1,5 @@
 """``batch_size``: search the batch size, then train at it. The search core lives here with
-its speedup (``fastloop.batch_size`` re-exports it).
+its speedup (``fastloop.drivers.batch_size`` re-exports it).
 
 Batch-size search that survives OOM, torch.compile and DDP.
 

@@ -3,13 +3,13 @@ step; forward and backward through compile's CUDA graphs; eager with the cause).
 
 The card, with when it helps, when it hurts, what each tier costs and which patterns of ordinary
 Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. The Lightning capture is in
-:mod:`fastloop.lightning_graph`, the tiers in :class:`fastloop.lightning.SpeedupCallback`, the
-plain loop's in :mod:`fastloop.graph_step`.
+:mod:`fastloop.adapters.lightning_graph`, the tiers in :class:`fastloop.lightning.SpeedupCallback`, the
+plain loop's in :mod:`fastloop.adapters.graph_step`.
 """
 
 from __future__ import annotations
 
-from fastloop.graph_step import GraphIneligible
+from fastloop.adapters.graph_step import GraphIneligible
 from fastloop.speedups.base import (
     Context,
     Speedup,

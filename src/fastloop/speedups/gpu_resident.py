@@ -126,7 +126,7 @@ class GPUResident(Speedup):
     feeds = True
     order = 9
     needs_cuda = True
-    in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.ladder_search)
+    in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder_search)
     option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"
     options_type = ResidentOptions
 

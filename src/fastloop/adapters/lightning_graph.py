@@ -1,0 +1,340 @@
+"""The whole Lightning training step as one CUDA graph: forward, backward and optimizer step.
+
+Lightning runs ``optimizer_step`` with a closure that calls ``training_step`` and ``backward``.
+After warm-up, :class:`WholeStepGraph` captures one call of that hook (all of it: the
+training step, the backward, gradient clipping and the optimizer's update) into a CUDA graph
+and from then on replays it: each step's batch is copied into the graph's static input
+buffers, the graph is replayed, and Lightning gets the step's loss and the values the training
+step logged as if the closure had run. The host work of the step (Lightning's hooks, autograd,
+the optimizer's Python) is paid once, at capture, instead of every step.
+
+What a graph cannot replay is checked before capture, and the step then stays eager with the
+reason recorded: host syncs in the step (``.item()``, printing a tensor), a value logged from
+``training_step`` that is not a tensor (it would freeze), hooks of the module or of a callback
+that run inside the step (they would run once), manual optimization, gradient accumulation,
+fp16's GradScaler, more than one process. A batch of another shape (a short last batch) runs
+eagerly; a scheduler that changes a hyperparameter the graph baked in (momentum, betas) ends
+the replays. Python side effects of ``training_step`` other than ``self.log`` (a counter, a
+print) run once, at capture.
+
+Example (needs a GPU):
+    ``Trainer(callbacks=fastloop.lightning.callbacks("bf16,compile,cuda_graph"))``
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from fastloop._compat import Callback, LightningModule, Trainer
+from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
+from fastloop.data import map_tensors
+from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
+
+__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
+
+HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+"""Callback and module hooks that Lightning calls inside the optimizer step."""
+
+MODULE_STEP_METHODS = HOOKS_IN_STEP + ("backward", "optimizer_step", "optimizer_zero_grad",
+                                       "configure_gradient_clipping")
+
+
+def _overridden(name: str, obj: Any, parent: type) -> bool:
+    mine = getattr(type(obj), name, None)
+    return mine is not None and mine is not getattr(parent, name, None)
+
+
+def _ours(fn: Any) -> bool:
+    """fastloop's own hooks in the step (MeasureCallback.on_before_backward: manual optimization
+    only) are known to be safe, also where a subclass inherits them."""
+    return getattr(fn, "__module__", "").startswith("fastloop.")
+
+
+def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | None:
+    """Why Lightning's step of ``pl_module`` on ``trainer`` cannot be captured whole (None: it can
+    be tried; host syncs and logged values are checked at the step before capture).
+
+    Example:
+        >>> from fastloop._compat import Trainer
+        >>> from tests.targets import tiny_mlp
+        >>> module, _ = tiny_mlp()
+        >>> print(whole_step_blocker(Trainer(accelerator="cpu", accumulate_grad_batches=4, logger=False), module))
+        accumulate_grad_batches=4: the graph would step the optimizer every batch
+    """
+    if trainer.world_size > 1:
+        return f"{trainer.world_size} processes: the whole step is captured on one device only"
+    if not pl_module.automatic_optimization:
+        return "manual optimization: the training step calls the optimizer itself"
+    if trainer.accumulate_grad_batches != 1:
+        return f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the graph would step the optimizer every batch"
+    plugin = trainer.strategy.precision_plugin
+    if getattr(plugin, "scaler", None) is not None:
+        return "fp16's GradScaler checks the gradients for inf/NaN on the host every step"
+    if type(plugin).__name__ not in ("Precision", "MixedPrecision"):
+        return f"the precision plugin {type(plugin).__name__} is not one the graph knows"
+    own = [m for m in MODULE_STEP_METHODS if _overridden(m, pl_module, LightningModule)]
+    if own:
+        return (f"{type(pl_module).__name__} overrides {', '.join(own)}, which Lightning runs inside the step: "
+                f"in a graph its Python would run once")
+    foreign = [f"{type(cb).__name__}.{h}" for cb in trainer.callbacks for h in HOOKS_IN_STEP
+               if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))]
+    if foreign:
+        return f"callback hooks run inside the step ({', '.join(foreign)}): in a graph their Python would run once"
+    return None
+
+
+CYCLING = {"OneCycleLR": ("cycle_momentum", "momentum"), "CyclicLR": ("cycle_momentum", "momentum")}
+"""Schedulers that change a hyperparameter besides lr every step when their flag is on."""
+
+
+def cycled_hyperparameters(trainer: Trainer) -> str | None:
+    """Why the whole step cannot be replayed because a scheduler cycles a hyperparameter the
+    graph would bake in (OneCycleLR cycles SGD's momentum or Adam's beta1 by default), known
+    before the first step; None when no scheduler does."""
+    for config in getattr(trainer, "lr_scheduler_configs", []) or []:
+        sched = config.scheduler
+        flag = CYCLING.get(type(sched).__name__)
+        if flag and getattr(sched, flag[0], False):
+            opt = getattr(sched, "optimizer", None)
+            what = "betas" if opt is not None and "betas" in opt.defaults else "momentum"
+            return (f"{type(sched).__name__} cycles {type(opt).__name__ if opt is not None else 'the optimizer'}'s "
+                    f"{what} every step ({flag[0]}=True), which a graph would bake in")
+    return None
+
+
+def _hyperparameters(optimizer: Any) -> list[dict]:
+    """What the graph baked in: every number of every param group but a tensor lr (of the
+    torch optimizer inside Lightning's LightningOptimizer)."""
+    opt = getattr(optimizer, "optimizer", optimizer)
+    return [{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)} for g in opt.param_groups]
+
+
+class WholeStepGraph:
+    """Capture and replay Lightning's optimizer step (see the module's docstring).
+
+    Installed by the ``cuda_graph`` callback: it patches the strategy's ``batch_to_device``
+    (static input buffers), the module's ``optimizer_step`` (capture, then replay) and, during
+    the capture only, the module's ``log`` (the logged values are re-logged after every
+    replay). ``on_fit_start`` prepares the optimizer (fused or capturable, lr as a tensor).
+
+    Args:
+        trainer, pl_module: the fit.
+        patch: ``patch(obj, attr, value)`` installs a patch that teardown removes.
+        warmup: eager steps before the capture; the last one runs on a side stream and is
+            watched for host syncs.
+        on_fallback: called with the reason when the step must stay eager.
+    """
+
+    def __init__(self, trainer: Trainer, pl_module: LightningModule, patch: Any, warmup: int = 3,
+                 on_fallback: Any = None) -> None:
+        self.trainer, self.module = trainer, pl_module
+        self.warmup = max(2, warmup)
+        self.on_fallback = on_fallback
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed: str | None = None
+        self.steps = 0
+        self.replays = 0
+        self.eager_after_capture = 0
+        self.capture_s: float | None = None
+        self._static: Any = None
+        self._shape_key: list | None = None
+        self._result: Any = None
+        self._logs: list[tuple[str, Any, tuple, dict, Any]] = []
+        self._lr_pairs: list = []
+        self._baked: list[dict] | None = None
+        self._sync_checks = 2
+        self._clean = False
+        self._warm_key: list | None = None
+        self._use_static = False
+        original_b2d = trainer.strategy.batch_to_device
+        self._original_step = pl_module.optimizer_step
+
+        def batch_to_device(*args: Any, **kwargs: Any) -> Any:
+            return self._batch(original_b2d(*args, **kwargs))
+
+        def optimizer_step(*args: Any, **kwargs: Any) -> Any:
+            return self._step(*args, **kwargs)
+
+        patch(trainer.strategy, "batch_to_device", batch_to_device)
+        patch(pl_module, "optimizer_step", optimizer_step)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, undo: list) -> None:
+        """Make the optimizer capturable (its lr a device tensor where the implementation takes
+        one); ``undo`` gets the function that puts float lrs back."""
+        floats = [g["lr"] for g in optimizer.param_groups]
+        try:
+            self._lr_pairs = make_capturable(optimizer)
+        except GraphIneligible as err:
+            self.fail(str(err))
+            return
+
+        def restore() -> None:
+            for g, old in zip(optimizer.param_groups, floats):
+                if torch.is_tensor(g["lr"]) and not torch.is_tensor(old):
+                    g["lr"] = float(g["lr"])
+
+        undo.append(restore)
+
+    # -- per step ------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.failed is None and self.trainer.training
+
+    def _batch(self, batch: Any) -> Any:
+        """The batch the step sees: from the capture on, the graph's static buffers (this
+        batch copied in) when the shapes match. The capture waits for a batch shaped like the
+        checked warm-up step's (not a short last batch)."""
+        self._use_static = False
+        if not self.active or self.steps < self.warmup - 1:
+            return batch
+        key = _shapes(batch)
+        if self.graph is None:
+            if not self._clean:  # the checked step's batch: the capture will want this shape
+                self._warm_key = key
+                return batch
+            if key != self._warm_key:
+                return batch
+            self._static = map_tensors(lambda t: t.clone(), batch)
+            self._shape_key = key
+            self._use_static = True
+            return self._static
+        if key == self._shape_key:
+            _copy_into(self._static, batch)
+            self._use_static = True
+            return self._static
+        return batch
+
+    def _step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if not self.active or self.steps < self.warmup - 1:
+                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+            if self.graph is None:
+                if not self._clean:
+                    return self._checked_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+                if not self._use_static:  # another shape than the checked step's: capture a later one
+                    return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+                return self._capture(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+            if not self._use_static:
+                self.eager_after_capture += 1
+                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+            if _hyperparameters(optimizer) != self._baked:
+                self.fail("a scheduler changed an optimizer hyperparameter other than lr, which the graph baked in; "
+                           "the steps from here on run eagerly")
+                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+            return self._replay(closure)
+        finally:
+            self.steps += 1
+
+    def _checked_step(self, *args: Any, **kwargs: Any) -> Any:
+        """An eager step on a side stream (PyTorch's warm-up before a capture) that fails the
+        graph if anything in it synchronizes with the host."""
+        if self.failed is not None:
+            return self._original_step(*args, **kwargs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        prev = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with torch.cuda.stream(side):
+                    out = self._original_step(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+        torch.cuda.current_stream().wait_stream(side)
+        syncs = [w for w in seen if "synchroniz" in str(w.message)]
+        for w in seen:
+            if w not in syncs:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self._clean = not syncs
+        if syncs:
+            self._sync_checks -= 1
+            if self._sync_checks <= 0:
+                msg = str(syncs[0].message).splitlines()[0]
+                self.fail(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}")
+        return out
+
+    def _capture(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        module = self.module
+        original_log = module.log
+        logs: list[tuple[str, Any, tuple, dict, Any]] = []
+
+        def log(name: str, value: Any, *a: Any, **kw: Any) -> None:
+            logs.append((name, value, a, kw, current_hook(module)))
+
+        module.log = log  # type: ignore[method-assign]
+        graph = torch.cuda.CUDAGraph()
+        err: str | None = None
+        try:  # torch.cuda.graph synchronizes before it captures
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+        except RuntimeError as e:
+            err = f"capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        finally:
+            del module.log
+        if err is None:
+            bad = [(n, type(v).__name__) for n, v, _, _, _ in logs if not torch.is_tensor(v)]
+            if bad:
+                err = (f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays tensor work "
+                       f"only, so a Python value would freeze at its first value")
+            elif peek_closure_result(closure) is None or peek_closure_result(closure).closure_loss is None:
+                err = "training_step returned no loss"
+        if err is not None:
+            torch.cuda.synchronize()
+            self.fail(err)
+            # nothing of the captured step ran: run the step for real
+            return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+        self.graph, self._logs = graph, logs
+        self._result = peek_closure_result(closure)
+        self._baked = _hyperparameters(optimizer)
+        graph.replay()  # this step, for real
+        closure_result(closure, self._result)  # this step's outputs must not alias the graph's buffers
+        self._relog(original_log)
+        self.capture_s = time.perf_counter() - t0
+        return None
+
+    def _replay(self, closure: Any) -> None:
+        sync_lr(self._lr_pairs)
+        self.graph.replay()  # type: ignore[union-attr]
+        closure_result(closure, self._result)
+        self._relog(self.module.log)
+        self.replays += 1
+
+    def _relog(self, log: Any) -> None:
+        """Log what the captured training step logged: the same calls, with this step's values
+        (the tensors the graph just wrote), under the hook that logged them."""
+        if not self._logs:
+            return
+        before = current_hook(self.module)
+        try:
+            for name, value, args, kwargs, hook in self._logs:
+                set_current_hook(self.module, hook)
+                log(name, value, *args, **kwargs)
+        finally:
+            set_current_hook(self.module, before)
+
+    def fail(self, reason: str) -> None:
+        """Keep the steps eager from here on, for ``reason`` (the first reason wins)."""
+        if self.failed is None:
+            self.failed = reason
+            self.graph = None
+            if self.on_fallback is not None:
+                self.on_fallback(reason)
+
+    def detail(self) -> str:
+        """What happened, for the run record."""
+        if self.failed is not None:
+            return f"whole step not captured: {self.failed}"
+        if self.graph is None:
+            return "whole step: not captured yet"
+        out = f"whole step (forward, backward, optimizer) captured in {self.capture_s:.2f} s, {self.replays} replays"
+        if self.eager_after_capture:
+            out += f", {self.eager_after_capture} steps of another batch shape eager"
+        return out
+

@@ -1,0 +1,236 @@
+"""Speedups for a plain PyTorch loop: wrap model, optimizer, loader and train step.
+
+Example:
+    >>> import torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> from fastloop.loop import FastLoop
+    >>> torch.manual_seed(0) and None
+    >>> model = torch.nn.Linear(8, 2)
+    >>> data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16)
+    >>> loop = FastLoop(model, torch.optim.AdamW(model.parameters()), data,
+    ...                 loss_fn=torch.nn.functional.cross_entropy, speedups="fused_optimizer,prefetch")
+    >>> result = loop.train(steps=6, warmup=2)
+    >>> [(r.name, r.status, r.reason) for r in result.records]
+    [('prefetch', 'skipped', 'no CUDA'), ('fused_optimizer', 'applied', '')]
+    >>> len(result.losses), result.stats.steps
+    (8, 6)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fastloop._torch_private import found_inf
+from fastloop.data import to_channels_last, to_device
+from fastloop.device import resolve_device
+from fastloop.errors import FastloopError
+from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
+from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
+from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+
+__all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
+
+
+def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Module | None = None,
+                   optimizer: torch.optim.Optimizer | None = None, loader: Iterable | None = None,
+                   plan: StepPlan | None = None) -> tuple[Any, Any, Any]:
+    """Apply each speedup's stages in order; record applied / skipped / fallback for each.
+
+    A speedup that cannot apply (``why_not``) is recorded as skipped and changes nothing; one
+    whose stage records a skip or fallback stops at that stage.
+    """
+    for s in speedups:
+        reason = s.why_not(ctx) or (s.why_not_model(model) if model is not None else None)
+        if reason:
+            ctx.record(s.name, "skipped", reason)
+            continue
+        try:
+            if model is not None:
+                model = s.apply_model(model, ctx)
+            if s.name not in ctx.records and optimizer is not None:
+                optimizer = s.apply_optimizer(optimizer, ctx)
+            if s.name not in ctx.records and loader is not None:
+                loader = s.apply_loader(loader, ctx)
+            if s.name not in ctx.records and plan is not None:
+                plan.apply(s, ctx)
+        except Exception as err:  # a speedup that breaks falls back, with the reason
+            ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            continue
+        if s.name not in ctx.records:
+            ctx.record(s.name, "applied")
+    return model, optimizer, loader
+
+
+@dataclass
+class LoopResult:
+    """What :meth:`FastLoop.train` did."""
+
+    losses: list[float]
+    """Loss of every step, warm-up included."""
+    stats: StepStats
+    records: list[Record]
+    extra: dict
+
+
+class FastLoop:
+    """A train loop over ``model``/``optimizer``/``loader`` with speedups applied.
+
+    Args:
+        model: the model (moved to ``device``).
+        optimizer: an optimizer over ``model``'s parameters.
+        loader: any iterable of batches (a DataLoader for the data-pipeline speedups).
+        loss_fn: ``loss_fn(model(inputs), targets)`` for ``(inputs, targets)`` batches.
+        step_fn: instead of ``loss_fn``: ``step_fn(model, batch) -> loss`` for any batch.
+        speedups: names (``"bf16,compile"``), a list of names, or Speedup objects.
+        device: ``auto``, ``cpu`` or ``cuda``.
+        scheduler: an LR scheduler stepped after every optimizer step (not after an fp16
+            step the scaler skipped).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable,
+                 loss_fn: Callable | None = None, *, step_fn: Callable | None = None,
+                 speedups: str | list | None = None, device: str | torch.device = "auto",
+                 scheduler: Any = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if loader is None or isinstance(loader, (str, bytes)) or not hasattr(loader, "__iter__"):
+            raise TypeError(f"loader must be an iterable of batches (a DataLoader, for example), got {type(loader).__name__}")
+        for name, fn in (("loss_fn", loss_fn), ("step_fn", step_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        if (loss_fn is None) == (step_fn is None):
+            raise ValueError("give exactly one of loss_fn (for (inputs, targets) batches) or step_fn(model, batch)")
+        if step_fn is None:
+            def step_fn(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+                inputs, targets = batch
+                return loss_fn(m(inputs), targets)
+        self.step_fn = step_fn
+        self.device = resolve_device(device)
+        self.ctx = Context(self.device)
+        self.plan = StepPlan()
+        self.scheduler = scheduler
+        self.speedups = resolve(speedups)
+        model = model.to(self.device)
+        if any(p.device != self.device for g in optimizer.param_groups for p in g["params"]):
+            raise ValueError("the optimizer's parameters are not the model's (build the optimizer after moving the model?)")
+        self.model, self.optimizer, self.loader = apply_speedups(
+            self.speedups, self.ctx, model=model, optimizer=optimizer, loader=loader, plan=self.plan)
+        self.scaler = torch.amp.GradScaler("cuda") if self.plan.grad_scaler else None
+        self.skipped_steps = 0
+        self._skipped_dev: torch.Tensor | None = None
+        self.graphed: GraphedStep | None = None
+        if self.plan.cuda_graph and self.plan.grad_scaler:
+            self.plan.cuda_graph = False
+            self.ctx.record(self.plan.owners["cuda_graph"], "fallback",
+                            "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
+
+    @property
+    def records(self) -> list[Record]:
+        return [self.ctx.records[s.name] for s in self.speedups]
+
+    def _autocast(self):
+        if self.plan.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.plan.autocast_dtype)
+
+    def _prepare(self, batch: Any) -> Any:
+        if not self.plan.prefetch:
+            batch = to_device(batch, self.device, non_blocking=self.device.type == "cuda")
+        if self.plan.channels_last_inputs:
+            batch = to_channels_last(batch)
+        return batch
+
+    def _eager_step(self, batch: Any) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = self.step_fn(self.model, batch)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            self._step_scheduler(skipped=False)
+            return loss.detach()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        found = found_inf(self.scaler, self.optimizer)
+        self.scaler.update()
+        if self.scheduler is not None:  # needs to know now: one host read per step
+            skipped = bool(found.item())
+            self.skipped_steps += int(skipped)
+            self._step_scheduler(skipped)
+        else:  # count on the device, read once at the end
+            self._skipped_dev = found if self._skipped_dev is None else self._skipped_dev + found
+        return loss.detach()
+
+    def _step_scheduler(self, skipped: bool) -> None:
+        if self.scheduler is not None and not skipped:
+            self.scheduler.step()
+            if self.graphed is not None:
+                self.graphed.sync_lr()
+
+    def _graph_step(self, batch: Any) -> torch.Tensor:
+        if self.graphed is None:
+            graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.plan.autocast_dtype)
+            try:
+                self.ctx.stats["capture_s"] = graphed.capture(batch)
+                self.graphed = graphed
+            except GraphIneligible as err:
+                self.plan.cuda_graph = False
+                self.ctx.record(self.plan.owners["cuda_graph"], "fallback", str(err))
+                return self._eager_step(batch)
+        loss = self.graphed(batch)
+        self._step_scheduler(skipped=False)
+        return loss
+
+    def batches(self) -> Iterator[Any]:
+        """Batches forever: the loader is restarted at the end of each epoch."""
+        while True:
+            empty = True
+            for batch in self.loader:
+                empty = False
+                yield batch
+            if empty:
+                raise FastloopError("the training loader yielded no batches")
+
+    def train(self, steps: int, warmup: int = 0, timer: StepTimer | None = None) -> LoopResult:
+        """Run ``warmup + steps`` steps; the first ``warmup`` are excluded from the statistics."""
+        if not isinstance(steps, int) or not isinstance(warmup, int) or isinstance(steps, bool):
+            raise TypeError(f"steps and warmup must be integers, got {steps!r} and {warmup!r}")
+        if steps < 1 or warmup < 0:
+            raise FastloopError(f"steps must be >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+        timer = timer or StepTimer(self.device, warmup=warmup)
+        self.model.train()
+        losses: list[torch.Tensor] = []
+        it = self.batches()
+        t0 = time.perf_counter()
+        with contextlib.ExitStack() as held:  # each applied speedup's run context (TF32, cuDNN, ...)
+            for s in self.speedups:
+                if self.ctx.applied(s.name):
+                    held.enter_context(s.run_context(self.ctx))
+            for i in range(warmup + steps):
+                with timer.fetching():
+                    batch = self._prepare(next(it))
+                loss = self._graph_step(batch) if self.plan.cuda_graph else self._eager_step(batch)
+                losses.append(loss)
+                timer.step_end()
+                if i == warmup - 1:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    collect_garbage()  # compile's garbage: collected in the warm-up, not in a measured step
+                    timer.resume()
+        stats = timer.result()
+        stats.set_warmup_overhead(time.perf_counter() - t0)
+        if self._skipped_dev is not None:
+            self.skipped_steps += int(self._skipped_dev.item())
+        extra = dict(self.ctx.stats)
+        if self.scaler is not None:
+            extra["fp16_skipped_steps"] = self.skipped_steps
+        return LoopResult(losses=torch.stack(losses).float().cpu().tolist(), stats=stats,
+                          records=self.records, extra=extra)

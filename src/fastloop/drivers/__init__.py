@@ -1,0 +1,14 @@
+"""The drivers behind the command line: each measures configurations and writes a document.
+
+- :mod:`~fastloop.drivers.runner` (``fastloop run``: one configuration, its document in
+  :mod:`~fastloop.drivers.run_document`);
+- :mod:`~fastloop.drivers.ladder` (``fastloop ladder``: running runs and the budget), its search
+  in :mod:`~fastloop.drivers.ladder_search` (staged) and
+  :mod:`~fastloop.drivers.ladder_sequential` (one rung at a time), its story in
+  :mod:`~fastloop.drivers.ladder_report`;
+- :mod:`~fastloop.drivers.ab` (``fastloop ab``), :mod:`~fastloop.drivers.batch_size`
+  (``fastloop batch-size``), :mod:`~fastloop.drivers.doctor` (``fastloop doctor``);
+- :mod:`~fastloop.drivers.targets` (``FILE.py:FUNCTION`` and the recipes' short names);
+- the process runner :mod:`~fastloop.drivers.subproc` with its fork server
+  :mod:`~fastloop.drivers.forkserver`, and :mod:`~fastloop.drivers.exits` (Ctrl-C, a failed peer).
+"""

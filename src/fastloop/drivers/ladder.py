@@ -1,0 +1,467 @@
+"""The ladder: find the fastest *measured* configuration for a model it has never seen.
+
+This module runs the ladder's comparisons and writes its document; the search that decides what
+to compare is :mod:`fastloop.drivers.ladder_search` (the default, ``mode="select"``: bottleneck first,
+the feed, the compute stack as one bundle and its ablation, the feed again) or
+:mod:`fastloop.drivers.ladder_sequential` (``"sequential"``: one rung at a time on top of the best so far;
+``"cumulative"``: every rung on top of all before it).
+
+Each comparison interleaves the two configurations in fresh processes, starts with 3 runs a side
+(the best configuration's runs so far count again), stops when the answer is clear (kept,
+slower, or at most 1% faster: ``MIN_GAIN``; a candidate whose first run is clearly slower than
+the best's runs is dropped after that run: ``EARLY_DROP``) and otherwise adds runs up to
+``max_repeats`` while the runs and the final comparison fit the ``budget``. Each look uses a
+stricter interval (Bonferroni over the looks). A feed speedup is not measured when a faster feed
+could gain at most 2% (``FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
+data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures
+the selected set against the baseline, interleaved, and the callbacks line names exactly it.
+
+Example:
+    >>> default_rungs("cpu")[:3]
+    ['workers', 'bf16', 'fused_optimizer']
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fastloop.compare import (
+    VERDICT_CONFIDENCE,
+    Runs,
+    compare,
+    measure_interleaved,
+    merge_runs,
+)
+from fastloop.drivers.doctor import diagnose
+from fastloop.errors import FastloopError, UserCodeError
+from fastloop.drivers.ladder_report import _breakdown, _feed_line, _filter_advice, _join, _own_record  # noqa: F401
+from fastloop.drivers.ladder_search import StagedSearch
+from fastloop.drivers.ladder_sequential import run_sequential, select_order
+from fastloop.speedups.base import Context, default_ladder, resolve
+from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
+from fastloop.drivers.targets import RECIPE_LADDER, RECIPE_RUNGS
+
+__all__ = ["DEFAULT_RUNGS", "default_budget", "default_measure_s", "default_rungs", "run_ladder", "select_order"]
+
+DEFAULT_RUNGS = default_ladder()
+"""The registered speedups marked ``in_default_ladder``, in ladder order."""
+MIN_REPEATS = 3
+EARLY_DROP = 0.98
+"""A candidate whose first run is at most this fast relative to the best configuration so far
+(2% slower or worse), and outside the prediction interval of that configuration's runs, is
+dropped after that one run."""
+MIN_GAIN = 1.01
+"""In the selecting ladder a comparison stops at a look once its interval's upper end is below
+this ratio: the candidate can be at most 1% faster, so more runs could not make it worth keeping
+(H200 round 8: workers on the compiled GPT step ran 4 more processes, ~60 s, to learn 1.00x)."""
+FEED_BUSY = 0.95
+FEED_WAIT = 0.02
+"""A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
+the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
+wait and its host's share of the step getting batches are at most FEED_WAIT."""
+
+
+MODES = ("select", "sequential", "cumulative")
+MEASURE_S = {"cuda": 2.0, "cpu": 1.0}
+"""Seconds of steady steps each ladder run measures (on a GPU a 16 ms step: ~125 steps, not 30;
+on a CPU, whose steps are slow anyway, 1 s keeps the README's main job within 90 s)."""
+BUDGET_S = {"cuda": 300.0, "cpu": 80.0}
+"""The default budget of a whole ladder: 5 minutes on a GPU; on a CPU the README's main job."""
+
+
+def default_measure_s(device: str) -> float:
+    """Seconds of steady steps a ladder run measures by default on ``device``."""
+    return MEASURE_S.get(device, MEASURE_S["cuda"])
+
+
+def default_budget(device: str) -> float:
+    """Seconds the whole ladder may take by default on ``device``."""
+    return BUDGET_S.get(device, BUDGET_S["cuda"])
+
+
+def default_rungs(device: str, target: str | None = None) -> list[str]:
+    """The default ladder for a device (and recipe): rungs that cannot apply there are left out."""
+
+    ctx = Context(torch.device(device))
+    names = RECIPE_LADDER.get(target or "") or DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
+    return [s.name for s in resolve(names) if s.why_not(ctx) is None]
+
+
+class _Ladder:
+    def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
+                 progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
+                 max_repeats: int, budget: float | None, mode: str, base: list[str] | None = None) -> None:
+        self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
+        self.base = list(base or [])
+        """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
+        self.base_spec = _join(self.base)
+        self.progress, self.on_update = progress, on_update
+        self.process_s: list[float] = []
+        """Wall time of each configuration run (a fresh process each): where the ladder's time goes."""
+        self.run_log: list[dict] = []
+        """Each run in order: its configuration, wall seconds, and (where the run says) its compile
+        and GPU-profile seconds."""
+
+        def timed(*args: Any, **kwargs: Any) -> dict:  # measure(target, spec, ...)
+            t = time.perf_counter()
+            doc: dict | None = None
+            spec = args[1] if len(args) > 1 else kwargs.get("spec")
+            try:
+                doc = measure(*args, **kwargs)
+                return doc
+            finally:
+                self.process_s.append(time.perf_counter() - t)
+                self.spec_s.setdefault(str(spec), []).append(self.process_s[-1])
+                entry: dict = {"spec": spec, "s": round(self.process_s[-1], 3)}
+                entry["elapsed_s"] = round(self.elapsed(), 1)
+                if isinstance(doc, dict):
+                    entry["throughput"] = doc.get("throughput")
+                    entry["compile_s"] = doc.get("compile_s")
+                    entry["profile_s"] = (doc.get("gpu_profile") or {}).get("profile_s")
+                self.run_log.append(entry)
+
+        self.measure = timed
+        self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
+        self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
+        self.finalizing = False
+        self.cut_by_budget = False
+        """Set when the budget ended a comparison before its look (cleared at each comparison)."""
+        self.spec_s: dict[str, list[float]] = {}
+        """Each configuration's run seconds (a compiled configuration's runs cost more)."""
+        self.vs_baseline: tuple[dict[str, Runs], dict | None] | None = None
+        """The latest comparison of the baseline with a kept configuration (fresh runs, its interval)."""
+        self.stages: list[dict] = []
+        """The staged search's story: each stage, the bottleneck then, and what it tried."""
+        self.not_tried: list[dict] = []
+        """What the budget (or a reason) left untried: name, stage, why."""
+        self.rungs: list[dict] = []
+        self.selected: list[str] = []
+        self.final: dict | None = None
+        self.t0 = time.perf_counter()
+        self._pending: dict[str, Runs] | None = None
+        self.interrupted = False
+        self.best_runs: dict[str, Runs] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def fits(self, runs: int, final: bool = True) -> bool:
+        """Do ``runs`` more runs (and, with ``final``, the final comparison after them) fit the budget?"""
+        if self.budget is None or not self.process_s:
+            return True
+        per_run = sum(self.process_s) / len(self.process_s)
+        reserve = 2 * self.min_repeats if final and self.selected and not self.final_ready() else 0
+        return self.elapsed() + per_run * (runs + reserve) <= self.budget
+
+    def final_ready(self) -> bool:
+        """Has the selected set already been measured against the baseline, interleaved?"""
+        spec = self._spec()
+        return self.vs_baseline is not None and spec in self.vs_baseline[0] and self.base_spec in self.vs_baseline[0]
+
+    def _spec(self, extra: list[str] | None = None) -> str:
+        """The configuration: the base, the kept candidates, and ``extra``."""
+        return _join(self.base + self.selected + list(extra or []))
+
+    # -- measurement -------------------------------------------------------------------------
+    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
+                 own: str | None = None) -> None:
+        """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
+        configuration is not run again once that speedup skipped itself or fell back in a run."""
+        self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
+
+        def done(spec: str, doc: dict) -> str:
+            rec = _own_record(doc, own) if own and spec == specs[-1] else None
+            return f"{own} {rec['status']} inside its process" if rec and rec["status"] != "applied" else ""
+
+        def stop(spec: str) -> bool:
+            if self._run_fits(spec, fresh):
+                return False
+            self.cut_by_budget = True
+            return True
+
+        measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
+                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
+                            done=done, stop=stop)
+        self._pending = None
+
+    def _run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
+        """Does one more run of ``spec`` fit the budget, with the final comparison after it? The
+        final comparison itself always gets its first 3 runs a side (a selection must be measured)."""
+        if self.budget is None or not self.process_s:
+            return True
+        if self.finalizing and len(fresh[spec].docs) < self.min_repeats:
+            return True
+        mean = sum(self.process_s) / len(self.process_s)
+        own = self.spec_s.get(spec)
+        per_run = sum(own) / len(own) if own else mean
+        reserve = 0 if self.finalizing else (2 * self.min_repeats * mean if self.selected and not self.final_ready() else 0)
+        return self.elapsed() + per_run + reserve <= self.budget
+
+    def _looks(self, early: bool = False) -> list[int]:
+        looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
+        return [1] + looks if early else looks
+
+    def _compare_adaptive(self, base: str, cand: str, own: str | None = None) -> tuple[dict[str, Runs], dict | None, int]:
+        """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
+
+        When the base's runs are already measured (the best configuration so far), the selecting
+        ladder looks once after the candidate's first run: a candidate slower than
+        ``EARLY_DROP`` whose one run lies outside the prediction interval of the base's runs is
+        dropped there (it can only be dropped early, never kept)."""
+        fresh: dict[str, Runs] = {}
+        if base in self.best_runs:  # the best configuration's runs so far count again
+            fresh[base] = self.best_runs[base]
+        early = self.mode != "cumulative" and len(fresh[base].docs) >= MIN_REPEATS if base in fresh else False
+        looks = self._looks(early)
+        confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
+        ci = None
+        self.cut_by_budget = False
+        for i, n in enumerate(looks):
+            needed = sum(max(0, n - len(fresh[k].docs)) if k in fresh else n for k in (base, cand))
+            if i > 0 and ci is not None and not self.fits(needed):
+                ci["budget"] = True  # the next look's runs and the final comparison would not fit
+                break
+            self._measure([base, cand], n, fresh, up_to=n, own=own)
+            self.best_runs[base] = fresh[base]
+            if self.cut_by_budget:  # the budget ended this look early: decide on what ran
+                ci = compare(fresh[base], fresh[cand], confidence=confidence) if fresh[cand].docs else None
+                if ci is not None:
+                    ci["budget"] = True
+                break
+            if n == 1:  # the early look: one run of the candidate against the base's runs
+                ci = compare(fresh[base], fresh[cand], confidence=confidence, one_run=True)
+                if ci is None or fresh[cand].settled or (ci["significant"] and ci["ratio"] <= EARLY_DROP):
+                    break
+                continue
+            ci = compare(fresh[base], fresh[cand], confidence=confidence)
+            if ci is None or ci["significant"] or fresh[cand].settled or i == len(looks) - 1:
+                break
+            if ci["ci_high"] is not None and ci["ci_high"] < 1.0:  # clearly slower: no point measuring more
+                break
+            if self.mode != "cumulative" and ci["ci_high"] is not None and ci["ci_high"] < MIN_GAIN:
+                ci["futile"] = True  # at most 1% faster: no number of runs makes it worth keeping
+                break
+            if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
+                break
+        return fresh, ci, n
+
+    # -- documents -----------------------------------------------------------------------------
+    def _rung_doc(self, label: str, spec: str, runs: Runs | None, status: str, reason: str) -> dict:
+        doc = merge_runs(runs) if runs is not None else {"speedups": [], "repeats": 0}
+        doc.update(rung=label, spec=spec, rung_status=status, rung_reason=reason)
+        if runs is not None and runs.docs:
+            doc["bottleneck"] = diagnose(doc)
+            doc["breakdown"] = _breakdown(doc)
+            feed = _feed_line(doc)
+            if feed:
+                doc["feed"] = feed
+        doc.pop("step_s_all", None)
+        doc.pop("wait_s_all", None)
+        return doc
+
+    def document(self) -> dict:
+        rungs = [dict(r) for r in self.rungs]
+        base = getattr(self, "base_runs", None)
+        if base is not None and rungs and str(rungs[0].get("rung", "")).startswith("baseline") \
+                and rungs[0].get("repeats") != len(base.docs):  # topped up by later comparisons
+            rungs[0] = self._rung_doc(rungs[0]["rung"], self.base_spec, base, "applied", "")
+        if self.final is not None:
+            rungs.append(self.final)
+        for spec, runs in (self._pending or {}).items():  # the comparison under way
+            if runs.docs:
+                state = "interrupted" if self.interrupted else "in progress"
+                rungs.append(self._rung_doc(f"{state}: {spec}", spec, runs, state,
+                                            f"{len(runs.docs)} run(s) finished before the comparison ended"))
+        out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
+               "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
+               "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
+               "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
+               "run_log": list(self.run_log), "stages": list(self.stages), "not_tried": list(self.not_tried),
+               "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
+                         f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
+                         "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
+                         f"a look too, and one {100 * (1 - EARLY_DROP):g}% or more slower than the best configuration, "
+                         "outside the prediction interval of that configuration's runs, is dropped there; a comparison "
+                         f"whose interval's upper end falls below {MIN_GAIN}x stops (at most {100 * (MIN_GAIN - 1):g}% "
+                         "faster: not worth keeping)"}
+        out["helpful"] = list(self.selected)
+        measured = self.final is not None and self.final.get("rung_status") == "applied"
+        if self.selected and measured:
+            out["callbacks_line"] = f'Trainer(..., callbacks=fastloop.lightning.callbacks("{self._spec()}"))'
+            out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{self._spec()}")'
+        elif self.selected:
+            out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
+        else:
+            out["callbacks_line"] = "# no speedup helped measurably on this model and machine"
+        _filter_advice(rungs)
+        out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
+        return out
+
+    def _update(self) -> None:
+        if self.on_update:
+            self.on_update(self.document())
+
+    # -- the two modes ----------------------------------------------------------------------------
+    def _baseline(self, runs: Runs) -> None:
+        if not runs.docs:
+            raise _baseline_failed(runs)
+        if not any(r["rung"] == "baseline" for r in self.rungs):
+            label = "baseline" if not self.base else f"baseline ({self.base_spec})"
+            self.rungs.insert(0, self._rung_doc(label, self.base_spec, runs, "applied", ""))
+            self.base_runs = runs
+
+    def run_staged(self, candidates: list) -> dict:
+        """The default search (:mod:`fastloop.drivers.ladder_search`): bottleneck first, the feed, the
+        compute bundle and its ablation, the feed again; then the final measured comparison."""
+        StagedSearch(self).run(candidates, Context(torch.device(self.device)))
+        if self.selected and self.final_ready():
+            # the selected set was kept in a comparison with the baseline itself, interleaved:
+            # those runs are the final measurement (no second comparison of the same pair)
+            self._final_from(*self.vs_baseline)  # type: ignore[misc]
+        else:
+            self._final()
+        return self.document()
+
+    def run(self, candidates: list) -> dict:
+        """The sequential search (``mode="sequential"`` or ``"cumulative"``): :mod:`fastloop.drivers.ladder_sequential`."""
+        return run_sequential(self, candidates)
+
+    def _model_says_no(self, s: Any) -> str | None:
+        """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
+        known from a run that already built it: not measured."""
+        runs = self.base_runs
+        if runs is None or not runs.docs:
+            return None
+        reason = (runs.docs[-1].get("model_checks") or {}).get(s.name)
+        return f"not measured: {reason}" if reason else None
+
+    def _feed_cannot_help(self, s: Any) -> str | None:
+        """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the best
+        configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
+        most a faster feed could gain is below what the ladder can detect, so it is not measured."""
+        if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
+            return None
+        best = self.best_runs.get(self._spec())
+        if best is None or not best.docs:
+            return None
+        doc = merge_runs(best)
+        busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+        wait = doc.get("data_wait_frac")
+        host = doc.get("host_wait_frac")
+        if wait is None:
+            return None
+        fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+        part = "getting batches (loader + copy)"
+        if s.feeds_copy_only and host is not None and fetch and copy is not None:
+            # pinned or early copies leave the loader's own work where it is: only the copy's share counts
+            host, part = host * min(1.0, copy / fetch), "copying batches to the device"
+        if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
+            bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
+            return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
+                    f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+        if host is not None and max(wait, host) <= FEED_WAIT:
+            # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
+            # host-bound one at most the host's time getting it (host): the larger bounds both
+            bound = 1 / max(1e-9, 1 - max(wait, host))
+            return (f"not measured: the best configuration so far ({self._spec()}) spends {100 * host:.1f}% of its "
+                    f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
+                    f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
+        return None
+
+    def _final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:
+        """The final rung from interleaved runs of the baseline and the selected set (``ci``: their
+        comparison at the confidence its looks used; computed here when not given)."""
+        spec = self._spec()
+        runs = fresh[spec]
+        status = "applied" if runs.docs else "failed"
+        self.final = self._rung_doc("selected: " + spec, spec, runs, status, runs.failures[-1] if runs.failures else "")
+        self.final["speedup_vs_baseline"] = ci if ci is not None else compare(fresh[self.base_spec], runs)
+        self.final["final"] = True
+
+    def _final(self) -> None:
+        if not self.selected:
+            assert self.base_runs is not None
+            self.final = self._rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
+                                        "nothing was kept: the baseline")
+            self.final["speedup_vs_baseline"] = None
+            self.final["final"] = True
+            return
+        # fresh runs of both, interleaved (not the selected set's runs from its own comparison):
+        # 3 a side first, more only while the interval is too wide to call (it rarely is: the
+        # selected set is usually many times the baseline)
+        self.best_runs = {}
+        self.finalizing = True
+        fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
+        self._final_from(fresh, ci)
+
+
+def _baseline_failed(runs: Runs) -> Exception:
+    rc = runs.returncodes[-1] if runs.returncodes else None
+    message = runs.failures[-1] if runs.failures else "the baseline did not run"
+    if rc == 2:
+        return FastloopError(message.split("failed in its process: ", 1)[-1])
+    if rc == 1:
+        return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
+                             f"{runs.details[-1].strip() if runs.details else message}")
+    return ConfigurationFailed(message, rc)
+
+
+def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
+               max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
+               measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
+               on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None,
+               measure_s: float | None | str = "auto") -> dict:
+    """Run the ladder; returns its document (without the env stamp).
+
+    ``mode``: ``"select"`` (the default) is the staged search of :mod:`fastloop.drivers.ladder_search`;
+    ``"sequential"`` tries one rung at a time on top of the best so far; ``"cumulative"`` adds
+    every rung on top of all before it.
+
+    ``measure_s``: each run (a fresh process, unless ``measure`` is given) measures a window of
+    this many seconds of steady steps (at least 10 steps), however short or long the step
+    (``fastloop run --measure-s``); ``"auto"``: :func:`default_measure_s`; None measures ``steps``. ``budget``: seconds for the
+    whole ladder (None: :func:`default_budget` of the device).
+
+    ``base``: speedups every configuration has (the baseline is that set; the candidates are
+    tried on top of it). ``on_update(doc)`` is called after every run with the document so far. On Ctrl-C the
+    document of what finished is returned with ``"interrupted": True``.
+    """
+    if mode not in MODES:
+        raise FastloopError(f"ladder mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
+        raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
+    base_names = [s.spec for s in resolve(base or [])]
+    chosen = resolve(rungs if rungs is not None else default_rungs(device, target))
+    if rungs is None and mode == "sequential":
+        # feed the fast step: data speedups are tried once the step is as fast as the others make
+        # it (a loader that keeps up with an fp32 step may be the wall after compile)
+        chosen = select_order(chosen, set(RECIPE_RUNGS.get(target or "", [])))
+    taken = {b.split(":")[0] for b in base_names}
+    if rungs is None:
+        chosen = [s for s in chosen if s.name not in taken]
+    clash = [s.name for s in chosen if s.name in taken]
+    if clash:
+        raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {_join(base_names)}: "
+                            "a rung is tried on top of the base, so list each speedup in one of them")
+    resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
+    if measure_s == "auto":
+        measure_s = default_measure_s(device)
+    if measure is None:
+        measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
+    if budget is None:
+        budget = default_budget(device)
+    ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure,
+                     progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
+                     base=base_names)
+    try:
+        return ladder.run_staged(chosen) if mode == "select" else ladder.run(chosen)
+    except KeyboardInterrupt:
+        ladder.interrupted = True
+        doc = ladder.document()
+        doc["interrupted"] = True
+        return doc

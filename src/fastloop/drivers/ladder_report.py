@@ -1,0 +1,95 @@
+"""The ladder's document helpers: where a rung's step goes, the feed line, and the advice filter
+(no advice recommends a speedup the same ladder measured as not faster).
+
+Example:
+    >>> _join([]), _join(["bf16", "compile"])
+    ('none', 'bf16,compile')
+"""
+
+from __future__ import annotations
+
+from fastloop.drivers.doctor import without_measured
+
+__all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record"]
+
+
+def _own_record(doc: dict, spec: str) -> dict | None:
+    name = spec.split(":")[0]
+    return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
+
+
+def _join(specs: list[str]) -> str:
+    return ",".join(specs) or "none"
+
+
+def _breakdown(doc: dict) -> dict:
+    """Where a rung's mean step goes: waiting for data, and the rest (host + GPU work); on CUDA,
+    with the run's GPU profile, the rest splits into GPU busy and GPU idle while the host works."""
+    mean = (doc.get("step_s") or {}).get("mean")
+    wait = doc.get("data_wait_frac")
+    if not mean or wait is None:
+        return {}
+    out = {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait), "data_wait_frac": wait}
+    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+    if busy is not None:  # CUDA: the rest of the step splits into GPU busy and GPU idle while the host works
+        out["gpu_busy_s"] = mean * busy
+        out["host_idle_s"] = max(0.0, mean * (1 - busy - wait))
+        out["gpu_busy_frac"] = busy
+    return out
+
+
+def _feed_line(doc: dict) -> str:
+    """The loader's rate against the step's demand, from one rung's measurement, and the host's
+    time getting each batch where it was timed apart (``host_fetch_s``)."""
+    mean = (doc.get("step_s") or {}).get("mean")
+    wait = doc.get("data_wait_frac") or 0.0
+    items = doc.get("items_per_step")
+    if not (mean and items):
+        return ""
+    demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
+    line = f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
+    return line + _fetch_clause(doc)
+
+
+def _fetch_clause(doc: dict) -> str:
+    """'; getting a batch takes X ms of the host's time (copy Y ms)' where the feed clock timed it."""
+    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    if not fetch:
+        return ""
+    return f"; getting a batch takes {1e3 * fetch:.2f} ms of the host's time" + (
+        f" (the copy to the device {1e3 * copy:.2f} ms of it)" if copy else "")
+
+
+
+def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
+    """Speedups this ladder measured and found not faster (a rung of one speedup dropped, or a
+    member the ablation found not missed): name -> what was measured."""
+    out: dict[str, str] = {}
+    for r in rungs:
+        ci = r.get("speedup_vs_prev")
+        names = r.get("measured_not_faster")
+        if names is None and str(r.get("rung", "")).startswith("+") and str(r.get("decision", "")).startswith("dropped"):
+            names = [r["rung"][1:].split(":")[0]] if "," not in r["rung"] else []
+        if not names or not ci or ci.get("ratio") is None:
+            continue
+        span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
+                and ci.get("ci_high") is not None else "")
+        what = "without it " if r.get("ablation") else ""
+        sig = ("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else "no significant difference"
+        for name in names:
+            out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
+    return out
+
+
+def _filter_advice(rungs: list[dict]) -> None:
+    """No rung's advice recommends a speedup that this ladder measured as not faster."""
+    measured = _measured_not_faster(rungs)
+    if not measured:
+        return
+    for r in rungs:
+        if r.get("bottleneck"):
+            before = r["bottleneck"].get("recommendation")
+            r["bottleneck"] = without_measured(r["bottleneck"], measured)
+            moved = r.get("bottleneck_moved")
+            if moved and before != r["bottleneck"]["recommendation"] and " next: " in moved:
+                r["bottleneck_moved"] = moved.split(" next: ")[0] + " next: " + r["bottleneck"]["recommendation"]

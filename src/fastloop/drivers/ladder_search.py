@@ -1,0 +1,314 @@
+"""The ladder's search: what an expert does, written down and measured.
+
+An expert does not add one switch at a time to an fp32 baseline. They look at the bottleneck,
+fix the feed when the GPU waits for data, turn on the whole compute stack that applies, check
+what each piece bought by taking it away, and look at the feed again because a faster step
+needs more data. The search does the same, each move a measured comparison
+(:meth:`fastloop.ladder._Ladder._compare_adaptive`: interleaved fresh processes, run-level
+intervals):
+
+1. **Baseline**, and its bottleneck.
+2. **Feed first** when the baseline is data-bound (data wait >= ``FEED_FIRST_WAIT``): the data
+   on the GPU (``gpu_resident``) where the dataset is in-memory tensors, else the recipe's GPU
+   pipeline (``dali``), else the CPU feed as one bundle (``workers``, ``pin_memory``,
+   ``prefetch``), ablated.
+3. **The compute bundle**: every applicable compute speedup (tf32, bf16, fused_optimizer,
+   channels_last, compile, cuda_graph, ...) as one candidate on top of the best so far. Kept
+   when significantly faster, then **ablated**: each member is taken out in turn and left out
+   when the configuration without it is not significantly slower. A bundle that is not faster
+   (or fails) is tried one speedup at a time instead.
+4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
+   moved is tried again after it moved.
+5. Whatever is left (``batch_size``), one at a time.
+
+The budget bounds the whole search: before each comparison the search checks that its runs and
+the final comparison still fit, and lists what it could not try as ``not tried: budget``.
+
+Example:
+    >>> from fastloop.speedups import resolve
+    >>> [[s.name for s in g] for g in split_groups(resolve("workers,bf16,compile,batch_size"))]
+    [['workers'], ['bf16', 'compile'], ['batch_size']]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastloop.compare import Runs, merge_runs, telling_step_rate
+from fastloop.drivers.doctor import diagnose
+
+if TYPE_CHECKING:
+    from fastloop.drivers.ladder import _Ladder
+
+__all__ = ["FEED_FIRST_WAIT", "StagedSearch", "split_groups"]
+
+FEED_FIRST_WAIT = 0.2
+"""The baseline's data-wait fraction from which the feed is fixed before the compute stack."""
+CPU_FEED = ("workers", "pin_memory", "prefetch")
+ABLATE_ORDER = ("compile", "cuda_graph", "fp8", "fused_loss", "channels_last", "bf16", "fp16", "workers", "prefetch")
+"""Members an ablation takes out, the costliest first (compile time, capture and memory, precision,
+layout, processes); the rest cost nothing when they do not help and are not ablated."""
+ABLATION_LOSS = 0.02
+"""A member is kept when the configuration without it is this much slower at the point estimate,
+even where the interval is too wide to call it significant."""
+GPU_FEEDS = ("gpu_resident", "dali")
+"""Feeds that replace the loader: with one kept, the CPU feed has nothing left to do."""
+
+
+def split_groups(speedups: list) -> tuple[list, list, list]:
+    """(feed, compute, the rest): the data pipeline, everything that changes the step, and the
+    speedups that change the workload itself (``batch_size``)."""
+    feed = [s for s in speedups if s.changes == "data" and s.name != "batch_size"]
+    compute = [s for s in speedups if s.changes != "data"]
+    rest = [s for s in speedups if s.name == "batch_size"]
+    return feed, compute, rest
+
+
+def _names(specs: list[str]) -> set[str]:
+    return {s.split(":")[0] for s in specs}
+
+
+class StagedSearch:
+    """One staged search over a :class:`~fastloop.ladder._Ladder`'s machinery (its measurement,
+    rung documents and selected set)."""
+
+    def __init__(self, ladder: _Ladder) -> None:
+        self.L = ladder
+        self.stage = "baseline"
+        self.inactive: set[str] = set()
+        """Speedups that skipped themselves or fell back inside a run: never tried again."""
+        self.dropped_under: dict[str, str] = {}
+        """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
+
+    # -- helpers -----------------------------------------------------------------------------
+    def best(self) -> Runs | None:
+        return self.L.best_runs.get(self.L._spec())
+
+    def bottleneck(self) -> dict:
+        runs = self.best()
+        return diagnose(merge_runs(runs)) if runs is not None and runs.docs else {}
+
+    def _kind(self) -> str:
+        return (self.bottleneck().get("bottleneck") or "unknown").split()[0]
+
+    def note(self, stage: str, action: str) -> None:
+        """A line of the story: the stage, the bottleneck of the best configuration then, what was done."""
+        self.stage = stage
+        b = self.bottleneck()
+        self.L.stages.append({"stage": stage, "configuration": self.L._spec(), "bottleneck": b.get("bottleneck"),
+                              "evidence": b.get("evidence"), "action": action})
+        self.L._update()
+
+    def fits(self, runs: int) -> bool:
+        """Do ``runs`` more runs, and the final comparison after them, fit the budget?"""
+        return self.L.fits(runs)
+
+    def not_tried(self, names: list[str], why: str = "budget") -> None:
+        for n in names:
+            if not any(t["name"] == n for t in self.L.not_tried):
+                self.L.not_tried.append({"name": n, "stage": self.stage, "why": why})
+
+    def _own_records(self, runs: Runs, specs: list[str]) -> dict[str, dict]:
+        doc = runs.docs[-1] if runs.docs else {}
+        names = _names(specs)
+        return {r["name"]: r for r in doc.get("speedups", []) if r["name"] in names}
+
+    # -- one measured move ---------------------------------------------------------------------
+    def try_adding(self, add: list, label: str, *, tell_rate: bool) -> bool:
+        """Measure the best configuration with ``add`` against the best; keep what applied when it
+        is significantly faster. Returns whether it was kept."""
+        L = self.L
+        specs = [s.spec for s in add]
+        if not self.fits(L.min_repeats):
+            self.not_tried(specs)
+            return False
+        base_spec, cand_spec = L._spec(), L._spec(specs)
+        with telling_step_rate(L.best_runs.get(base_spec) if tell_rate else None):
+            fresh, ci, n = L._compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None)
+        if L.base_runs is None:
+            L._baseline(fresh[L.base_spec])
+        cand, base = fresh[cand_spec], fresh[base_spec]
+        if cand.failures or base.failures or not cand.docs:
+            why = (cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
+                   if base.failures else "no run finished")
+            doc = L._rung_doc(label, cand_spec, cand, "failed", why)
+            doc.update(stage=self.stage, members=specs)
+            L.rungs.append(doc)
+            L._update()
+            return False
+        own = self._own_records(cand, specs)
+        inactive = {n: r for n, r in own.items() if r["status"] != "applied"}
+        doc = L._rung_doc(label, cand_spec, cand, "applied", "")
+        doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, members=specs)
+        if inactive:
+            doc["inactive"] = {n: f"{r['status']}: {r['reason']}" for n, r in inactive.items()}
+        active = [s for s in specs if s.split(":")[0] not in inactive]
+        self.inactive.update(inactive)  # skipped or fell back inside its process: not tried again
+        kept = bool(active) and bool(ci and ci["significant"] and ci["ratio"] > 1)
+        if kept:
+            doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}"
+            before = self._kind()
+            L.selected.extend(active)
+            L.best_runs = {L._spec(): cand}  # members that did nothing change nothing: the same runs
+            if base_spec == L.base_spec:
+                L.vs_baseline = ({L.base_spec: base, L._spec(): cand}, ci)
+            self._moved(doc, before)
+        else:
+            if not active:
+                doc["rung_status"] = "skipped"
+                doc["rung_reason"] = "; ".join(f"{n} {v}" for n, v in doc["inactive"].items())
+            doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
+            if ci and ci.get("budget"):
+                doc["decision"] += f" (the budget ended the comparison after {len(cand.docs)} run(s) of it)"
+                self.not_tried([f"a full comparison of {label.lstrip('+')}"])
+            if ci and ci.get("ratio") is not None and len(specs) == 1 and active:
+                doc["measured_not_faster"] = [specs[0].split(":")[0]]
+            for s in specs:
+                self.dropped_under[s.split(":")[0]] = self._kind()
+        L.rungs.append(doc)
+        L._update()
+        return kept
+
+    def _moved(self, doc: dict, before: str) -> None:
+        now = doc.get("bottleneck", {}).get("bottleneck")
+        if now and before and now.split()[0] != before:
+            feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
+            doc["bottleneck_moved"] = (f"after {doc['rung'].lstrip('+')}: {now}: {doc['bottleneck']['evidence']}{feed} "
+                                       f"next: {doc['bottleneck']['recommendation']}")
+
+    def ablate(self, members: list[str]) -> None:
+        """Take each kept member that costs something out in turn (compile time, capture, precision,
+        layout: ``ABLATE_ORDER``); leave it out when the configuration without it is not slower.
+        Members that cost nothing when they do not help (TF32, a fused optimizer, the data on the
+        GPU) stay without a comparison: the budget goes where a removal can matter."""
+        L = self.L
+        order = [n for n in ABLATE_ORDER if any(m.split(":")[0] == n for m in members)]
+        for name in order:
+            spec = next(m for m in members if m.split(":")[0] == name)
+            if spec not in L.selected or len(L.selected) <= 1:
+                continue
+            if not self.fits(L.min_repeats):
+                self.not_tried([f"ablation of {spec}"])
+                continue
+            without = [s for s in L.selected if s != spec]
+            base_spec = L._spec()
+            cand_spec = ",".join(L.base + without) or "none"
+            fresh, ci, n = L._compare_adaptive(base_spec, cand_spec)
+            cand = fresh[cand_spec]
+            label = f"-{spec}"
+            if cand.failures or not cand.docs:
+                doc = L._rung_doc(label, cand_spec, cand, "failed", cand.failures[-1] if cand.failures else "")
+                doc.update(stage=self.stage, decision=f"kept {spec}: the configuration without it failed")
+                L.rungs.append(doc)
+                L._update()
+                continue
+            doc = L._rung_doc(label, cand_spec, cand, "applied", "")
+            doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, ablation=spec)
+            # left out only when not missed: not significantly slower without it AND no more than
+            # ABLATION_LOSS slower at the point estimate (a wide interval is not evidence of no effect)
+            slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
+            if ci and ci.get("budget") and not slower:  # too few runs to take anything out
+                doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)"
+                self.not_tried([f"ablation of {spec}"])
+            elif slower:
+                doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']})"
+            else:
+                verdict = ci["verdict"] if ci else "no comparison"
+                doc["decision"] = f"removed {spec}: not missed ({verdict})"
+                doc["measured_not_faster"] = [spec.split(":")[0]]
+                L.selected = without
+                L.best_runs = {cand_spec: cand}
+                if cand_spec == L.base_spec:
+                    L.vs_baseline = None
+            L.rungs.append(doc)
+            L._update()
+
+    # -- the stages ------------------------------------------------------------------------------
+    def feed(self, feed: list, stage: str) -> None:
+        """Fix the feed: a GPU feed where one applies, else the CPU feed bundle, ablated."""
+        L = self.L
+        chosen = _names(L.selected)
+        if chosen & set(GPU_FEEDS):
+            return
+        now = self._kind()
+        todo = [s for s in feed if s.name not in chosen and s.name not in self.inactive
+                and (s.name not in self.dropped_under or self.dropped_under[s.name] != now)]
+        if not todo:
+            return
+        data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
+        todo = [s for s in todo if s.name != "gpu_resident" or data.get("in_memory_tensors")]
+        blocked = {s.name: L._feed_cannot_help(s) for s in todo}
+        todo = [s for s in todo if not blocked[s.name]]
+        self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
+                  "feed not measured: " + next(iter(v for v in blocked.values() if v)))
+        if not todo:
+            return
+        first_time = L.base_runs is not None and self.best() is L.base_runs
+        tell = not first_time  # feed-first: size the feed for the step the model will reach, not today's
+        for s in [s for s in todo if s.name in GPU_FEEDS]:
+            if self.try_adding([s], f"+{s.spec}", tell_rate=tell):
+                return
+        bundle = [s for s in todo if s.name in CPU_FEED]
+        if len(bundle) == 1:
+            self.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
+        elif bundle and self.try_adding(bundle, "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
+                                        tell_rate=tell):
+            self.ablate([s.spec for s in bundle if s.spec in L.selected])
+
+    def compute(self, compute: list, stage: str) -> None:
+        """The whole applicable compute stack as one candidate, then its ablation; one at a time
+        when the bundle is not faster."""
+        L = self.L
+        todo = [s for s in compute if s.name not in _names(L.selected)]
+        ruled_out = {s.name: L._model_says_no(s) for s in todo}
+        for s in todo:
+            if ruled_out[s.name]:
+                L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", ruled_out[s.name]))
+        todo = [s for s in todo if not ruled_out[s.name]]
+        if not todo:
+            return
+        self.note(stage, "compute bundle: " + ",".join(s.spec for s in todo))
+        if len(todo) > 1:
+            label = "+" + ",".join(s.spec for s in todo) + " (compute bundle)"
+            if self.try_adding(todo, label, tell_rate=False):
+                self.ablate([s.spec for s in todo if s.spec in L.selected])
+                return
+            self.note(stage + ": one at a time", "the bundle was not faster: each compute speedup alone")
+        for s in todo:
+            if s.name not in _names(L.selected):
+                self.try_adding([s], f"+{s.spec}", tell_rate=False)
+
+    def singles(self, rest: list) -> None:
+        for s in rest:
+            self.try_adding([s], f"+{s.spec}", tell_rate=False)
+
+    def run(self, candidates: list, ctx: Any) -> None:
+        L = self.L
+        usable = []
+        for s in candidates:
+            reason = s.why_not(ctx)
+            if reason:
+                L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", reason))
+            else:
+                usable.append(s)
+        feed, compute, rest = split_groups(usable)
+        fresh: dict[str, Runs] = {}
+        # one run tells the bottleneck; the first comparison tops the baseline up, interleaved
+        L._measure([L.base_spec], 1, fresh)
+        L._baseline(fresh[L.base_spec])
+        L.best_runs = {L.base_spec: fresh[L.base_spec]}
+        self.note("baseline", "measured")
+        if (merge_runs(self.best()).get("data_wait_frac") or 0.0) >= FEED_FIRST_WAIT:
+            self.feed(feed, "feed first (the baseline waits for data)")
+            self.compute(compute, "compute stack")
+            self.feed(feed, "feed re-checked after the compute stack")
+        else:
+            data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
+            resident = [s for s in feed if s.name == "gpu_resident" and data.get("in_memory_tensors")]
+            # in-memory tensors: the data on the GPU goes in with the compute stack (an expert's
+            # first move; it costs nothing when it does not help)
+            self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""))
+            self.feed(feed, "feed checked for the faster step")
+        if rest:
+            self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
+            self.singles(rest)
