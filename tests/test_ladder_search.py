@@ -172,3 +172,31 @@ def test_the_budget_holds_within_one_run_when_the_candidates_runs_are_slow():
     assert wall <= budget + 0.5 + 0.6, wall  # one of the slowest runs past the budget at most, and slack
     assert doc["rungs"][-1].get("final")
     assert doc["not_tried"]
+
+
+def test_the_search_reads_capabilities_not_names(monkeypatch):
+    """A speedup the search has never heard of is grouped, ablated and advised by its class
+    attributes (replaces_loader, changes_workload, ablation_rank, advice_pattern), as a new
+    speedup module would be: no list of names in the drivers to extend."""
+    from fastloop.drivers.doctor import without_measured
+    from fastloop.drivers.ladder_search import _replaces_loader, ablation_order, split_groups
+    from fastloop.speedups.base import REGISTRY, Speedup
+
+    class GpuFeed(Speedup):
+        name, changes, feeds, replaces_loader = "test_gpu_feed", "data", True, True
+
+    class Costly(Speedup):
+        name, changes, ablation_rank, advice_pattern = "test_costly", "model", -1, r"costly kernels"
+
+    class Workload(Speedup):
+        name, changes, changes_workload = "test_workload", "data", True
+
+    for cls in (GpuFeed, Costly, Workload):
+        monkeypatch.setitem(REGISTRY, cls.name, cls)
+    feed, compute, rest = split_groups([GpuFeed(), Costly(), Workload(), REGISTRY["bf16"]()])
+    assert [s.name for s in feed] == ["test_gpu_feed"] and [s.name for s in rest] == ["test_workload"]
+    assert [s.name for s in compute] == ["test_costly", "bf16"]
+    assert ablation_order(["tf32", "bf16", "test_costly"]) == ["test_costly", "bf16"]  # rank -1 first; tf32 costs nothing
+    assert _replaces_loader({"test_gpu_feed"}) and not _replaces_loader({"workers", "pin_memory"})
+    d = without_measured({"recommendation": "try costly kernels, or bf16."}, {"test_costly": "0.98x"})
+    assert d["advice_filtered"] == ["test_costly"]

@@ -27,7 +27,8 @@ import time
 import torch
 
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
-from fastloop.speedups.base import REGISTRY
+from fastloop.speedups import REGISTRY
+from fastloop.speedups.base import advice_pattern
 
 __all__ = ["COMM_BOUND_EFFICIENCY", "HOST_BOUND_BUSY", "diagnose", "machine_ceilings"]
 
@@ -209,13 +210,6 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
             else "already near the ceiling: only algorithmic changes will help much."}
 
 
-ADVICE_TERMS: dict[str, str] = {
-    "tf32": r"\btf32\b", "bf16": r"\bbf16\b", "fp16": r"\bfp16\b",
-    "fused_optimizer": r"fused[ _]optimizer", "channels_last": r"channels_last", "compile": r"\bcompile\b",
-    "cuda_graph": r"cuda_graph", "workers": r"\bworkers\b", "pin_memory": r"pin_memory|pinned memory",
-    "prefetch": r"\bprefetch\b", "gpu_resident": r"gpu_resident", "dali": r"\bdali\b", "ddp_comm": r"ddp_comm",
-}
-"""How a recommendation names each speedup (a regular expression over its text)."""
 
 
 def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
@@ -229,7 +223,8 @@ def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
         'compile; measured here and not faster, so not advised again: bf16 (1.00x, no significant difference).'
     """
     rec = diagnosis.get("recommendation") or ""
-    named = [n for n, pattern in ADVICE_TERMS.items() if re.search(pattern, rec, re.IGNORECASE)]
+    named = [cls.name for cls in sorted(REGISTRY.values(), key=lambda c: c.order)
+             if re.search(advice_pattern(cls), rec, re.IGNORECASE)]
     dropped = [n for n in named if n in measured]
     if not dropped:
         return diagnosis

@@ -14,7 +14,7 @@ dies with the leader (``PR_SET_PDEATHSIG``), and each child with the server.
 
 ``FASTLOOP_FORKSERVER=0`` turns it off (every run then starts Python afresh).
 
-The first request whose arguments name a compiling speedup (:data:`COMPILING`) also makes the
+The first request whose arguments name a compiling speedup (:attr:`~fastloop.speedups.base.Speedup.compiles`) also makes the
 server import torch's compiler stack (:data:`COMPILER_MODULES`: Inductor's code generators and
 the partitioner) before it forks: each compiling child would otherwise import it again, 3.3 s
 on a 2-core machine for a first ``torch.compile`` (4.4 s -> 1.1 s with them imported), paid by
@@ -54,8 +54,6 @@ def _child(req: dict) -> int:
     return main(req["argv"])
 
 
-COMPILING = ("compile", "cuda_graph", "fp8", "fused_loss")
-"""Speedups whose runs call ``torch.compile`` (or may, with compile)."""
 
 COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.codegen.cpp", "torch._inductor.codegen.triton",
                     "torch._inductor.codegen.wrapper", "torch._functorch.partitioners")
@@ -69,8 +67,10 @@ def wants_compiler(argv: list[str]) -> bool:
         >>> wants_compiler(["run", "gpt", "--speedups", "bf16,compile"]), wants_compiler(["run", "gpt"])
         (True, False)
     """
+    from fastloop.speedups import REGISTRY  # the server imports torch before its first request
+
     words = {w.split(":")[0] for arg in argv for w in arg.replace("+", ",").split(",")}
-    return any(name in words for name in COMPILING)
+    return any(cls.compiles for name, cls in REGISTRY.items() if name in words)
 
 
 def preload_compiler() -> list[str]:

@@ -36,36 +36,49 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs, telling_step_rate
 from fastloop.drivers.doctor import diagnose
+from fastloop.speedups import REGISTRY
 
 if TYPE_CHECKING:
     from fastloop.drivers.ladder import _Ladder
 
-__all__ = ["FEED_FIRST_WAIT", "StagedSearch", "split_groups"]
+__all__ = ["FEED_FIRST_WAIT", "StagedSearch", "ablation_order", "split_groups"]
 
 FEED_FIRST_WAIT = 0.2
 """The baseline's data-wait fraction from which the feed is fixed before the compute stack."""
-CPU_FEED = ("workers", "pin_memory", "prefetch")
-ABLATE_ORDER = ("compile", "cuda_graph", "fp8", "fused_loss", "channels_last", "bf16", "fp16", "workers", "prefetch")
-"""Members an ablation takes out, the costliest first (compile time, capture and memory, precision,
-layout, processes); the rest cost nothing when they do not help and are not ablated."""
 ABLATION_LOSS = 0.02
 """A member is kept when the configuration without it is this much slower at the point estimate,
 even where the interval is too wide to call it significant."""
-GPU_FEEDS = ("gpu_resident", "dali")
-"""Feeds that replace the loader: with one kept, the CPU feed has nothing left to do."""
 
 
 def split_groups(speedups: list) -> tuple[list, list, list]:
     """(feed, compute, the rest): the data pipeline, everything that changes the step, and the
     speedups that change the workload itself (``batch_size``)."""
-    feed = [s for s in speedups if s.changes == "data" and s.name != "batch_size"]
-    compute = [s for s in speedups if s.changes != "data"]
-    rest = [s for s in speedups if s.name == "batch_size"]
+    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload]
+    compute = [s for s in speedups if s.changes != "data" and not s.changes_workload]
+    rest = [s for s in speedups if s.changes_workload]
     return feed, compute, rest
 
 
 def _names(specs: list[str]) -> set[str]:
     return {s.split(":")[0] for s in specs}
+
+
+def ablation_order(members: list[str]) -> list[str]:
+    """The members (specs) an ablation takes out, costliest first (:attr:`Speedup.ablation_rank`:
+    compile time, capture and memory, precision, layout, processes); members that cost nothing
+    when they do not help are left out.
+
+    Example:
+        >>> ablation_order(["tf32", "bf16", "compile", "workers:4"])
+        ['compile', 'bf16', 'workers:4']
+    """
+    ranked = [(REGISTRY[m.split(":")[0]].ablation_rank, i, m) for i, m in enumerate(members)
+              if m.split(":")[0] in REGISTRY]
+    return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]
+
+
+def _replaces_loader(names: set[str]) -> bool:
+    return any(REGISTRY[n].replaces_loader for n in names if n in REGISTRY)
 
 
 class StagedSearch:
@@ -178,13 +191,11 @@ class StagedSearch:
 
     def ablate(self, members: list[str]) -> None:
         """Take each kept member that costs something out in turn (compile time, capture, precision,
-        layout: ``ABLATE_ORDER``); leave it out when the configuration without it is not slower.
+        layout: :func:`ablation_order`); leave it out when the configuration without it is not slower.
         Members that cost nothing when they do not help (TF32, a fused optimizer, the data on the
         GPU) stay without a comparison: the budget goes where a removal can matter."""
         L = self.L
-        order = [n for n in ABLATE_ORDER if any(m.split(":")[0] == n for m in members)]
-        for name in order:
-            spec = next(m for m in members if m.split(":")[0] == name)
+        for spec in ablation_order(members):
             if spec not in L.selected or len(L.selected) <= 1:
                 continue
             if not self.fits(L.min_repeats):
@@ -228,7 +239,7 @@ class StagedSearch:
         """Fix the feed: a GPU feed where one applies, else the CPU feed bundle, ablated."""
         L = self.L
         chosen = _names(L.selected)
-        if chosen & set(GPU_FEEDS):
+        if _replaces_loader(chosen):
             return
         now = self._kind()
         todo = [s for s in feed if s.name not in chosen and s.name not in self.inactive
@@ -236,7 +247,7 @@ class StagedSearch:
         if not todo:
             return
         data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
-        todo = [s for s in todo if s.name != "gpu_resident" or data.get("in_memory_tensors")]
+        todo = [s for s in todo if not s.needs_in_memory_tensors or data.get("in_memory_tensors")]
         blocked = {s.name: L._feed_cannot_help(s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
         self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
@@ -245,10 +256,10 @@ class StagedSearch:
             return
         first_time = L.base_runs is not None and self.best() is L.base_runs
         tell = not first_time  # feed-first: size the feed for the step the model will reach, not today's
-        for s in [s for s in todo if s.name in GPU_FEEDS]:
+        for s in [s for s in todo if s.replaces_loader]:
             if self.try_adding([s], f"+{s.spec}", tell_rate=tell):
                 return
-        bundle = [s for s in todo if s.name in CPU_FEED]
+        bundle = [s for s in todo if not s.replaces_loader]
         if len(bundle) == 1:
             self.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
         elif bundle and self.try_adding(bundle, "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
@@ -304,7 +315,7 @@ class StagedSearch:
             self.feed(feed, "feed re-checked after the compute stack")
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
-            resident = [s for s in feed if s.name == "gpu_resident" and data.get("in_memory_tensors")]
+            resident = [s for s in feed if s.needs_in_memory_tensors and data.get("in_memory_tensors")]
             # in-memory tensors: the data on the GPU goes in with the compute stack (an expert's
             # first move; it costs nothing when it does not help)
             self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""))

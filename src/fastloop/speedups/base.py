@@ -167,6 +167,25 @@ class Speedup:
     ``prefetch``): the most it can give back is the copy's host time or the GPU's wait for the
     batch, not the loader's own work (which stays in the main process)."""
 
+    replaces_loader: ClassVar[bool] = False
+    """A feed that serves batches on the GPU in place of the loader (the data on the GPU, DALI):
+    with one kept, the CPU feed (workers, pinned memory, prefetch) has nothing left to do."""
+    needs_in_memory_tensors: ClassVar[bool] = False
+    """It applies only to a dataset of in-memory tensors: the ladder tries it only when the run's
+    dataset description says so."""
+    changes_workload: ClassVar[bool] = False
+    """It changes the work a step does (the batch size), not how fast the same work runs: the
+    ladder tries it on its own, after the feed and the compute stack."""
+    ablation_rank: ClassVar[int | None] = None
+    """Kept in a bundle, it costs something when it does not help (compile time, capture,
+    memory, precision, layout, processes): the ladder's ablation takes it out to check, lowest
+    rank first. None: it costs nothing when it does not help and is not ablated."""
+    compiles: ClassVar[bool] = False
+    """Its runs call ``torch.compile`` (or may): the fork server preloads the compiler for them."""
+    advice_pattern: ClassVar[str | None] = None
+    """How a recommendation's text names this speedup (a regular expression); None: its name as
+    a word."""
+
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""
     options_type: ClassVar[type | None] = None
@@ -316,6 +335,17 @@ def register(cls: type[Speedup]) -> type[Speedup]:
 def default_ladder() -> list[str]:
     """The default ladder's rungs, in order (the registered speedups marked ``in_default_ladder``)."""
     return [n for n in speedup_names() if REGISTRY[n].in_default_ladder]
+
+
+def advice_pattern(cls: type[Speedup]) -> str:
+    """The regular expression by which a recommendation names ``cls``.
+
+    Example:
+        >>> from fastloop.speedups import REGISTRY
+        >>> print(advice_pattern(REGISTRY["bf16"]), advice_pattern(REGISTRY["fused_optimizer"]))
+        \\bbf16\\b fused[ _]optimizer
+    """
+    return cls.advice_pattern or rf"\b{cls.name}\b"
 
 
 def speedup_names() -> list[str]:

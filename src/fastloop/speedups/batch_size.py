@@ -349,6 +349,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
 class BatchSize(Speedup):
     __doc__ = __doc__
     name = "batch_size"
+    changes_workload = True
     changes = "data"
     order = 70
     prepares_run = True

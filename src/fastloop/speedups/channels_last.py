@@ -26,6 +26,7 @@ def apply_channels_last(model: torch.nn.Module) -> torch.nn.Module:
 class ChannelsLast(Speedup):
     __doc__ = __doc__
     name = "channels_last"
+    ablation_rank = 4
     changes = "model"
     order = 40
     in_default_ladder = True

@@ -54,6 +54,8 @@ class CompileOptions:
 class Compile(Speedup):
     __doc__ = __doc__
     name = "compile"
+    ablation_rank = 0
+    compiles = True
     changes = "model"
     order = 50
     in_default_ladder = True

@@ -25,6 +25,8 @@ __all__ = ["CudaGraph"]
 class CudaGraph(Speedup):
     __doc__ = __doc__
     name = "cuda_graph"
+    ablation_rank = 1
+    compiles = True
     changes = "step"
     order = 60
     in_default_ladder = True

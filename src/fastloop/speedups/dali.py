@@ -33,6 +33,7 @@ __all__ = ["Dali"]
 class Dali(Speedup):
     __doc__ = __doc__
     name = "dali"
+    replaces_loader = True
     changes = "data"
     feeds = True
     order = 65

@@ -73,6 +73,8 @@ class FP8Options:
 class FP8(Speedup):
     __doc__ = __doc__
     name = "fp8"
+    ablation_rank = 2
+    compiles = True
     changes = "model"
     order = 45
     needs_cuda = True

@@ -40,6 +40,8 @@ def fused_linear_cross_entropy() -> torch.nn.Module:
 class FusedLoss(Speedup):
     __doc__ = __doc__
     name = "fused_loss"
+    ablation_rank = 3
+    compiles = True
     changes = "model"
     order = 47
     needs_cuda = True

@@ -50,6 +50,7 @@ def apply_fused_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 class FusedOptimizer(Speedup):
     __doc__ = __doc__
     name = "fused_optimizer"
+    advice_pattern = r"fused[ _]optimizer"
     changes = "optimizer"
     order = 35
     in_default_ladder = True

@@ -122,6 +122,8 @@ class ResidentOptions:
 class GPUResident(Speedup):
     __doc__ = __doc__
     name = "gpu_resident"
+    replaces_loader = True
+    needs_in_memory_tensors = True
     changes = "data"
     feeds = True
     order = 9

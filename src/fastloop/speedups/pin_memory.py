@@ -25,6 +25,7 @@ def apply_pin_memory(loader: DataLoader) -> DataLoader:
 class PinMemory(Speedup):
     __doc__ = __doc__
     name = "pin_memory"
+    advice_pattern = r"pin_memory|pinned memory"
     changes = "data"
     feeds = True
     feeds_copy_only = True

@@ -18,6 +18,7 @@ __all__ = ["BF16", "FP16"]
 class BF16(Speedup):
     __doc__ = __doc__
     name = "bf16"
+    ablation_rank = 5
     changes = "step"
     order = 30
     in_default_ladder = True
@@ -37,6 +38,7 @@ class BF16(Speedup):
 class FP16(Speedup):
     __doc__ = __doc__
     name = "fp16"
+    ablation_rank = 6
     changes = "step"
     order = 31
     math_dtype = "fp16"

@@ -23,6 +23,7 @@ def apply_prefetch(loader: Iterable, device: str = "cuda") -> CUDAPrefetcher:
 class Prefetch(Speedup):
     __doc__ = __doc__
     name = "prefetch"
+    ablation_rank = 8
     changes = "data"
     feeds = True
     feeds_copy_only = True

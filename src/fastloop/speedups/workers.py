@@ -214,6 +214,7 @@ class WorkersOptions:
 class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
+    ablation_rank = 7
     changes = "data"
     feeds = True
     order = 10
