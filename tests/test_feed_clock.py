@@ -97,7 +97,7 @@ def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
     ms of the host's time. The rate the feed must reach is the step's demand, and the rate said to
     be delivered is the pipeline's (not the loader's rate as if it ran alone, which can exceed it)."""
     from fastloop.drivers.doctor import diagnose
-    from fastloop.drivers.ladder import _feed_line
+    from fastloop.drivers.ladder_report import _feed_line
 
     doc = {"step_s": {"mean": 0.010, "median": 0.010}, "data_wait_frac": 0.34, "items_per_step": 32,
            "host_fetch_s": 0.0034, "host_copy_s": 0.0002, "peak_mem_bytes": None, "mfu": None}

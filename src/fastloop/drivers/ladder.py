@@ -30,20 +30,14 @@ from typing import Any
 
 import torch
 
-from fastloop.compare import (
-    VERDICT_CONFIDENCE,
-    Runs,
-    compare,
-    measure_interleaved,
-    merge_runs,
-)
-from fastloop.drivers.doctor import diagnose
-from fastloop.errors import FastloopError, UserCodeError
-from fastloop.drivers.ladder_report import _breakdown, _feed_line, _filter_advice, _join, _own_record  # noqa: F401
+from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved
+from fastloop.errors import FastloopError
+from fastloop.drivers.ladder_gates import FEED_BUSY, FEED_WAIT  # noqa: F401 - the rules the docstring names
+from fastloop.drivers.ladder_report import _filter_advice, _join, baseline_failed, rung_doc
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
-from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
+from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.drivers.targets import RECIPE_LADDER, RECIPE_RUNGS
 
 __all__ = ["DEFAULT_RUNGS", "default_budget", "default_measure_s", "default_rungs", "run_ladder", "select_order"]
@@ -59,11 +53,6 @@ MIN_GAIN = 1.01
 """In the selecting ladder a comparison stops at a look once its interval's upper end is below
 this ratio: the candidate can be at most 1% faster, so more runs could not make it worth keeping
 (H200 round 8: workers on the compiled GPT step ran 4 more processes, ~60 s, to learn 1.00x)."""
-FEED_BUSY = 0.95
-FEED_WAIT = 0.02
-"""A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
-the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
-wait and its host's share of the step getting batches are at most FEED_WAIT."""
 
 
 MODES = ("select", "sequential", "cumulative")
@@ -251,18 +240,7 @@ class _Ladder:
         return fresh, ci, n
 
     # -- documents -----------------------------------------------------------------------------
-    def _rung_doc(self, label: str, spec: str, runs: Runs | None, status: str, reason: str) -> dict:
-        doc = merge_runs(runs) if runs is not None else {"speedups": [], "repeats": 0}
-        doc.update(rung=label, spec=spec, rung_status=status, rung_reason=reason)
-        if runs is not None and runs.docs:
-            doc["bottleneck"] = diagnose(doc)
-            doc["breakdown"] = _breakdown(doc)
-            feed = _feed_line(doc)
-            if feed:
-                doc["feed"] = feed
-        doc.pop("step_s_all", None)
-        doc.pop("wait_s_all", None)
-        return doc
+    _rung_doc = staticmethod(rung_doc)
 
     def document(self) -> dict:
         rungs = [dict(r) for r in self.rungs]
@@ -309,7 +287,7 @@ class _Ladder:
     # -- the two modes ----------------------------------------------------------------------------
     def _baseline(self, runs: Runs) -> None:
         if not runs.docs:
-            raise _baseline_failed(runs)
+            raise baseline_failed(runs)
         if not any(r["rung"] == "baseline" for r in self.rungs):
             label = "baseline" if not self.base else f"baseline ({self.base_spec})"
             self.rungs.insert(0, self._rung_doc(label, self.base_spec, runs, "applied", ""))
@@ -330,48 +308,6 @@ class _Ladder:
     def run(self, candidates: list) -> dict:
         """The sequential search (``mode="sequential"`` or ``"cumulative"``): :mod:`fastloop.drivers.ladder_sequential`."""
         return run_sequential(self, candidates)
-
-    def _model_says_no(self, s: Any) -> str | None:
-        """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
-        known from a run that already built it: not measured."""
-        runs = self.base_runs
-        if runs is None or not runs.docs:
-            return None
-        reason = (runs.docs[-1].get("model_checks") or {}).get(s.name)
-        return f"not measured: {reason}" if reason else None
-
-    def _feed_cannot_help(self, s: Any) -> str | None:
-        """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the best
-        configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
-        most a faster feed could gain is below what the ladder can detect, so it is not measured."""
-        if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
-            return None
-        best = self.best_runs.get(self._spec())
-        if best is None or not best.docs:
-            return None
-        doc = merge_runs(best)
-        busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
-        wait = doc.get("data_wait_frac")
-        host = doc.get("host_wait_frac")
-        if wait is None:
-            return None
-        fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
-        part = "getting batches (loader + copy)"
-        if s.feeds_copy_only and host is not None and fetch and copy is not None:
-            # pinned or early copies leave the loader's own work where it is: only the copy's share counts
-            host, part = host * min(1.0, copy / fetch), "copying batches to the device"
-        if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
-            bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
-            return (f"not measured: the best configuration so far ({self._spec()}) keeps the GPU busy {100 * busy:.0f}% "
-                    f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
-        if host is not None and max(wait, host) <= FEED_WAIT:
-            # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
-            # host-bound one at most the host's time getting it (host): the larger bounds both
-            bound = 1 / max(1e-9, 1 - max(wait, host))
-            return (f"not measured: the best configuration so far ({self._spec()}) spends {100 * host:.1f}% of its "
-                    f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
-                    f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
-        return None
 
     def _final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:
         """The final rung from interleaved runs of the baseline and the selected set (``ci``: their
@@ -398,17 +334,6 @@ class _Ladder:
         self.finalizing = True
         fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
         self._final_from(fresh, ci)
-
-
-def _baseline_failed(runs: Runs) -> Exception:
-    rc = runs.returncodes[-1] if runs.returncodes else None
-    message = runs.failures[-1] if runs.failures else "the baseline did not run"
-    if rc == 2:
-        return FastloopError(message.split("failed in its process: ", 1)[-1])
-    if rc == 1:
-        return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
-                             f"{runs.details[-1].strip() if runs.details else message}")
-    return ConfigurationFailed(message, rc)
 
 
 def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,

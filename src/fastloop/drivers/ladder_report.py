@@ -8,9 +8,13 @@ Example:
 
 from __future__ import annotations
 
-from fastloop.drivers.doctor import without_measured
+from fastloop.compare import Runs, merge_runs
+from fastloop.drivers.doctor import diagnose, without_measured
+from fastloop.drivers.subproc import ConfigurationFailed
+from fastloop.errors import FastloopError, UserCodeError
 
-__all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record"]
+__all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record", "baseline_failed",
+           "rung_doc"]
 
 
 def _own_record(doc: dict, spec: str) -> dict | None:
@@ -93,3 +97,30 @@ def _filter_advice(rungs: list[dict]) -> None:
             moved = r.get("bottleneck_moved")
             if moved and before != r["bottleneck"]["recommendation"] and " next: " in moved:
                 r["bottleneck_moved"] = moved.split(" next: ")[0] + " next: " + r["bottleneck"]["recommendation"]
+
+
+def rung_doc(label: str, spec: str, runs: Runs | None, status: str, reason: str) -> dict:
+    """A rung's document: its runs merged, with its bottleneck, step breakdown and feed line."""
+    doc = merge_runs(runs) if runs is not None else {"speedups": [], "repeats": 0}
+    doc.update(rung=label, spec=spec, rung_status=status, rung_reason=reason)
+    if runs is not None and runs.docs:
+        doc["bottleneck"] = diagnose(doc)
+        doc["breakdown"] = _breakdown(doc)
+        feed = _feed_line(doc)
+        if feed:
+            doc["feed"] = feed
+    doc.pop("step_s_all", None)
+    doc.pop("wait_s_all", None)
+    return doc
+
+
+def baseline_failed(runs: Runs) -> Exception:
+    """The error a failed baseline ends the ladder with: bad input (2), the user's code (1), or the process."""
+    rc = runs.returncodes[-1] if runs.returncodes else None
+    message = runs.failures[-1] if runs.failures else "the baseline did not run"
+    if rc == 2:
+        return FastloopError(message.split("failed in its process: ", 1)[-1])
+    if rc == 1:
+        return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
+                             f"{runs.details[-1].strip() if runs.details else message}")
+    return ConfigurationFailed(message, rc)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs, telling_step_rate
 from fastloop.drivers.doctor import diagnose
+from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.speedups import REGISTRY
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ class StagedSearch:
             return
         data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
         todo = [s for s in todo if not s.needs_in_memory_tensors or data.get("in_memory_tensors")]
-        blocked = {s.name: L._feed_cannot_help(s) for s in todo}
+        blocked = {s.name: feed_cannot_help(L, s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
         self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
                   "feed not measured: " + next(iter(v for v in blocked.values() if v)))
@@ -271,7 +272,7 @@ class StagedSearch:
         when the bundle is not faster."""
         L = self.L
         todo = [s for s in compute if s.name not in _names(L.selected)]
-        ruled_out = {s.name: L._model_says_no(s) for s in todo}
+        ruled_out = {s.name: model_says_no(L, s) for s in todo}
         for s in todo:
             if ruled_out[s.name]:
                 L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", ruled_out[s.name]))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.compare import Runs, telling_step_rate
 from fastloop.drivers.ladder_report import _own_record
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
@@ -42,7 +43,7 @@ def run_sequential(ladder: _Ladder, candidates: list) -> dict:
     last_kept: tuple[dict[str, Runs], str] | None = None
     for s in candidates:
         label = f"+{s.spec}"
-        reason = s.why_not(ctx) or ladder._model_says_no(s) or ladder._feed_cannot_help(s)
+        reason = s.why_not(ctx) or model_says_no(ladder, s) or feed_cannot_help(ladder, s)
         if reason:
             ladder.rungs.append(ladder._rung_doc(label, ladder._spec([s.spec]), None, "skipped", reason))
             ladder._update()

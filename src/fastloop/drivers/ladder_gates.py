@@ -1,0 +1,63 @@
+"""What the ladder does not measure, and why: a rung the model rules out, and a feed speedup on a
+step that hardly waits for its data (``FEED_BUSY``, ``FEED_WAIT``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastloop.compare import merge_runs
+
+if TYPE_CHECKING:
+    from fastloop.drivers.ladder import _Ladder
+
+__all__ = ["FEED_BUSY", "FEED_WAIT", "feed_cannot_help", "model_says_no"]
+
+FEED_BUSY = 0.95
+FEED_WAIT = 0.02
+"""A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
+the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
+wait and its host's share of the step getting batches are at most FEED_WAIT."""
+
+
+def model_says_no(ladder: _Ladder, s: Any) -> str | None:
+    """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
+    known from a run that already built it: not measured."""
+    runs = ladder.base_runs
+    if runs is None or not runs.docs:
+        return None
+    reason = (runs.docs[-1].get("model_checks") or {}).get(s.name)
+    return f"not measured: {reason}" if reason else None
+
+
+def feed_cannot_help(ladder: _Ladder, s: Any) -> str | None:
+    """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the best
+    configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
+    most a faster feed could gain is below what the ladder can detect, so it is not measured."""
+    if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
+        return None
+    best = ladder.best_runs.get(ladder._spec())
+    if best is None or not best.docs:
+        return None
+    doc = merge_runs(best)
+    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+    wait = doc.get("data_wait_frac")
+    host = doc.get("host_wait_frac")
+    if wait is None:
+        return None
+    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    part = "getting batches (loader + copy)"
+    if s.feeds_copy_only and host is not None and fetch and copy is not None:
+        # pinned or early copies leave the loader's own work where it is: only the copy's share counts
+        host, part = host * min(1.0, copy / fetch), "copying batches to the device"
+    if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
+        bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
+        return (f"not measured: the best configuration so far ({ladder._spec()}) keeps the GPU busy {100 * busy:.0f}% "
+                f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+    if host is not None and max(wait, host) <= FEED_WAIT:
+        # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
+        # host-bound one at most the host's time getting it (host): the larger bounds both
+        bound = 1 / max(1e-9, 1 - max(wait, host))
+        return (f"not measured: the best configuration so far ({ladder._spec()}) spends {100 * host:.1f}% of its "
+                f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
+                f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
+    return None
