@@ -33,7 +33,7 @@ import torch
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved
 from fastloop.errors import FastloopError
 from fastloop.drivers.ladder_gates import FEED_BUSY, FEED_WAIT  # noqa: F401 - the rules the docstring names
-from fastloop.drivers.ladder_report import _filter_advice, _join, baseline_failed, rung_doc
+from fastloop.drivers.ladder_report import _filter_advice, _join, _own_record, baseline_failed, rung_doc
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
