@@ -33,6 +33,7 @@ from fastloop._torch_private import (
 )
 from fastloop.data import to_channels_last
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
+from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
 from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
 from fastloop.speedups.compile import CUDAGRAPH_MODES
@@ -41,55 +42,9 @@ from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
 
 
-_ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
-"""What each attribute fastloop patched held before the first patch: (object, had an instance
-attribute, its value). Several callbacks may patch the same attribute; the first undo puts the
-original back and the others find nothing left to do, whatever order Lightning tears down in."""
-
-
-def _patch(obj: Any, attr: str, value: Any, undo: list) -> None:
-    """``obj.attr = value`` for this fit; ``undo`` gets the function that puts back the original."""
-    key = (id(obj), attr)
-    if key not in _ORIGINALS:
-        had = attr in vars(obj)
-        _ORIGINALS[key] = (obj, had, vars(obj).get(attr))
-    setattr(obj, attr, value)
-
-    def restore() -> None:
-        entry = _ORIGINALS.pop(key, None)
-        if entry is None:
-            return
-        target, had, old = entry
-        if had:
-            setattr(target, attr, old)
-        elif attr in vars(target):
-            delattr(target, attr)
-
-    undo.append(restore)
-
-
 _COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The torch.compile mode a LightningModule's children were compiled with during this fit (so
 that compile and cuda_graph compile once); emptied when the fit is torn down."""
-
-
-def _trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) -> str | None:
-    """Why an autocast speedup must leave the Trainer's precision alone (None: it may set it)."""
-    want = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
-    chosen = str(trainer.precision)
-    if chosen == want:
-        return f"the Trainer already trains in {chosen}: nothing to change"
-    if chosen not in ("32-true", "32"):
-        return (f"the Trainer's precision is {chosen!r}, which you set; {name} would replace it with {want}. "
-                f"Remove precision= from the Trainer to let {name} apply")
-    if type(trainer.strategy.precision_plugin).__name__ != "Precision":
-        return (f"the strategy uses its own precision plugin ({type(trainer.strategy.precision_plugin).__name__}); "
-                f"{name} would replace it")
-    return None
-
-
-def _compilable_children(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    return [(n, c) for n, c in module.named_children() if any(True for _ in c.parameters())]
 
 
 class SpeedupCallback(Callback):
@@ -159,7 +114,7 @@ class SpeedupCallback(Callback):
         if inst is None:
             raise RuntimeError("no training data source found on the Trainer")
         original = inst.train_dataloader
-        _patch(inst, "train_dataloader", lambda: wrapped(original()), self._undo())
+        patch_attr(inst, "train_dataloader", lambda: wrapped(original()), self._undo())
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -180,7 +135,7 @@ class SpeedupCallback(Callback):
         plan = StepPlan()
         plan.apply(s, ctx)  # only fills a plan: nothing changes yet
         if plan.autocast_dtype is not None:
-            reason = _trainer_precision_conflict(trainer, plan.autocast_dtype, s.name)
+            reason = trainer_precision_conflict(trainer, plan.autocast_dtype, s.name)
             if reason:
                 ctx.record(s.name, "skipped", reason)
                 return
@@ -208,7 +163,7 @@ class SpeedupCallback(Callback):
             s.apply_model(pl_module, ctx)
             return
         # Lightning calls training_step, not pl_module.__call__: compile the children it calls
-        children = _compilable_children(pl_module)
+        children = compilable_children(pl_module)
         if not children:
             ctx.record(s.name, "skipped", f"{type(pl_module).__name__} has no child module with parameters to "
                                           f"compile (its parameters are used directly in training_step, which "
@@ -247,7 +202,7 @@ class SpeedupCallback(Callback):
             def batch_to_device(*args: Any, **kwargs: Any) -> Any:
                 return to_channels_last(original(*args, **kwargs))
 
-            _patch(trainer.strategy, "batch_to_device", batch_to_device, self._undo())
+            patch_attr(trainer.strategy, "batch_to_device", batch_to_device, self._undo())
         if plan.cuda_graph:
             # The whole step (training_step, backward, optimizer) as one graph where nothing in
             # the step needs the host (lightning_graph.py); otherwise forward+backward through
@@ -257,7 +212,7 @@ class SpeedupCallback(Callback):
             already = _COMPILE_MODE.get(pl_module)
             blocker = whole_step_blocker(trainer, pl_module) if ctx.cuda else "no CUDA"
             if already not in CUDAGRAPH_MODES and blocker is None:
-                self._graph = WholeStepGraph(trainer, pl_module, lambda obj, attr, value: _patch(obj, attr, value, self._undo()),
+                self._graph = WholeStepGraph(trainer, pl_module, lambda obj, attr, value: patch_attr(obj, attr, value, self._undo()),
                                              on_fallback=self._graph_fallback)
                 self.tier = "whole step"
                 ctx.describe(self.speedup.name, self._graph.detail())
@@ -278,7 +233,7 @@ class SpeedupCallback(Callback):
         if already in CUDAGRAPH_MODES:
             ctx.stats[name] = f"captured by compile:{already}"
         else:
-            children = _compilable_children(pl_module)
+            children = compilable_children(pl_module)
             if not children:
                 self.tier = "eager"
                 self._fail("fallback", f"whole step: {why_not_whole}; {type(pl_module).__name__} has no child module "
@@ -339,7 +294,7 @@ class SpeedupCallback(Callback):
                     return None
                 return _original(*args, **kwargs)
 
-            _patch(sched, "step", step, self._undo())
+            patch_attr(sched, "step", step, self._undo())
 
     def _last_step_skipped(self, trainer: Trainer) -> bool:
         scaler = getattr(trainer.precision_plugin, "scaler", None)

@@ -1,0 +1,60 @@
+"""How the Lightning callbacks change a user's objects for one fit and put them back: patched
+attributes with their undo, the Trainer's precision a speedup must leave alone, and the children
+compile wraps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fastloop._compat import Trainer
+
+__all__ = ["compilable_children", "patch_attr", "trainer_precision_conflict"]
+
+
+_ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
+"""What each attribute fastloop patched held before the first patch: (object, had an instance
+attribute, its value). Several callbacks may patch the same attribute; the first undo puts the
+original back and the others find nothing left to do, whatever order Lightning tears down in."""
+
+
+def patch_attr(obj: Any, attr: str, value: Any, undo: list) -> None:
+    """``obj.attr = value`` for this fit; ``undo`` gets the function that puts back the original."""
+    key = (id(obj), attr)
+    if key not in _ORIGINALS:
+        had = attr in vars(obj)
+        _ORIGINALS[key] = (obj, had, vars(obj).get(attr))
+    setattr(obj, attr, value)
+
+    def restore() -> None:
+        entry = _ORIGINALS.pop(key, None)
+        if entry is None:
+            return
+        target, had, old = entry
+        if had:
+            setattr(target, attr, old)
+        elif attr in vars(target):
+            delattr(target, attr)
+
+    undo.append(restore)
+
+
+
+def trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) -> str | None:
+    """Why an autocast speedup must leave the Trainer's precision alone (None: it may set it)."""
+    want = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
+    chosen = str(trainer.precision)
+    if chosen == want:
+        return f"the Trainer already trains in {chosen}: nothing to change"
+    if chosen not in ("32-true", "32"):
+        return (f"the Trainer's precision is {chosen!r}, which you set; {name} would replace it with {want}. "
+                f"Remove precision= from the Trainer to let {name} apply")
+    if type(trainer.strategy.precision_plugin).__name__ != "Precision":
+        return (f"the strategy uses its own precision plugin ({type(trainer.strategy.precision_plugin).__name__}); "
+                f"{name} would replace it")
+    return None
+
+
+def compilable_children(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, c) for n, c in module.named_children() if any(True for _ in c.parameters())]
