@@ -204,6 +204,59 @@ def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> N
                                              for r in ranks)
 
 
+def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool) -> None:
+    """``trainer.fit``, its failures sorted: Ctrl-C, fastloop's own errors, a speedup that claims the
+    error (it falls back), or the user's code."""
+    ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
+    with ctx, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if isinstance(data, DataLoader):
+                trainer.fit(module, train_dataloaders=data)
+            else:
+                trainer.fit(module, datamodule=data)
+        except SystemExit:
+            # Lightning turns Ctrl-C into a graceful shutdown and then exit(1)
+            if trainer.interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        except (FastloopError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            culprit = next((s for s in reversed(chosen) if s.claims(err)), None)
+            if culprit is not None:
+                raise _SpeedupFailed(culprit, err) from err
+            raise UserCodeError(f"while training {target}") from err
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+
+
+def _warn(doc: dict, measure: MeasureCallback, scheduler_notes: list[str], pbar: list[str]) -> None:
+    """The run's warnings: manual optimization, steps that returned None, schedulers, prog_bar."""
+    if measure.manual:
+        doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
+    if measure.none_steps:
+        doc["warnings"].append(f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
+                               f"(Lightning skipped their optimizer step; their loss is null)")
+    doc["warnings"] += scheduler_notes
+    if pbar:
+        doc["warnings"].append(prog_bar_warning(pbar))
+
+
+def _records(trainer: Trainer, cbs: list[SpeedupCallback], fallbacks: list[Record], prepared: list[Record],
+             extra: dict) -> list[Record]:
+    """Every requested speedup's record (a variant that ran instead keeps its fallback record);
+    the counters the speedups reported go into ``extra``."""
+    fell_back = {r.name for r in fallbacks}
+    records = [r for r in records_of(trainer) if r.name not in fell_back] + fallbacks + prepared
+    for cb in cbs:
+        if cb.ctx is not None:
+            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
+        if cb.record.status == "applied":
+            extra.update(cb.speedup.run_stats())
+    return records
+
+
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
               target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
               devices: int = 1, strategy: str | None = None, measure_s: float | None = None) -> dict:
@@ -239,29 +292,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
         **({"strategy": _strategy(strategy, dev)} if distributed
            else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
     )
-    ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
     t_fit = time.perf_counter()
-    with ctx, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            if isinstance(data, DataLoader):
-                trainer.fit(module, train_dataloaders=data)
-            else:
-                trainer.fit(module, datamodule=data)
-        except SystemExit:
-            # Lightning turns Ctrl-C into a graceful shutdown and then exit(1)
-            if trainer.interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        except (FastloopError, KeyboardInterrupt):
-            raise
-        except Exception as err:
-            culprit = next((s for s in reversed(chosen) if s.claims(err)), None)
-            if culprit is not None:
-                raise _SpeedupFailed(culprit, err) from err
-            raise UserCodeError(f"while training {target}") from err
-    if trainer.interrupted:
-        raise KeyboardInterrupt
+    _fit(trainer, module, data, target, chosen, quiet)
     fit_s = time.perf_counter() - t_fit
     pbar = sorted(trainer.progress_bar_metrics) if dev.type == "cuda" else []
     if pbar:
@@ -272,13 +304,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     described = describe_dataset(getattr(trainer, "train_dataloader", None))
     if described:
         extra["dataset"] = described
-    fell_back = {r.name for r in fallbacks}  # a variant that ran instead keeps its fallback record
-    records = [r for r in records_of(trainer) if r.name not in fell_back] + fallbacks + prepared
-    for cb in cbs:
-        if cb.ctx is not None:
-            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
-        if cb.record.status == "applied":
-            extra.update(cb.speedup.run_stats())
+    records = _records(trainer, cbs, fallbacks, prepared, extra)
     unit = getattr(module, "throughput_unit", "samples")
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES)
                                                               for m in module.modules())
@@ -296,14 +322,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     doc["model_checks"] = model_checks
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}
-    if measure.manual:
-        doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
-    if measure.none_steps:
-        doc["warnings"].append(f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
-                               f"(Lightning skipped their optimizer step; their loss is null)")
-    doc["warnings"] += monitored.notes(trainer)
-    if pbar:
-        doc["warnings"].append(prog_bar_warning(pbar))
+    _warn(doc, measure, monitored.notes(trainer), pbar)
     doc["global_rank"] = trainer.global_rank
     doc["world_size"] = trainer.world_size
     if gather.ranks:

@@ -30,8 +30,6 @@ from fastloop.errors import FastloopError, shorten
 
 __all__ = [
     "parse_number",
-    "raised_by_compiler",
-    "rank_zero_value",
     "REGISTRY",
     "Context",
     "Record",
@@ -293,35 +291,6 @@ def parse_number(text: str, convert: type, low: float, high: float, *, message: 
     if not (low < value if low_open else low <= value) or value > high:
         raise FastloopError(message)
     return value
-
-
-def rank_zero_value(fn: Any) -> Any:
-    """``fn()`` computed on rank 0 only and handed to every rank under torch.distributed (a
-    decision made by measuring, such as the worker count, must be the same on all ranks);
-    ``fn()`` otherwise. Every rank must call it at the same point."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return fn()
-    box = [fn() if torch.distributed.get_rank() == 0 else None]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def raised_by_compiler(err: BaseException) -> bool:
-    """Did ``err`` come from torch.compile (Dynamo/Inductor) or a CUDA-graph replay?"""
-    import traceback
-
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = f"{type(e).__module__}.{type(e).__name__}: {e}"
-        if "torch._dynamo" in text or "torch._inductor" in text or "CUDAGraph" in text or "cudagraph" in text:
-            return True
-        files = [f.filename.replace("\\", "/") for f in traceback.extract_tb(e.__traceback__)]
-        if any("/torch/_dynamo/" in f or "/torch/_inductor/" in f for f in files):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def register(cls: type[Speedup]) -> type[Speedup]:

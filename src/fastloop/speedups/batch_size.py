@@ -47,6 +47,7 @@ from fastloop.data import first_tensor, rebuild_loader, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Speedup, StepPlan, register, resolve
+from fastloop.speedups.batch_size_rule import _check_search, _choose, largest_fitting
 from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
     _NOWHERE,
     _digest,
@@ -217,6 +218,41 @@ def _optimizers_from(conf: Any) -> list[torch.optim.Optimizer]:
     raise FastloopError(f"configure_optimizers returned {type(conf).__name__}; cannot build a trial optimizer")
 
 
+class _Trials:
+    """The search's trials: ``self(size)`` trains ``size`` for a few steps and says whether it fit
+    (an out-of-memory error is a failed trial, on every rank alike); each lands in :attr:`rows`."""
+
+    def __init__(self, module: Any, data: Any, dev: torch.device, steps: int, autocast: torch.dtype | None,
+                 progress: Callable[[str], None] | None) -> None:
+        self.module, self.data, self.dev, self.steps, self.autocast, self.progress = (
+            module, data, dev, steps, autocast, progress)
+        self.rows: list[dict] = []
+        self.limit: int | None = None
+        """The data's own batch limit (a dataset smaller than the batch), once a trial met it."""
+
+    def __call__(self, size: int) -> bool:
+        if self.progress:
+            self.progress(f"trying batch size {size}")
+        oom, step_s, got, t0 = False, 0.0, size, time.perf_counter()
+        try:
+            step_s, got = _trial(self.module, self.data, size, self.dev, self.steps, self.autocast)
+        except Exception as err:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_oom(err):
+                raise
+            oom = True
+        if oom:
+            _free(self.dev)  # outside the except block: the traceback no longer pins the failed step's tensors
+        oom, step_s = _agree(oom, step_s, self.dev)
+        ok = not oom
+        self.rows.append({"batch_size": size, "ok": ok, "step_s": step_s if ok else None,
+                          "throughput": got / step_s if ok and step_s > 0 else None,
+                          "trial_s": time.perf_counter() - t0})
+        if ok and got < size:
+            self.rows[-1]["note"] = f"the data yields only {got} samples per batch"
+            self.limit = got if self.limit is None else min(self.limit, got)
+        return ok
+
+
 def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list | None = None,
                       device: str = "auto", init: int | None = None, max_size: int = 4096,
                       objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
@@ -235,12 +271,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             fraction of the failing size (1/16: the largest fitting size is found within ~6%).
     """
 
-    if objective not in ("max", "throughput"):
-        raise FastloopError(f"--objective must be max or throughput, got {objective!r}")
-    if not 0 < margin <= 1:
-        raise FastloopError(f"--margin must be in (0, 1], got {margin}")
-    if max_size < 1:
-        raise FastloopError(f"--max must be >= 1, got {max_size}")
+    _check_search(objective, margin, max_size)
     dev = resolve_device(device)
     plan, ctx = StepPlan(), Context(dev)
     for s in resolve(speedups):
@@ -264,70 +295,13 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
     snap = _snapshot(module)
     mem0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     t_start = time.perf_counter()
-    trials: list[dict] = []
-    limit: list[int | None] = [None]  # the data's own batch limit (a dataset smaller than the batch)
-
-    def attempt(size: int) -> bool:
-        if progress:
-            progress(f"trying batch size {size}")
-        oom, step_s, got, t0 = False, 0.0, size, time.perf_counter()
-        try:
-            step_s, got = _trial(module, data, size, dev, trial_steps, autocast)
-        except Exception as err:  # noqa: BLE001 - re-raised unless it is an OOM
-            if not is_oom(err):
-                raise
-            oom = True
-        if oom:
-            _free(dev)  # outside the except block: the traceback no longer pins the failed step's tensors
-        oom, step_s = _agree(oom, step_s, dev)
-        ok = not oom
-        trials.append({"batch_size": size, "ok": ok, "step_s": step_s if ok else None,
-                       "throughput": got / step_s if ok and step_s > 0 else None, "trial_s": time.perf_counter() - t0})
-        if ok and got < size:
-            trials[-1]["note"] = f"the data yields only {got} samples per batch"
-            limit[0] = got if limit[0] is None else min(limit[0], got)
-        return ok
-
+    attempt = _Trials(module, data, dev, trial_steps, autocast, progress)
+    trials = attempt.rows
     try:
         module.train()
-        if not attempt(start):
-            if start == 1:
-                raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device "
-                                    "(try bf16, a smaller model, or more GPUs via FSDP)")
-            lo, hi = 0, start
-        else:
-            lo, hi = start, None
-            while hi is None and limit[0] is None:
-                nxt = min(lo * 2, max_size)
-                if nxt == lo:
-                    break
-                if attempt(nxt):
-                    lo = nxt
-                else:
-                    hi = nxt
-        if hi is not None:
-            while hi - lo > max(1, int(precision * hi)):
-                mid = (lo + hi) // 2
-                if attempt(mid):
-                    lo = mid
-                else:
-                    hi = mid
-        if lo == 0:
-            lo = 1
-            if not attempt(1):
-                raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device")
-        max_fitting = lo if limit[0] is None else min(lo, limit[0])
-        cap = max(1, int(margin * max_fitting))
-        ok = [t for t in trials if t["ok"] and t["batch_size"] <= cap]
-        if objective == "throughput" and not any(t["batch_size"] == cap for t in ok) and cap != max_fitting:
-            attempt(cap)
-            ok = [t for t in trials if t["ok"] and t["batch_size"] <= cap]
-        if objective == "max" or not ok:
-            chosen = cap
-        else:
-            best = max(t["throughput"] or 0 for t in ok)
-            # the largest size within 2% of the best throughput: noise should not pick a tiny batch
-            chosen = max(t["batch_size"] for t in ok if (t["throughput"] or 0) >= 0.98 * best)
+        lo = largest_fitting(attempt, start, max_size, precision, lambda: attempt.limit is not None)
+        max_fitting = lo if attempt.limit is None else min(lo, attempt.limit)
+        chosen = _choose(trials, attempt, max_fitting, margin, objective)
     finally:
         _restore(module, snap)
         module.zero_grad(set_to_none=True)

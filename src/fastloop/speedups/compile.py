@@ -13,7 +13,8 @@ import torch
 
 from fastloop._torch_private import dynamo_counters
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, raised_by_compiler, register
+from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.torch_facts import raised_by_compiler
 
 __all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters"]
 

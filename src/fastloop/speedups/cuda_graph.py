@@ -10,13 +10,8 @@ plain loop's in :mod:`fastloop.adapters.graph_step`.
 from __future__ import annotations
 
 from fastloop.adapters.graph_step import GraphIneligible
-from fastloop.speedups.base import (
-    Context,
-    Speedup,
-    StepPlan,
-    raised_by_compiler,
-    register,
-)
+from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.torch_facts import raised_by_compiler
 
 __all__ = ["CudaGraph"]
 

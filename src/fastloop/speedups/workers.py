@@ -32,13 +32,8 @@ from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
 from fastloop.measure.stats import STEP_RATE_ENV
-from fastloop.speedups.base import (
-    Context,
-    Speedup,
-    parse_number,
-    rank_zero_value,
-    register,
-)
+from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.torch_facts import rank_zero_value
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
            "predicted_saving", "step_rate_hint"]
