@@ -234,15 +234,11 @@ def fork_trouble(batch_size: int = 16, seed: int = 0):
 
 
 def env_probe():
-    """tiny_mlp that appends the FASTLOOP_PROFILE_STEPS it sees to the file FASTLOOP_TEST_PROBE names
-    (and the FASTLOOP_STEP_RATE, when FASTLOOP_TEST_PROBE_RATE names a file)."""
+    """tiny_mlp that appends the FASTLOOP_PROFILE_STEPS it sees to the file FASTLOOP_TEST_PROBE names."""
     import os
 
     with open(os.environ["FASTLOOP_TEST_PROBE"], "a") as f:
         f.write(os.environ.get("FASTLOOP_PROFILE_STEPS", "unset") + "\n")
-    if os.environ.get("FASTLOOP_TEST_PROBE_RATE"):
-        with open(os.environ["FASTLOOP_TEST_PROBE_RATE"], "a") as f:
-            f.write(os.environ.get("FASTLOOP_STEP_RATE", "unset") + "\n")
     return tiny_mlp()
 
 

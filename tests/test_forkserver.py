@@ -80,26 +80,24 @@ def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypa
 
 
 def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, monkeypatch, tmp_path):
-    """An A/B tells B A's step rate and not A: were the variable read at import, every B run and
-    every A run after it would start a new server (torch and Lightning imported again)."""
+    """An A/B declares A's step rate to B's runs and not to A's (``--step-rate`` in B's arguments,
+    ``run_inputs`` in its document); the declaration is an argument of the run, so one server
+    forks all four runs (torch and Lightning imported once)."""
     from fastloop.drivers.ab import run_ab
 
-    probe, rate = tmp_path / "probe.txt", tmp_path / "rate.txt"
-    monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(probe))
-    monkeypatch.setenv("FASTLOOP_TEST_PROBE_RATE", str(rate))
-    monkeypatch.delenv("FASTLOOP_STEP_RATE", raising=False)
-    pids = []
+    monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(tmp_path / "probe.txt"))
+    pids, told = [], []
 
     def measure(*args, **kwargs):
         doc = run_in_subprocess(*args, **kwargs)
         pids.append(subproc._SERVER.proc.pid)
+        told.append((kwargs.get("step_rate"), doc["run_inputs"]["step_rate"]))
         return doc
 
     run_ab("tests/targets.py:env_probe", "none", "pin_memory", repeats=2, steps=4, warmup=1, measure=measure)
-    seen = rate.read_text().split()
-    assert seen[0] == "unset" and seen[2] == "unset" and float(seen[1]) > 0 and float(seen[3]) > 0  # A, B, A, B
+    assert told[0] == (None, None) and told[2] == (None, None)  # A, B, A, B
+    assert told[1][0] > 0 and told[1][1] == pytest.approx(told[1][0]) and told[3][1] == pytest.approx(told[3][0])
     assert len(set(pids)) == 1  # one server for all four runs
-
 
 
 def test_the_compiler_preload_imports_inductor_without_initializing_cuda():

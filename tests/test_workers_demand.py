@@ -1,8 +1,8 @@
 """``workers`` weighs the loader's measured rates against what the step consumes: H200 round 8,
 a CIFAR loader measured 91.7k samples/s alone and 137.8k with 16 workers (1.5x, so workers were
 used) for a step that consumed ~15k/s, and trained 0.90x; a GPT loader delivers ~15k/s for a step
-that consumes 500/s. With the step's rate known (``FASTLOOP_STEP_RATE``, which the ladder sets
-for a feed candidate's runs), workers are used only where they save the main process >= 10%."""
+that consumes 500/s. With the step's rate known (``RunInputs.step_rate``, which the ladder declares
+to a feed candidate's runs), workers are used only where they save the main process >= 10%."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fastloop.drivers.ladder import run_ladder
 from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
-from fastloop.speedups.base import Context
+from fastloop.speedups.base import Context, RunInputs
 
 CPU = torch.device("cpu")
 
@@ -23,15 +23,11 @@ def _loader(bs: int = 16) -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(64, 3), torch.arange(64)), batch_size=bs)
 
 
-def _apply(monkeypatch, rates: dict[str, float], step_rate: str | None):
+def _apply(monkeypatch, rates: dict[str, float], step_rate: float | None):
     monkeypatch.setattr(W, "choose_num_workers", lambda loader, most=None: (
         max((int(k) for k in rates), key=lambda k: rates[str(k)]), rates))
-    if step_rate is None:
-        monkeypatch.delenv(W.STEP_RATE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(W.STEP_RATE_ENV, step_rate)
     (s,) = resolve("workers")
-    ctx = Context(CPU)
+    ctx = Context(CPU, inputs=RunInputs(step_rate=step_rate))
     loader = _loader()
     out = s.apply_loader(loader, ctx)
     return loader, out, ctx
@@ -39,7 +35,7 @@ def _apply(monkeypatch, rates: dict[str, float], step_rate: str | None):
 
 def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
     # 31.25 steps/s x 16 = 500 samples/s from a loader at 15,000/s alone and 30,000/s with 4 workers
-    loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, "31.25")
+    loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, 31.25)
     rec = ctx.records["workers"]
     assert out is loader and rec.status == "skipped"
     assert "consumes 500 samples/s" in rec.reason and "1.7% of its time, under 10%" in rec.reason
@@ -49,13 +45,13 @@ def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
 
 def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkeypatch):
     # 500 steps/s x 16 = 8,000 samples/s: the main process spends 80% of its time loading, workers 20%
-    loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, "500")
+    loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, 500.0)
     assert "workers" not in ctx.records and out.num_workers == 4  # applied (the adapter writes that record)
     assert ctx.stats["predicted_saving"] == pytest.approx(0.6)
     assert ctx._details["workers"] == ("4 worker processes (measured fastest: 40,000 samples/s against 10,000 with none; "
                                        "predicted to save the main process 60% of its time at the step's 8,000 samples/s)")
     # the GPT case again, with no step rate: the 1.25x rule alone uses workers
-    for bad in (None, "not a number", "0", "inf"):
+    for bad in (None, 0.0, -1.0, float("inf"), float("nan")):
         loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, bad)
         assert "workers" not in ctx.records and out.num_workers == 4 and "step_demand" not in ctx.stats
 
@@ -65,8 +61,7 @@ def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
     rng = np.random.default_rng(0)
 
     def measure(target, spec, **kw):
-        import os
-        seen.setdefault(spec, []).append(os.environ.get(W.STEP_RATE_ENV))
+        seen.setdefault(spec, []).append(kw.get("step_rate"))
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.5 if "bf16" in names else 1.0)
         steps = list(mean * (1 + 0.001 * rng.standard_normal()) * np.ones(30))
@@ -81,8 +76,6 @@ def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
     # the step alone would run 300 steps/s
     rates = {float(r) for r in seen["bf16,workers"][:3]}  # its rung's runs (a final rung is no feed comparison)
     assert len(rates) == 1 and rates.pop() == pytest.approx(1 / (0.010 / 1.5 * 0.5), rel=0.01)
-    import os
-    assert W.STEP_RATE_ENV not in os.environ  # put back after the comparison
 
 
 def test_round_8s_cifar_rates_skip_workers_once_the_demand_is_known(monkeypatch):
@@ -91,23 +84,20 @@ def test_round_8s_cifar_rates_skip_workers_once_the_demand_is_known(monkeypatch)
     measured 0.90x. Once told the step's rate, workers stay out."""
     rates = {"0": 91_718.7, "16": 137_752.0}
     monkeypatch.setattr(W, "choose_num_workers", lambda loader, most=None: (16, rates))
-    monkeypatch.setenv(W.STEP_RATE_ENV, repr(1 / (256 / 14_996 * (1 - 0.055))))
     (s,) = resolve("workers")
-    ctx = Context(CPU)
+    ctx = Context(CPU, inputs=RunInputs(step_rate=1 / (256 / 14_996 * (1 - 0.055))))
     loader = _loader(256)
     assert s.apply_loader(loader, ctx) is loader and ctx.records["workers"].status == "skipped"
     assert ctx.stats["predicted_saving"] == pytest.approx(0.058, abs=0.001)
 
 
 def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
-    import os
-
     from fastloop.drivers.ab import run_ab
 
     told: dict[str, list] = {}
 
     def measure(target, spec, **kw):
-        told.setdefault(spec, []).append(os.environ.get(W.STEP_RATE_ENV))
+        told.setdefault(spec, []).append(kw.get("step_rate"))
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.5 if "bf16" in names else 1.0)
         return {"step_s_all": [mean] * 10, "items_per_step": 16, "data_wait_frac": 0.0, "host_wait_frac": 0.0,
@@ -120,13 +110,12 @@ def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
     told.clear()
     run_ab("x", "none", "bf16,workers", repeats=2, measure=measure)  # B changes the step too: no rate
     assert told["bf16,workers"] == [None, None]
-    assert W.STEP_RATE_ENV not in os.environ
 
 
 
 def test_a_step_the_main_process_cannot_feed_is_described_without_a_share_above_100_percent(monkeypatch):
     # the demo on 2 cores: the step consumes 5,854 samples/s, the main process loads 1,094/s, 4 workers 3,090/s
-    loader, out, ctx = _apply(monkeypatch, {"0": 1_094.0, "4": 3_090.0}, repr(5_854 / 16))
+    loader, out, ctx = _apply(monkeypatch, {"0": 1_094.0, "4": 3_090.0}, 5_854 / 16)
     assert out.num_workers == 4
     detail = ctx._details["workers"]
     assert "cannot keep up with the step's 5,854 samples/s (loading would take 5.4x the step's time)" in detail

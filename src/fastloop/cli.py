@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
                     help="measure a window of this many seconds of steady steps (at least 10 steps) instead of "
                          "--steps")
+    sp.add_argument("--step-rate", type=_number(float, 0, 1e9, "--step-rate must be steps per second, a number > 0",
+                                                low_open=True), default=None,
+                    help="steps per second this step reaches without waiting for data, if you measured it: workers "
+                         "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)")
     steps(sp)
     common(sp)
     ranks(sp)

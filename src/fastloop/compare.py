@@ -15,17 +15,15 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fastloop.measure.stats import STEP_RATE_ENV, one_run_ci, run_ratio_ci, summarize, verdict
+from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 from fastloop.drivers.subproc import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
-           "telling_step_rate"]
+           "step_rate_of"]
 
 VERDICT_CONFIDENCE = 0.97
 """Confidence of the intervals behind every verdict. With 5 interleaved runs per side it keeps
@@ -56,7 +54,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                         progress: Callable[[str], None] | None = None,
                         on_run: Callable[[], None] | None = None, up_to: int | None = None,
                         done: Callable[[str, dict], str] | None = None,
-                        stop: Callable[[str], bool] | None = None) -> dict[str, Runs]:
+                        stop: Callable[[str], bool] | None = None,
+                        told: dict[str, float | None] | None = None) -> dict[str, Runs]:
     """``repeats`` rounds of one run per spec, in order (A B A B ...); ``measure`` is called with
     ``profile=True`` for a spec's first run only (the GPU profile is taken once per configuration).
     ``done(spec, doc)``, after each run, may return a reason to run that spec no more (the
@@ -64,7 +63,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
     With ``up_to``, a spec that
     already has that many runs is not run again (runs are topped up, still interleaved). A failed
     run is kept as a failure and the spec is not run again; ``on_run`` is called after every run.
-    ``stop(spec)``, before each run, may end the whole measurement (the ladder's budget)."""
+    ``stop(spec)``, before each run, may end the whole measurement (the ladder's budget).
+    ``told``: the step rate (steps/s) to declare to a spec's runs (``measure(..., step_rate=)``)."""
     runs = runs if runs is not None else {}
     for spec in specs:
         runs.setdefault(spec, Runs(spec))
@@ -79,7 +79,9 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")
             try:
                 # the first run of each configuration profiles its GPU; the others skip that cost
-                r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device, profile=not r.docs))
+                rate = (told or {}).get(spec)
+                r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device, profile=not r.docs,
+                                      **({"step_rate": rate} if rate else {})))
                 if done is not None:
                     r.settled = done(spec, r.docs[-1]) or ""
             except ConfigurationFailed as err:
@@ -227,23 +229,19 @@ def compare_verdict(ci, tainted: bool = False) -> str:
     return verdict(ci)
 
 
-@contextlib.contextmanager
-def telling_step_rate(runs: Runs | None) -> Iterator[None]:
-    """Runs started inside learn how fast the step of ``runs``' configuration goes without data
-    wait (steps/s, in ``FASTLOOP_STEP_RATE``): ``workers`` weighs its loader rates against it.
-    The ladder tells a feed candidate its base's rate; the A/B tells B A's rate when B adds only
-    feed speedups to A. Nothing is told when ``runs`` has no measured run."""
+def step_rate_of(runs: Runs | None) -> float | None:
+    """How fast the step of ``runs``' configuration goes without data wait (steps/s), from its
+    measured runs; None when it has none. The ladder declares a feed candidate's base rate to the
+    candidate's runs (``RunInputs.step_rate``); the A/B declares A's to B when B adds only feed
+    speedups to A: ``workers`` weighs its loader rates against it.
+
+    Example:
+        >>> r = Runs("bf16"); r.docs.append({"step_s": {"mean": 0.01}, "data_wait_frac": 0.5})
+        >>> round(step_rate_of(r), 6), step_rate_of(Runs("none"))
+        (200.0, None)
+    """
     doc = merge_runs(runs) if runs is not None and runs.docs else {}
     mean = (doc.get("step_s") or {}).get("mean")
     if not mean:
-        yield
-        return
-    before = os.environ.get(STEP_RATE_ENV)
-    os.environ[STEP_RATE_ENV] = repr(1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0))))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(STEP_RATE_ENV, None)
-        else:
-            os.environ[STEP_RATE_ENV] = before
+        return None
+    return 1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0)))

@@ -1,5 +1,7 @@
-"""fastloop for a Lightning ``Trainer``: the public entry point (the adapter lives in
-:mod:`fastloop.adapters.lightning`).
+"""fastloop for a Lightning ``Trainer``: the public entry point. ``callbacks(...)`` builds the
+callbacks (:class:`~fastloop.adapters.lightning.SpeedupCallback`, one per speedup, and
+:class:`~fastloop.adapters.lightning_batch_size.BatchSizeSearch` for ``batch_size``);
+``records_of(trainer)`` says what each did.
 
 Example:
     >>> from fastloop.lightning import callbacks
@@ -11,6 +13,36 @@ Example:
 
 from __future__ import annotations
 
-from fastloop.adapters.lightning import BatchSizeSearch, SpeedupCallback, callback_for, callbacks, records_of
+from fastloop._compat import Callback, Trainer
+from fastloop.adapters.lightning import BatchSizeSearch, SpeedupCallback
+from fastloop.speedups.base import Record, RunInputs, Speedup, resolve
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
+
+
+def callback_for(speedup: Speedup) -> SpeedupCallback:
+    return SpeedupCallback(speedup)
+
+
+def callbacks(spec: str | list[str], *, step_rate: float | None = None) -> list[Callback]:
+    """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError).
+
+    ``batch_size`` becomes a :class:`BatchSizeSearch` that searches with the other speedups of
+    ``spec`` on; every other speedup a :class:`SpeedupCallback`, all sharing one
+    :class:`~fastloop.speedups.base.RunInputs`. ``step_rate``: steps/s your step reaches without
+    waiting for data, if you measured it (``workers`` then sizes the loader to the step's demand).
+    """
+    if not isinstance(spec, (str, list, tuple)):
+        raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
+    chosen = resolve(spec)
+    if step_rate is not None and (isinstance(step_rate, bool) or not 0 < step_rate < float("inf")):
+        raise ValueError(f"step_rate must be steps per second, a number > 0, got {step_rate!r}")
+    in_training = [s for s in chosen if not s.prepares_run]
+    inputs = RunInputs(step_rate=step_rate)
+    return [BatchSizeSearch(speedups=[o.spec for o in in_training] or None) if s.prepares_run
+            else SpeedupCallback(s, inputs=inputs) for s in chosen]
+
+
+def records_of(trainer: Trainer) -> list[Record]:
+    """The outcome of every fastloop speedup callback attached to ``trainer``."""
+    return [c.record for c in trainer.callbacks if isinstance(c, (SpeedupCallback, BatchSizeSearch))]

@@ -35,11 +35,11 @@ from fastloop.data import to_channels_last
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
 from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
-from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.base import Context, Record, RunInputs, Speedup, StepPlan, resolve
 from fastloop.speedups.compile import CUDAGRAPH_MODES
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 
-__all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
+__all__ = ["BatchSizeSearch", "SpeedupCallback"]
 
 
 _COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -57,9 +57,12 @@ class SpeedupCallback(Callback):
 
     Args:
         speedup: a speedup name (``"bf16"``) or a Speedup object.
+        inputs: what the run declares to its speedups (:class:`~fastloop.speedups.base.RunInputs`);
+            the speedup callbacks of one Trainer share the first one's, so that, for example,
+            ``workers`` learns that ``gpu_resident`` already serves the batches on the GPU.
     """
 
-    def __init__(self, speedup: str | Speedup) -> None:
+    def __init__(self, speedup: str | Speedup, inputs: RunInputs | None = None) -> None:
         if not isinstance(speedup, (str, Speedup)):
             raise TypeError(f"SpeedupCallback takes one speedup name (e.g. 'bf16') or a Speedup object, "
                             f"got {type(speedup).__name__}")
@@ -70,6 +73,7 @@ class SpeedupCallback(Callback):
             raise ValueError(f"{found[0].name!r} runs before training: use fastloop.lightning.BatchSizeSearch() "
                              f"(callbacks('{found[0].name}') returns it)")
         self.speedup = found[0]
+        self.inputs = inputs if inputs is not None else RunInputs()
         self.ctx: Context | None = None
         self.plan = StepPlan()
         self._loaders: list = []
@@ -86,6 +90,16 @@ class SpeedupCallback(Callback):
     @property
     def state_key(self) -> str:
         return f"SpeedupCallback[{self.speedup.name}]"
+
+    def _shared_inputs(self, trainer: Trainer) -> RunInputs:
+        """The run's inputs: the first speedup callback's, shared by all of this Trainer's (the
+        first, whose ``setup`` runs first, starts the fit with nothing on the device yet)."""
+        first = next(c for c in trainer.callbacks if isinstance(c, SpeedupCallback))
+        if first is self:
+            self.inputs.batches_on_device = None
+        elif first.inputs.step_rate is None:
+            first.inputs.step_rate = self.inputs.step_rate
+        return first.inputs
 
     @property
     def record(self) -> Record:
@@ -125,7 +139,7 @@ class SpeedupCallback(Callback):
         self.tier = self.tier_why = None
         compiles = s.compile_mode() is not None or s.uses_cudagraphs()
         self._graphs_before = compiled_graph_count() if compiles else None  # Dynamo's import costs ~1 s
-        self.ctx = ctx = Context(trainer.strategy.root_device)
+        self.ctx = ctx = Context(trainer.strategy.root_device, inputs=self._shared_inputs(trainer))
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
         reason = s.why_not(ctx) or s.why_not_model(pl_module)
@@ -371,26 +385,3 @@ class SpeedupCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown hook after an exception
-
-
-def callback_for(speedup: Speedup) -> SpeedupCallback:
-    return SpeedupCallback(speedup)
-
-
-def callbacks(spec: str | list[str]) -> list[Callback]:
-    """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError).
-
-    ``batch_size`` becomes a :class:`BatchSizeSearch` that searches with the other speedups of
-    ``spec`` on; every other speedup a :class:`SpeedupCallback`.
-    """
-    if not isinstance(spec, (str, list, tuple)):
-        raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
-    chosen = resolve(spec)
-    in_training = [s for s in chosen if not s.prepares_run]
-    return [BatchSizeSearch(speedups=[o.spec for o in in_training] or None) if s.prepares_run else SpeedupCallback(s)
-            for s in chosen]
-
-
-def records_of(trainer: Trainer) -> list[Record]:
-    """The outcome of every fastloop speedup callback attached to ``trainer``."""
-    return [c.record for c in trainer.callbacks if isinstance(c, (SpeedupCallback, BatchSizeSearch))]

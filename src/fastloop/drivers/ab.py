@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, telling_step_rate
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, step_rate_of
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import resolve
 from fastloop.drivers.subproc import run_in_subprocess
@@ -75,9 +75,8 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     feeds_only = a_compute == {s.spec for s in resolve(b) if not s.feeds}
 
     def by_side(target_: str, key: str, **kw) -> dict:
-        told = runs[f"a:{a}"] if key.startswith("b:") and feeds_only else None
-        with telling_step_rate(told):
-            return measure(target_, key.split(":", 1)[1], **kw)
+        rate = step_rate_of(runs[f"a:{a}"]) if key.startswith("b:") and feeds_only else None
+        return measure(target_, key.split(":", 1)[1], **kw, **({"step_rate": rate} if rate else {}))
 
     update = (lambda: on_update(_doc(a, b, runs, repeats))) if on_update else None
     shown = (lambda text: progress(text.replace("of a:", "of A = ").replace("of b:", "of B = "))) if progress else None

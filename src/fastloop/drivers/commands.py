@@ -90,7 +90,8 @@ def _run(args: argparse.Namespace, device: str) -> dict:
         return _stamp({"kind": "run", **_scaling_run(args, device)}, args, device)
     return _stamp({"kind": "run", **run_configuration(args.target, args.speedups, steps=args.steps,
                                                      warmup=args.warmup, device=device, devices=args.devices,
-                                                     strategy=args.strategy, measure_s=args.measure_s)},
+                                                     strategy=args.strategy, measure_s=args.measure_s,
+                                                     step_rate=args.step_rate)},
                   args, device)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved
+from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.errors import FastloopError
 from fastloop.drivers.ladder_gates import FEED_BUSY, FEED_WAIT  # noqa: F401 - the rules the docstring names
 from fastloop.drivers.ladder_report import _filter_advice, _join, _own_record, baseline_failed, rung_doc
@@ -158,9 +158,10 @@ class _Ladder:
 
     # -- measurement -------------------------------------------------------------------------
     def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
-                 own: str | None = None) -> None:
+                 own: str | None = None, told: dict[str, float | None] | None = None) -> None:
         """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
-        configuration is not run again once that speedup skipped itself or fell back in a run."""
+        configuration is not run again once that speedup skipped itself or fell back in a run;
+        ``told``: the step rate each spec's runs are told (a feed candidate: its base's)."""
         self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
 
         def done(spec: str, doc: dict) -> str:
@@ -175,7 +176,7 @@ class _Ladder:
 
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
                             device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
-                            done=done, stop=stop)
+                            done=done, stop=stop, told=told)
         self._pending = None
 
     def _run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
@@ -195,7 +196,8 @@ class _Ladder:
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
         return [1] + looks if early else looks
 
-    def _compare_adaptive(self, base: str, cand: str, own: str | None = None) -> tuple[dict[str, Runs], dict | None, int]:
+    def _compare_adaptive(self, base: str, cand: str, own: str | None = None,
+                          tell_rate: bool = False) -> tuple[dict[str, Runs], dict | None, int]:
         """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
 
         When the base's runs are already measured (the best configuration so far), the selecting
@@ -215,7 +217,8 @@ class _Ladder:
             if i > 0 and ci is not None and not self.fits(needed):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
-            self._measure([base, cand], n, fresh, up_to=n, own=own)
+            self._measure([base, cand], n, fresh, up_to=n, own=own,
+                          told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
             self.best_runs[base] = fresh[base]
             if self.cut_by_budget:  # the budget ended this look early: decide on what ran
                 ci = compare(fresh[base], fresh[cand], confidence=confidence) if fresh[cand].docs else None

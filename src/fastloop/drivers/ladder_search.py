@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastloop.compare import Runs, merge_runs, telling_step_rate
+from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.speedups import REGISTRY
@@ -137,8 +137,8 @@ class StagedSearch:
             self.not_tried(specs)
             return False
         base_spec, cand_spec = L._spec(), L._spec(specs)
-        with telling_step_rate(L.best_runs.get(base_spec) if tell_rate else None):
-            fresh, ci, n = L._compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None)
+        fresh, ci, n = L._compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None,
+                                           tell_rate=tell_rate)
         if L.base_runs is None:
             L._baseline(fresh[L.base_spec])
         cand, base = fresh[cand_spec], fresh[base_spec]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
-from fastloop.compare import Runs, telling_step_rate
+from fastloop.compare import Runs
 from fastloop.drivers.ladder_report import _own_record
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
 
@@ -51,8 +51,7 @@ def run_sequential(ladder: _Ladder, candidates: list) -> dict:
         base_spec = ladder._spec()
         cand_spec = ladder._spec([s.spec])
         # a feed candidate's runs learn what the step consumes (workers weighs its loader against it)
-        with telling_step_rate(ladder.best_runs.get(base_spec) if s.feeds else None):
-            fresh, ci, n = ladder._compare_adaptive(base_spec, cand_spec, own=s.spec)
+        fresh, ci, n = ladder._compare_adaptive(base_spec, cand_spec, own=s.spec, tell_rate=s.feeds)
         if ladder.base_runs is None:
             ladder._baseline(fresh[ladder.base_spec])
             prev_bottleneck = ladder.rungs[0].get("bottleneck", {}).get("bottleneck")

@@ -28,7 +28,8 @@ from fastloop._torch_private import CONV_TYPES
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
-from fastloop.adapters.lightning import SpeedupCallback, records_of
+from fastloop.adapters.lightning import SpeedupCallback
+from fastloop.lightning import records_of
 from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.drivers.run_document import (
     describe_dataset,
@@ -39,7 +40,7 @@ from fastloop.drivers.run_document import (
     steadiness_warning,
     weights_digest,
 )
-from fastloop.speedups.base import Record, resolve
+from fastloop.speedups.base import Record, RunInputs, resolve
 from fastloop.drivers.targets import build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
@@ -81,8 +82,13 @@ def _first_line(err: BaseException) -> str:
 def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
                       device: str = "auto", target_kwargs: dict[str, Any] | None = None,
                       quiet: bool = True, steady_warmup: bool = True, devices: int = 1,
-                      strategy: str | None = None, measure_s: float | None = None) -> dict:
+                      strategy: str | None = None, measure_s: float | None = None,
+                      step_rate: float | None = None) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
+
+    ``step_rate``: steps/s the step reaches without data wait, when a driver measured it: declared
+    to the run's speedups (:class:`~fastloop.speedups.base.RunInputs`; ``workers`` sizes itself
+    to it).
 
     ``steady_warmup``: extend the warm-up until step times are steady (reported as
     ``warmup_extended_steps``); off, exactly ``warmup + steps`` steps are trained.
@@ -112,6 +118,8 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         raise FastloopError(f"--measure-s must be a number of seconds > 0, got {measure_s!r}")
     if strategy not in (None, "ddp", "fsdp"):
         raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
+    if step_rate is not None and (isinstance(step_rate, bool) or not 0 < step_rate < float("inf")):
+        raise FastloopError(f"--step-rate must be steps per second, a number > 0, got {step_rate!r}")
     ensure_cuda_queues()  # before CUDA starts: a data pipeline on its own streams must not queue behind the step
     dev = resolve_device(device)
     if strategy == "fsdp" and dev.type != "cuda":
@@ -125,7 +133,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
         try:
             doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup,
-                            devices, strategy, measure_s)
+                            devices, strategy, measure_s, RunInputs(step_rate=step_rate))
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
             torch.compiler.reset()
@@ -259,7 +267,8 @@ def _records(trainer: Trainer, cbs: list[SpeedupCallback], fallbacks: list[Recor
 
 def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
               target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
-              devices: int = 1, strategy: str | None = None, measure_s: float | None = None) -> dict:
+              devices: int = 1, strategy: str | None = None, measure_s: float | None = None,
+              inputs: RunInputs | None = None) -> dict:
 
     t_build = time.perf_counter()
     module, data, user_trainer = build_target(target, **(target_kwargs or {}))
@@ -276,7 +285,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
             extra.update(stats)
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    cbs = [SpeedupCallback(s) for s in in_training]
+    inputs = inputs or RunInputs()
+    cbs = [SpeedupCallback(s, inputs=inputs) for s in in_training]
     measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps, measure_s=measure_s,
                               profile_steps=profile_steps() if dev.type == "cuda" else 0)
     monitored = _MonitoredSchedulers()
@@ -320,6 +330,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                       if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
     doc["model_checks"] = model_checks
+    doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}
     _warn(doc, measure, monitored.notes(trainer), pbar)

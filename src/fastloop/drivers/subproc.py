@@ -120,7 +120,7 @@ class _ForkServer:
         self.proc.wait()
 
 
-RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS", "FASTLOOP_STEP_RATE"})
+RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS"})
 """Variables fastloop reads while a run starts, not at import: a change needs no new fork server
 (each forked child gets the request's whole environment)."""
 
@@ -209,8 +209,10 @@ _FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver 
 
 def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
                       timeout: float = 3600, devices: int = 1, strategy: str | None = None,
-                      profile: bool = True, measure_s: float | None = None) -> dict:
+                      profile: bool = True, measure_s: float | None = None, step_rate: float | None = None) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
+
+    ``step_rate``: the step rate (steps/s) the driver declares to the run (``--step-rate``).
 
     ``profile=False`` turns the GPU profile of the extra steps after the measured ones off
     (``FASTLOOP_PROFILE_STEPS=0`` in the child): a configuration's later runs need no second one.
@@ -224,6 +226,8 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
                "--steps", str(steps), "--warmup", str(warmup), "--device", device, "--json", path, "--quiet"]
         if measure_s is not None:
             cmd += ["--measure-s", repr(float(measure_s))]
+        if step_rate is not None:
+            cmd += ["--step-rate", repr(float(step_rate))]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = child_env(profile)

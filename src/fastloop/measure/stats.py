@@ -27,12 +27,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "STEP_RATE_ENV", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+__all__ = ["MIN_RUNS", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
            "summarize", "t_quantile", "verdict"]
 
-STEP_RATE_ENV = "FASTLOOP_STEP_RATE"
-"""Where a caller says how many steps per second the training step runs without data wait (the
-ladder tells a feed candidate's runs; ``workers`` weighs its loader against it)."""
 
 MIN_RUNS = 3
 """Fewer runs per side than this: no verdict ("too few runs to tell")."""

@@ -33,6 +33,7 @@ __all__ = [
     "REGISTRY",
     "Context",
     "Record",
+    "RunInputs",
     "Speedup",
     "StepPlan",
     "register",
@@ -63,10 +64,26 @@ class Record:
 
 
 @dataclass
+class RunInputs:
+    """What the driver and the adapter declare to every speedup of one run: one object shared by
+    all of the run's speedups (no environment variable, no marker attribute on a loader)."""
+
+    step_rate: float | None = None
+    """Steps per second the step runs at when it never waits for data, when a driver measured it
+    (the ladder and the A/B tell a feed candidate its base configuration's rate; ``fastloop run
+    --step-rate``): ``workers`` weighs its loader's rates against it."""
+    batches_on_device: str | None = None
+    """The speedup that serves this run's batches already on the device (``gpu_resident``), set
+    when it applies: the CPU feed (workers, pinned memory, prefetch) then has nothing to do."""
+
+
+@dataclass
 class Context:
     """What a speedup may look at to decide whether it applies, and where it reports."""
 
     device: torch.device
+    inputs: RunInputs = field(default_factory=RunInputs)
+    """What the driver declared for this run (shared by all of its speedups)."""
     records: dict[str, Record] = field(default_factory=dict)
     """One record per requested speedup, filled as they are applied."""
     stats: dict[str, Any] = field(default_factory=dict)

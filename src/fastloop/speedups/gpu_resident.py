@@ -43,11 +43,10 @@ class GPUResidentLoader:
     """Batches indexed from tensors that live on ``device``, in the order of ``loader``'s sampler.
 
     Iterating gives what iterating the original DataLoader gives (same batches, same order for
-    the same seed), already on the device. ``fastloop_resident`` marks it for the other data
-    speedups (workers, pin_memory, prefetch have nothing left to do).
+    the same seed), already on the device. Applied, the speedup says so in the run's
+    :class:`~fastloop.speedups.base.RunInputs` (workers, pin_memory and prefetch then have nothing
+    left to do).
     """
-
-    fastloop_resident = True
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader) -> None:
         self.tensors = tensors
@@ -143,4 +142,5 @@ class GPUResident(Speedup):
             ctx.record(self.name, "skipped", str(why))
             return loader
         ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
+        ctx.inputs.batches_on_device = self.name
         return resident

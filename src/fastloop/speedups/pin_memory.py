@@ -34,8 +34,8 @@ class PinMemory(Speedup):
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
-        if getattr(loader, "fastloop_resident", False):
-            ctx.record(self.name, "skipped", "the data is already on the GPU (gpu_resident)")
+        if ctx.inputs.batches_on_device:
+            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
             return loader
         if not isinstance(loader, DataLoader):
             ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")

@@ -32,8 +32,8 @@ class Prefetch(Speedup):
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
-        if getattr(loader, "fastloop_resident", False):
-            ctx.record(self.name, "skipped", "the data is already on the GPU (gpu_resident)")
+        if ctx.inputs.batches_on_device:
+            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
             return loader
         return apply_prefetch(loader, ctx.device)
 

@@ -4,8 +4,9 @@ Without an option, the loader's own rate (samples/s) is measured in the main pro
 1, 2, 4, ... workers (up to the CPU count, at least 4; about half a second each), and the fastest count is
 used; when no count delivers faster than the main process alone (an in-memory TensorDataset,
 for example, where worker IPC costs more than indexing), the speedup is skipped with the
-measured rates as the reason. When the step's own rate is known (the ladder passes the best
-configuration's measured steps/s in ``FASTLOOP_STEP_RATE``; a user may set it too), the
+measured rates as the reason. When the step's own rate is known (the ladder declares the best
+configuration's measured steps/s in the run's ``RunInputs.step_rate``; ``fastloop run
+--step-rate`` and ``callbacks(..., step_rate=)`` let a user declare it), the
 decision weighs the loader against what the step consumes: the main process's share of each
 training second that workers would save, ``demand x (1/rate_main - 1/rate_workers)``, must reach
 10% (``WORKER_MIN_SAVING``), else the speedup is skipped with both figures (a GPT step that
@@ -31,7 +32,6 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
-from fastloop.measure.stats import STEP_RATE_ENV
 from fastloop.speedups.base import Context, Speedup, parse_number, register
 from fastloop.speedups.torch_facts import rank_zero_value
 
@@ -138,15 +138,12 @@ the prediction leaves out the worker processes' contention for the cores with th
 0.90x, 97% CI 0.79-1.04)."""
 
 
-def step_rate_hint() -> float | None:
-    """Steps per second the training step runs at when it never waits for data, if a caller
-    measured it (``FASTLOOP_STEP_RATE``, set by the ladder for a feed candidate's runs); else None."""
-    text = os.environ.get(STEP_RATE_ENV, "")
-    try:
-        rate = float(text)
-    except ValueError:
-        return None
-    return rate if rate > 0 and rate != float("inf") else None
+def step_rate_hint(ctx: Context) -> float | None:
+    """Steps per second the training step runs at when it never waits for data, if a driver
+    measured it and declared it (:attr:`RunInputs.step_rate`: the ladder tells a feed
+    candidate's runs); else None."""
+    rate = ctx.inputs.step_rate
+    return rate if rate is not None and 0 < rate < float("inf") else None
 
 
 def predicted_saving(demand: float, main_rate: float, workers_rate: float) -> float:
@@ -163,7 +160,7 @@ def predicted_saving(demand: float, main_rate: float, workers_rate: float) -> fl
 def _demand_says_no(batch_size: int | None, main: float | None, fast: float | None, n: int, ctx: Context) -> str | None:
     """With the step's rate known: why ``n`` workers cannot pay here (they would save the main process
     under ``WORKER_MIN_SAVING`` of its time), or None; the demand and the saving go into ``ctx.stats``."""
-    steps_per_s = step_rate_hint()
+    steps_per_s = step_rate_hint(ctx)
     if steps_per_s is None or not batch_size or not main or not fast or main != main or fast != fast:
         return None
     demand = steps_per_s * batch_size
@@ -223,8 +220,8 @@ class Workers(Speedup):
         return parse_number(text, int, 1, 256, message=f"workers:{text}: the worker count must be an integer from 1 to 256")
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
-        if getattr(loader, "fastloop_resident", False):
-            ctx.record(self.name, "skipped", "the data is already on the GPU (gpu_resident)")
+        if ctx.inputs.batches_on_device:
+            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
             return loader
         if not isinstance(loader, DataLoader):
             ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
