@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder import _breakdown
+from fastloop.drivers.ladder_report import _breakdown
 from fastloop.measure.gpu_busy import busy_span, summarize_trace
 from fastloop.report.html import render_html
 

@@ -53,26 +53,29 @@ _seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6
 _measure_seconds = _number(float, 0, 1e6, "--measure-s must be seconds, a number in (0, 1e6)", low_open=True)
 
 
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    sp.add_argument("--json", metavar="FILE", help="write the JSON document here")
+    sp.add_argument("--out", metavar="DIR", help="write report.json, report.md and report.html here")
+    sp.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+
+def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
+    sp.add_argument("--steps", type=_positive("--steps"), default=default_steps, help="measured steps")
+    sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
+                    help="steps before measuring (compile and capture happen here)")
+
+
+def _ranks(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--devices", type=_positive("--devices", most=1024), default=1,
+                    help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy")
+    sp.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
+                    help="Lightning's strategy for --devices > 1 (default ddp)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastloop", description="Make PyTorch training loops fast, and prove it.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-        sp.add_argument("--json", metavar="FILE", help="write the JSON document here")
-        sp.add_argument("--out", metavar="DIR", help="write report.json, report.md and report.html here")
-        sp.add_argument("--quiet", action="store_true", help="print nothing but errors")
-
-    def steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
-        sp.add_argument("--steps", type=_positive("--steps"), default=default_steps, help="measured steps")
-        sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
-                        help="steps before measuring (compile and capture happen here)")
-
-    def ranks(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--devices", type=_positive("--devices", most=1024), default=1,
-                        help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy")
-        sp.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
-                        help="Lightning's strategy for --devices > 1 (default ddp)")
 
     sp = sub.add_parser("run", help="measure one configuration")
     sp.add_argument("target")
@@ -86,9 +89,9 @@ def _parser() -> argparse.ArgumentParser:
                                                 low_open=True), default=None,
                     help="steps per second this step reaches without waiting for data, if you measured it: workers "
                          "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)")
-    steps(sp)
-    common(sp)
-    ranks(sp)
+    _steps(sp)
+    _common(sp)
+    _ranks(sp)
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
     sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
@@ -109,30 +112,30 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
                     help="seconds of steady steps each run measures, however short the step (default 2 on a GPU: "
                          "a 16 ms step measures ~125 steps, enough to tell 5%% from noise; 1 on a CPU)")
-    steps(sp)
-    common(sp)
-    ranks(sp)
+    _steps(sp)
+    _common(sp)
+    _ranks(sp)
     sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
     sp.add_argument("target")
     sp.add_argument("--a", required=True)
     sp.add_argument("--b", required=True)
     sp.add_argument("--repeats", type=_positive("--repeats", most=1000), default=5,
                     help="runs a side, interleaved (fewer than 3: too few runs to tell)")
-    steps(sp)
-    common(sp)
-    ranks(sp)
+    _steps(sp)
+    _common(sp)
+    _ranks(sp)
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none")
     sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
     sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
     sp.add_argument("--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size")
-    common(sp)
+    _common(sp)
     sp = sub.add_parser("doctor", help="machine ceilings; with a target, its bottleneck")
     sp.add_argument("target", nargs="?")
     sp.add_argument("--quick", action="store_true", help="smaller problems (faster, less exact)")
-    steps(sp, default_steps=20)
-    common(sp)
+    _steps(sp, default_steps=20)
+    _common(sp)
     return p
 
 

@@ -183,23 +183,18 @@ class Speedup:
     batch, not the loader's own work (which stays in the main process)."""
 
     replaces_loader: ClassVar[bool] = False
-    """A feed that serves batches on the GPU in place of the loader (the data on the GPU, DALI):
-    with one kept, the CPU feed (workers, pinned memory, prefetch) has nothing left to do."""
+    """A feed serving batches on the GPU in place of the loader: with it, the CPU feed has nothing to do."""
     needs_in_memory_tensors: ClassVar[bool] = False
-    """It applies only to a dataset of in-memory tensors: the ladder tries it only when the run's
-    dataset description says so."""
+    """It applies only to a dataset of in-memory tensors (the ladder reads the run's dataset)."""
     changes_workload: ClassVar[bool] = False
-    """It changes the work a step does (the batch size), not how fast the same work runs: the
-    ladder tries it on its own, after the feed and the compute stack."""
+    """It changes the step's work (the batch size): the ladder tries it alone, after the rest."""
     ablation_rank: ClassVar[int | None] = None
-    """Kept in a bundle, it costs something when it does not help (compile time, capture,
-    memory, precision, layout, processes): the ladder's ablation takes it out to check, lowest
-    rank first. None: it costs nothing when it does not help and is not ablated."""
+    """It costs something when it does not help (compile, capture, precision, layout, processes):
+    the ladder's ablation takes it out to check, lowest rank first; None: never ablated."""
     compiles: ClassVar[bool] = False
     """Its runs call ``torch.compile`` (or may): the fork server preloads the compiler for them."""
     advice_pattern: ClassVar[str | None] = None
-    """How a recommendation's text names this speedup (a regular expression); None: its name as
-    a word."""
+    """How advice names it (a regular expression); None: its name as a word."""
 
     option_help: ClassVar[str | None] = None
     """What the option after the colon may be (None: the speedup takes no option)."""
