@@ -79,13 +79,17 @@ def test_too_large_for_the_gpu_is_refused(monkeypatch):
 
 
 def test_other_data_speedups_step_aside():
+    """gpu_resident, applied, declares in the run's inputs that the batches are on the device; the
+    CPU feed applied after it in the same run steps aside with that reason."""
     from fastloop.speedups import resolve
 
-    resident = make_resident(DataLoader(_ds(), batch_size=4), CPU)
+    (gpu_resident,) = resolve("gpu_resident")
+    ctx = Context(CPU)
+    resident = gpu_resident.apply_loader(DataLoader(_ds(), batch_size=4), ctx)
+    assert ctx.inputs.batches_on_device == "gpu_resident"
     for s in resolve("workers,pin_memory,prefetch"):
-        ctx = Context(CPU)
         assert s.apply_loader(resident, ctx) is resident
-        assert "already on the GPU" in ctx.records[s.name].reason
+        assert ctx.records[s.name].reason == "the data is already on the GPU (gpu_resident)"
 
 
 def test_random_crop_matches_torchvision_in_distribution():
