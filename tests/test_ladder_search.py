@@ -200,3 +200,19 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
     assert _replaces_loader({"test_gpu_feed"}) and not _replaces_loader({"workers", "pin_memory"})
     d = without_measured({"recommendation": "try costly kernels, or bf16."}, {"test_costly": "0.98x"})
     assert d["advice_filtered"] == ["test_costly"]
+
+
+def test_every_comparison_records_its_counterbalanced_run_order():
+    """Issue 37: each comparison's ``run_order`` (A its base, B the candidate) is the order the
+    runs ran in, the rounds alternating (A B, then B A, ...); base runs counted again from an
+    earlier comparison are said (``base_runs_reused``) and are not run again."""
+    doc = run_ladder("x", ["bf16", "fused_optimizer"], device="cpu",
+                     measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.0))
+    by = {r["rung"]: r["speedup_vs_prev"] for r in _measured(doc)}
+    bundle = by["+bf16,fused_optimizer (compute bundle)"]
+    # the baseline's bottleneck run counts again: round 1 A B, round 2 B A, round 3 B (A has 3)
+    assert bundle["run_order"] == ["A", "B", "B", "A", "B"] and bundle["base_runs_reused"] == 1
+    ablation = by["-bf16"]  # the bundle's 3 runs count again; one run of the candidate told enough
+    assert ablation["run_order"] == ["B"] and ablation["base_runs_reused"] == 3
+    assert [e["spec"] for e in doc["run_log"]] == ["none", "none", "bf16,fused_optimizer", "bf16,fused_optimizer",
+                                                   "none", "bf16,fused_optimizer", "fused_optimizer"]

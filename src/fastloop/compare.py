@@ -23,7 +23,7 @@ from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 from fastloop.drivers.subproc import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
-           "step_rate_of"]
+           "step_rate_of", "unsteady_note"]
 
 VERDICT_CONFIDENCE = 0.97
 """Confidence of the intervals behind every verdict. With 5 interleaved runs per side it keeps
@@ -55,8 +55,13 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                         on_run: Callable[[], None] | None = None, up_to: int | None = None,
                         done: Callable[[str, dict], str] | None = None,
                         stop: Callable[[str], bool] | None = None,
-                        told: dict[str, float | None] | None = None) -> dict[str, Runs]:
-    """``repeats`` rounds of one run per spec, in order (A B A B ...); ``measure`` is called with
+                        told: dict[str, float | None] | None = None, order: list[str] | None = None,
+                        counterbalance: bool = True) -> dict[str, Runs]:
+    """``repeats`` rounds of one run per spec, counterbalanced (A B, then B A, A B, B A, ...: the
+    order of each round alternates, so drift between consecutive processes, such as warm caches
+    or GPU clocks favouring the second, lands on both sides alike; ``counterbalance=False``: the
+    older fixed order A B A B); each run's spec is appended to ``order`` as it starts. The runs
+    stay paired by round. ``measure`` is called with
     ``profile=True`` for a spec's first run only (the GPU profile is taken once per configuration).
     ``done(spec, doc)``, after each run, may return a reason to run that spec no more (the
     ladder: the candidate's speedup skipped itself, so further runs would measure the base again).
@@ -69,7 +74,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
     for spec in specs:
         runs.setdefault(spec, Runs(spec))
     for rep in range(repeats):
-        for spec in specs:
+        done_rounds = min(len(runs[s].docs) + len(runs[s].failures) for s in specs)
+        for spec in (specs[::-1] if counterbalance and done_rounds % 2 else specs):
             r = runs[spec]
             if r.failures or r.settled or (up_to is not None and len(r.docs) >= up_to):
                 continue
@@ -77,6 +83,8 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
                 return runs
             if progress:
                 progress(f"run {len(r.docs) + 1} of {spec or 'none'}")
+            if order is not None:
+                order.append(spec)
             try:
                 # the first run of each configuration profiles its GPU; the others skip that cost
                 rate = (told or {}).get(spec)
@@ -227,6 +235,21 @@ def compare_verdict(ci, tainted: bool = False) -> str:
     if tainted:
         return "no verdict: the loss was not finite (NaN/inf) in at least one run"
     return verdict(ci)
+
+
+def unsteady_note(*sides: Runs) -> str:
+    """What a verdict must say when some of its runs never reached a steady rate (their window
+    ran out while the rate still drifted): "" when every run was steady.
+
+    Example:
+        >>> unsteady_note(Runs("a", docs=[{"steady": False}, {"steady": True}]), Runs("b", docs=[{}]))
+        '; 1 of 3 runs never reached a steady rate (their figures are the mean over a drifting window)'
+    """
+    docs = [d for r in sides for d in r.docs]
+    bad = sum(d.get("steady") is False for d in docs)
+    if not bad:
+        return ""
+    return f"; {bad} of {len(docs)} runs never reached a steady rate (their figures are the mean over a drifting window)"
 
 
 def step_rate_of(runs: Runs | None) -> float | None:

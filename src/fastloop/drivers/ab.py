@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, step_rate_of
+from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, step_rate_of, unsteady_note
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import resolve
 from fastloop.drivers.subproc import run_in_subprocess
@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_REPEATS", "run_ab"]
 DEFAULT_REPEATS = 5
 
 
-def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int) -> dict:
+def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int, order: list[str] | None = None) -> dict:
     ra, rb = runs[f"a:{a}"], runs[f"b:{b}"]
     sides = {"a": merge_runs(ra), "b": merge_runs(rb)}
     for side, spec in (("a", a), ("b", b)):
@@ -46,11 +46,13 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int) -> dict:
         verdict += f"; per item (throughput): B trains on {ib} items per step, A on {ia}"
         agreement = {"comparable": False,
                      "note": f"not compared: B's steps hold {ib} items and A's {ia}, so their losses are over different batches"}
+    verdict += unsteady_note(ra, rb)
     return {"kind": "ab", "a_spec": a, "b_spec": b, "a": sides["a"], "b": sides["b"], "repeats": repeats,
             "speedup": speedup, "verdict": verdict, "loss_agreement": agreement,
             "losses": {"a": first[0], "b": first[1]},
+            "run_order": [key.split(":", 1)[0].upper() for key in (order or [])],
             "method": "run-level paired t-interval on the log of mean-step-time ratios (per item when the sides' batch "
-                      "sizes differ; A1 B1 A2 B2 ... interleaved, "
+                      "sizes differ; counterbalanced pairs A B, B A, A B, ... (run_order), "
                       "each run a fresh process); fewer than 3 runs per side: too few runs to tell"}
 
 
@@ -78,16 +80,17 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
         rate = step_rate_of(runs[f"a:{a}"]) if key.startswith("b:") and feeds_only else None
         return measure(target_, key.split(":", 1)[1], **kw, **({"step_rate": rate} if rate else {}))
 
-    update = (lambda: on_update(_doc(a, b, runs, repeats))) if on_update else None
+    order: list[str] = []
+    update = (lambda: on_update(_doc(a, b, runs, repeats, order))) if on_update else None
     shown = (lambda text: progress(text.replace("of a:", "of A = ").replace("of b:", "of B = "))) if progress else None
     try:
         measure_interleaved(target, [f"a:{a}", f"b:{b}"], repeats, measure=by_side, steps=steps, warmup=warmup,
-                            device=device, runs=runs, progress=shown, on_run=update)
+                            device=device, runs=runs, progress=shown, on_run=update, order=order)
     except KeyboardInterrupt:
-        doc = _doc(a, b, runs, repeats)
+        doc = _doc(a, b, runs, repeats, order)
         doc["interrupted"] = True
         return doc
-    doc = _doc(a, b, runs, repeats)
+    doc = _doc(a, b, runs, repeats, order)
     _raise_side_failure(doc, runs, a, b, on_update)
     return doc
 

@@ -12,7 +12,7 @@ slower, or at most 1% faster: ``MIN_GAIN``; a candidate whose first run is clear
 the best's runs is dropped after that run: ``EARLY_DROP``) and otherwise adds runs up to
 ``max_repeats`` while the runs and the final comparison fit the ``budget``. Each look uses a
 stricter interval (Bonferroni over the looks). A feed speedup is not measured when a faster feed
-could gain at most 2% (``FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
+could gain at most 2% (``ladder_gates.FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
 data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures
 the selected set against the baseline, interleaved, and the callbacks line names exactly it.
 
@@ -32,8 +32,7 @@ import torch
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.errors import FastloopError
-from fastloop.drivers.ladder_gates import FEED_BUSY, FEED_WAIT  # noqa: F401 - the rules the docstring names
-from fastloop.drivers.ladder_report import _filter_advice, _join, _own_record, baseline_failed, rung_doc
+from fastloop.drivers.ladder_report import _filter_advice, _join, _own_record, baseline_failed, note_run_order, rung_doc
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
@@ -158,7 +157,8 @@ class _Ladder:
 
     # -- measurement -------------------------------------------------------------------------
     def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
-                 own: str | None = None, told: dict[str, float | None] | None = None) -> None:
+                 own: str | None = None, told: dict[str, float | None] | None = None,
+                 order: list[str] | None = None) -> None:
         """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
         configuration is not run again once that speedup skipped itself or fell back in a run;
         ``told``: the step rate each spec's runs are told (a feed candidate: its base's)."""
@@ -176,7 +176,7 @@ class _Ladder:
 
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
                             device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
-                            done=done, stop=stop, told=told)
+                            done=done, stop=stop, told=told, order=order)
         self._pending = None
 
     def _run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
@@ -205,8 +205,10 @@ class _Ladder:
         ``EARLY_DROP`` whose one run lies outside the prediction interval of the base's runs is
         dropped there (it can only be dropped early, never kept)."""
         fresh: dict[str, Runs] = {}
+        order: list[str] = []
         if base in self.best_runs:  # the best configuration's runs so far count again
             fresh[base] = self.best_runs[base]
+        reused = len(fresh[base].docs) if base in fresh else 0
         early = self.mode != "cumulative" and len(fresh[base].docs) >= MIN_REPEATS if base in fresh else False
         looks = self._looks(early)
         confidence = 1 - (1 - VERDICT_CONFIDENCE) / len(looks)
@@ -217,7 +219,7 @@ class _Ladder:
             if i > 0 and ci is not None and not self.fits(needed):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
-            self._measure([base, cand], n, fresh, up_to=n, own=own,
+            self._measure([base, cand], n, fresh, up_to=n, own=own, order=order,
                           told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
             self.best_runs[base] = fresh[base]
             if self.cut_by_budget:  # the budget ended this look early: decide on what ran
@@ -240,6 +242,7 @@ class _Ladder:
                 break
             if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
                 break
+        note_run_order(ci, order, base, reused, fresh[base], fresh[cand])
         return fresh, ci, n
 
     # -- documents -----------------------------------------------------------------------------

@@ -8,13 +8,13 @@ Example:
 
 from __future__ import annotations
 
-from fastloop.compare import Runs, merge_runs
+from fastloop.compare import Runs, merge_runs, unsteady_note
 from fastloop.drivers.doctor import diagnose, without_measured
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
 
 __all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record", "baseline_failed",
-           "rung_doc"]
+           "note_run_order", "rung_doc"]
 
 
 def _own_record(doc: dict, spec: str) -> dict | None:
@@ -124,3 +124,14 @@ def baseline_failed(runs: Runs) -> Exception:
         return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
                              f"{runs.details[-1].strip() if runs.details else message}")
     return ConfigurationFailed(message, rc)
+
+
+def note_run_order(ci: dict | None, order: list[str], base: str, reused: int, base_runs: Runs, cand_runs: Runs) -> None:
+    """Into a comparison's ``ci``: the order its runs ran in (``run_order``: A its base, B the
+    candidate; counterbalanced pairs), how many of the base's runs came from earlier comparisons,
+    and in the verdict the runs that never reached a steady rate."""
+    if ci is None:
+        return
+    ci["run_order"] = ["A" if spec == base else "B" for spec in order]
+    ci["base_runs_reused"] = reused
+    ci["verdict"] = ci.get("verdict", "") + unsteady_note(base_runs, cand_runs)
