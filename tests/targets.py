@@ -321,3 +321,24 @@ def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
     if pattern == "grad_clip":
         return module, loader, {"gradient_clip_val": 1.0}
     return module, loader
+
+
+class _SlowsDown(SleepyDataset):
+    """Free samples up to index ``switch``, then ``delay`` seconds each: the rate changes once."""
+
+    def __init__(self, switch: int, n: int, delay: float) -> None:
+        super().__init__(n, delay)
+        self.switch = switch
+
+    def __getitem__(self, i: int):
+        if i >= self.switch:
+            time.sleep(self.delay)
+        return self.base[i]
+
+
+def slows_down(batch_size: int = 16, seed: int = 0, switch_batch: int = 40):
+    """tiny_mlp whose loader (main process, in order) turns 2 ms a sample slower after
+    ``switch_batch`` batches: a window that spans the change is not steady (issue 37)."""
+    torch.manual_seed(seed)
+    data = _SlowsDown(switch=switch_batch * batch_size, n=batch_size * 1000, delay=0.002)
+    return Classifier(batch_size=batch_size), DataLoader(data, batch_size=batch_size, shuffle=False)

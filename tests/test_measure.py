@@ -153,6 +153,9 @@ def test_draining_buffer_is_flagged_not_steady():
 
     assert steadiness_warning([0.01] * 10 + [0.05] * 10).startswith("not steady")
     assert steadiness_warning([0.01, 0.011] * 10) is None
+    assert steadiness_warning([0.01] * 10 + [0.05] * 10, reached=True) is None  # measured on until steady
+    unsteady = steadiness_warning([0.01] * 10 + [0.05] * 10, reached=False, measured_on=12)
+    assert "after measuring on for 12 more steps" in unsteady and "measure more" not in unsteady
 
 
 def test_measured_ceiling_roundtrip(tmp_path, monkeypatch):
@@ -197,6 +200,21 @@ def test_a_window_the_warmup_underestimated_ends_on_time():
     assert d["steps"] == len(d["step_s_all"]) >= MIN_MEASURED_STEPS
     assert measured < WINDOW_OVERRUN * 1.0 + 2 * max(d["step_s_all"]), (measured, d["steps"])
     assert d["steps"] < 200 and d["measure_window_cut"] is True
+
+
+def test_a_window_that_spans_a_change_of_rate_measures_on_until_steady():
+    """Issue 37: the loader turns 16x slower after 40 batches, inside the first window. The run
+    does not report the mixed window with a request to measure more: it moves the window's first
+    half into the warm-up and measures on until the two halves agree, and says it did."""
+    import statistics
+
+    from fastloop.drivers.subproc import run_in_subprocess
+
+    d = run_in_subprocess("tests/targets.py:slows_down", "none", steps=30, warmup=2, device="cpu", measure_s=0.5)
+    assert d["steady"] is True and d["measured_on_steps"] > 0
+    assert d["warnings"] == []
+    slow = statistics.median(d["step_s_all"])
+    assert slow > 0.025 and min(d["step_s_all"]) > 0.5 * slow  # only steps after the change are measured
 
 
 def test_measure_s_must_be_positive():

@@ -15,6 +15,7 @@ from fastloop.data import tensor_dataset_parts
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
+from fastloop.measure.stats import STEADY_TOLERANCE, half_ratio
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import REGISTRY
 
@@ -125,18 +126,26 @@ def weights_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def steadiness_warning(step_s: list[float]) -> str | None:
-    """A warning when the second half of the measured steps is clearly slower than the first:
-    a loader's prefetch buffer (workers x prefetch_factor batches filled during warm-up) was
-    still draining, so the run was too short to show the pipeline's steady-state rate."""
-    n = len(step_s) // 2
-    if n < 4:
+def steadiness_warning(step_s: list[float], reached: bool | None = None, measured_on: int = 0) -> str | None:
+    """A warning when the measured steps never ran at a steady rate. The run measures on until its
+    rate is steady (``reached``, from :class:`MeasureCallback`); this says so only where it could
+    not (the rate still changed when its window ran out) or did not check (several ranks, or the
+    steady warm-up off), with what was measured: nothing for the user to redo.
+
+    Example:
+        >>> steadiness_warning([0.01] * 10 + [0.02] * 10, reached=False, measured_on=40)[:60]
+        'not steady: after measuring on for 40 more steps, the second '
+    """
+    ratio = half_ratio(step_s)
+    if reached is True or ratio is None or 1 / STEADY_TOLERANCE <= ratio <= STEADY_TOLERANCE:
         return None
-    first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
-    if second > 1.15 * first:
-        return (f"not steady: the second half of the steps averaged {second / first:.2f}x the first half "
-                f"(a loader buffer filled during warm-up was draining); measure more steps for the steady rate")
-    return None
+    if reached is False:
+        return (f"not steady: after measuring on for {measured_on} more steps, the second half of the steps still "
+                f"averaged {ratio:.2f}x the first (the rate kept changing: a loader falling behind, clocks "
+                f"ramping); its figures are the mean over that window, and a comparison built on it says so")
+    return (f"not steady: the second half of the steps averaged {ratio:.2f}x the first (a loader buffer filled "
+            f"during warm-up draining); this run does not measure on (several ranks stop together, or the steady "
+            f"warm-up is off), so its figures are the mean over a changing rate")
 
 
 def _mean(values: list[float] | None) -> float | None:
@@ -199,5 +208,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "losses": losses,
         "gpu_profile": per_measured_step(measure.gpu_profile, mean),
         "extra": extra or {},
-        "warnings": [w for w in [steadiness_warning(stats.step_s)] if w],
+        "warnings": [w for w in [steadiness_warning(stats.step_s, measure.steady_reached, measure.unsteady_steps)] if w],
+        "steady": measure.steady_reached,  # the rate was steady (after measuring on); None: not checked
+        "measured_on_steps": measure.unsteady_steps,  # steps moved into the warm-up while the rate still changed
     }

@@ -28,6 +28,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.feed_clock import FeedClock
+from fastloop.measure.stats import STEADY_TOLERANCE, half_ratio
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
 MIN_MEASURED_STEPS = 10
@@ -89,6 +90,13 @@ class MeasureCallback(Callback):
         self._measured_end: int | None = None
         self._measured_wall: float | None = None
         self._window_t0: float | None = None
+        self._first_window_s: float | None = None
+        self.steady_reached: bool | None = None
+        """Whether the measured steps ran at a steady rate (:func:`~fastloop.measure.stats.half_ratio`
+        within STEADY_TOLERANCE), after measuring on where they did not; None: not checked."""
+        self.unsteady_ratio: float | None = None
+        self.unsteady_steps = 0
+        """Measured steps moved into the warm-up because the rate was still changing."""
         self.window_cut = False
         """The ``measure_s`` window ended on time (:data:`WINDOW_OVERRUN`), before its planned count."""
         self.manual = False
@@ -201,7 +209,7 @@ class MeasureCallback(Callback):
         if self._measured_end is None:
             if self._overran(trainer, n):
                 self.steps, self.window_cut = n - self.warmup, True
-            if n < self.warmup + (self.steps or 0):
+            if n < self.warmup + (self.steps or 0) or self._measure_on_until_steady(trainer, n):
                 return
             self._measured_end = n
             if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
@@ -261,11 +269,39 @@ class MeasureCallback(Callback):
         if trainer.fit_loop.epoch_loop.max_steps > 0:
             trainer.fit_loop.epoch_loop.max_steps += 1
 
+    def _measure_on_until_steady(self, trainer: Trainer, n: int) -> bool:
+        """The window is over: when its second half ran clearly slower or faster than its first (a
+        loader's buffer draining, clocks ramping), its first half becomes warm-up and the window
+        measures on, until the rate is steady or the window has run WINDOW_OVERRUN times its
+        first length (then the run is marked not steady). One synchronize per check, at the
+        window's end; one process only (ranks must stop at the same step)."""
+        if not self.steady or self._window_t0 is None or trainer.world_size != 1:
+            return False
+        ratio = half_ratio(self.timer.result(upto=n).step_s)
+        if ratio is None:
+            return False
+        elapsed = time.perf_counter() - self._window_t0
+        if self._first_window_s is None:
+            self._first_window_s = elapsed
+        if 1 / STEADY_TOLERANCE <= ratio <= STEADY_TOLERANCE:
+            self.steady_reached = True
+            return False
+        if elapsed > WINDOW_OVERRUN * max(self.measure_s or 0.0, self._first_window_s):
+            self.steady_reached, self.unsteady_ratio = False, ratio
+            return False
+        half = (n - self.warmup) // 2
+        self.warmup += half
+        self.timer.warmup += half
+        self.unsteady_steps += half
+        if trainer.fit_loop.epoch_loop.max_steps > 0:
+            trainer.fit_loop.epoch_loop.max_steps += half
+        return True
+
     def _overran(self, trainer: Trainer, n: int) -> bool:
         """The time window has run :data:`WINDOW_OVERRUN` times longer than ``measure_s`` (one
         process only: ranks that stopped on their own clocks would stop at different steps)."""
         return (self.measure_s is not None and self._window_t0 is not None and trainer.world_size == 1
-                and n - self.warmup >= MIN_MEASURED_STEPS
+                and self._first_window_s is None and n - self.warmup >= MIN_MEASURED_STEPS
                 and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s)
 
     def _fit_steps_to_time(self, step_s: float) -> None:

@@ -27,8 +27,27 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "MIN_STEPS", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "half_ratio", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
            "summarize", "t_quantile", "verdict"]
+
+
+STEADY_TOLERANCE = 1.15
+"""A run's rate is steady when the second half of its measured steps averages within this factor
+of the first half (either way)."""
+
+
+def half_ratio(step_s: list[float]) -> float | None:
+    """The mean of the second half of ``step_s`` over the mean of the first (None below 8 steps).
+
+    Example:
+        >>> half_ratio([0.01] * 10 + [0.02] * 10), half_ratio([0.01] * 7)
+        (2.0, None)
+    """
+    n = len(step_s) // 2
+    if n < 4:
+        return None
+    first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
+    return second / first if first > 0 else None
 
 
 MIN_RUNS = 3
