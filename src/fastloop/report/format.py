@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows", "selected_line"]
+import re
+
+__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows", "selected_line", "warning_lines"]
 
 
 def fmt_s(x: float | None) -> str:
@@ -90,3 +92,30 @@ def ranks_lines(doc: dict) -> list[str]:
         out.append(f"scaling: 1 device {sc['throughput_1']:,.0f} {unit}, {sc['devices']} devices "
                    f"{sc['throughput_n']:,.0f} {unit}: {sc['speedup']:.2f}x, efficiency {100 * sc['efficiency']:.0f}%")
     return out
+
+
+def warning_lines(doc: dict) -> list[str]:
+    """Each warning once, with the configurations it concerns: warnings that differ only in
+    their figures count as one (the first one's text is shown). The JSON keeps every occurrence
+    per run; this is what the terminal, report.md and report.html print.
+
+    Example:
+        >>> doc = {"kind": "ladder", "rungs": [{"rung": "baseline", "warnings": ["x took 1.2 s"]},
+        ...                                    {"rung": "+bf16", "warnings": ["x took 1.4 s", "y"]}]}
+        >>> warning_lines(doc)
+        ['x took 1.2 s (baseline, +bf16)', 'y (+bf16)']
+    """
+    if doc.get("kind") == "ab":
+        configs = [("A", doc.get("a")), ("B", doc.get("b"))]
+    elif doc.get("rungs"):
+        configs = [(r.get("rung", "run"), r) for r in doc["rungs"]]
+    else:
+        configs = [("run", doc)]
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for label, cfg in configs:
+        for w in (cfg or {}).get("warnings", []):
+            text, where = groups.setdefault(re.sub(r"\d[\d,.]*", "#", w), (w, []))
+            if label not in where:
+                where.append(label)
+    several = len([c for c in configs if c[1]]) > 1
+    return [f"{text} ({', '.join(where)})" if several else text for text, where in groups.values()]

@@ -12,7 +12,7 @@ import html
 import io
 
 from fastloop.compare import loss_line
-from fastloop.report.format import rows, selected_line
+from fastloop.report.format import rows, selected_line, warning_lines
 
 __all__ = ["render_html"]
 
@@ -144,6 +144,8 @@ def render_html(doc: dict) -> str:
         notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
     if loss_line(doc.get("loss_agreement")):
         notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
+    if warning_lines(doc):
+        notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         notes.append(f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>")

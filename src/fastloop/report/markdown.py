@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastloop.compare import loss_line
-from fastloop.report.format import ranks_lines, rows, selected_line
+from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 
 __all__ = ["render_markdown"]
 
@@ -91,8 +91,7 @@ def render_markdown(doc: dict) -> str:
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
     if ranks_lines(doc):
         lines += [""] + [f"- {line}" for line in ranks_lines(doc)]
-    warns = sorted({f"- {r.get('rung', 'run')}: {w}" for r in (doc.get("rungs") or [doc.get("a"), doc.get("b")] if doc.get("kind") in ("ladder", "ab") else [doc])
-                    if r for w in r.get("warnings", [])})
+    warns = [f"- {line}" for line in warning_lines(doc)]
     if warns:
         lines += ["", "Warnings:"] + warns
     skipped = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastloop.compare import loss_line
-from fastloop.report.format import ranks_lines, rows, selected_line
+from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 from fastloop.report.markdown import search_story
 
 __all__ = ["make_console", "print_document"]
@@ -37,10 +37,8 @@ def print_document(doc: dict, console: Console | None = None) -> None:
             cells += [r["vs_prev"], r["vs_base"], r["decision"].split(":")[0][:24]]
         table.add_row(*cells)
     console.print(table)
-    configs = doc.get("rungs") or ([doc.get("a"), doc.get("b")] if doc.get("kind") == "ab" else [doc])
-    for c in configs:
-        for w in (c or {}).get("warnings", []):
-            console.print(f"[yellow]warning[/yellow] ({(c or {}).get('rung', 'run')}): {w}")
+    for line in warning_lines(doc):
+        console.print(f"[yellow]warning[/yellow]: {line}", highlight=False)
     for line in ranks_lines(doc):
         console.print(line)
     if doc.get("kind") == "ab":

@@ -1,0 +1,54 @@
+"""Issue 37: each thing said once. A warning that holds for several configurations is printed
+once with the configurations it concerns (terminal, report.md, report.html); the JSON keeps
+every occurrence. And the README's main job asks the user to measure nothing more."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from fastloop.report import write_reports
+from fastloop.report.terminal import make_console, print_document
+
+ROOT = Path(__file__).resolve().parents[1]
+PROG_BAR = ("self.log of train_loss with prog_bar=True reads it to the host after every step (Lightning's "
+            "progress bar); log it without prog_bar=True on a GPU")
+
+
+def _ladder_doc() -> dict:
+    rungs = [{"rung": name, "spec": name, "speedups": [], "warnings": [PROG_BAR] * 5} for name in
+             ("baseline", "+bf16", "+compile", "selected: bf16,compile")]
+    return {"kind": "ladder", "target": "x.py:make", "env": {}, "rungs": rungs, "selected": []}
+
+
+def test_a_warning_of_every_configuration_is_printed_once_with_them(tmp_path):
+    doc = _ladder_doc()
+    write_reports(doc, str(tmp_path / "rep"), None)
+    md = (tmp_path / "rep" / "report.md").read_text()
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert md.count(PROG_BAR) == 1 and html.count("prog_bar=True reads it") == 1
+    assert "(baseline, +bf16, +compile, selected: bf16,compile)" in md
+    saved = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert sum(len(r["warnings"]) for r in saved["rungs"]) == 20  # every occurrence kept in the JSON
+    console = make_console()
+    with console.capture() as cap:
+        print_document(doc, console)
+    printed = " ".join(cap.get().split())  # rich wraps long lines
+    assert printed.count("prog_bar=True reads it") == 1 and "(baseline, +bf16, +compile" in printed
+
+
+def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(tmp_path):
+    """``fastloop ladder demo --out DIR``, its output not a terminal (one line per run, then the
+    summary): no line is printed twice, and nothing asks to 'measure more steps'."""
+    p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "demo", "--out", str(tmp_path / "rep")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout + p.stderr
+    assert "measure more steps" not in out
+    warnings = [ln for ln in out.splitlines() if "warning" in ln.lower()]
+    assert len(warnings) == len(set(warnings)), warnings
+    md = (tmp_path / "rep" / "report.md").read_text()
+    listed = [ln for ln in md.split("Warnings:", 1)[-1].splitlines() if ln.startswith("- ")] if "Warnings:" in md else []
+    assert len(listed) == len(set(listed)) and "measure more steps" not in md
