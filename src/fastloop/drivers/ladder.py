@@ -91,6 +91,7 @@ class _Ladder:
         self.progress, self.on_update = progress, on_update
         self.process_s: list[float] = []
         """Wall time of each configuration run (a fresh process each): where the ladder's time goes."""
+        self.ties: list[dict] = []  # configurations the comparisons could not tell apart (the simpler kept)
         self.run_log: list[dict] = []
         """Each run in order: its configuration, wall seconds, and (where the run says) its compile
         and GPU-profile seconds."""
@@ -266,6 +267,7 @@ class _Ladder:
                "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
                "run_log": list(self.run_log), "stages": list(self.stages), "not_tried": list(self.not_tried),
+               "ties": list(self.ties),
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "

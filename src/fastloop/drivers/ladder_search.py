@@ -177,6 +177,8 @@ class StagedSearch:
                 self.not_tried([f"a full comparison of {label.lstrip('+')}"])
             if ci and ci.get("ratio") is not None and len(specs) == 1 and active:
                 doc["measured_not_faster"] = [specs[0].split(":")[0]]
+            if active:
+                self._tie(doc, base_spec, cand_spec, ci)
             for s in specs:
                 self.dropped_under[s.split(":")[0]] = self._kind()
         L.rungs.append(doc)
@@ -228,12 +230,22 @@ class StagedSearch:
                 verdict = ci["verdict"] if ci else "no comparison"
                 doc["decision"] = f"removed {spec}: not missed ({verdict})"
                 doc["measured_not_faster"] = [spec.split(":")[0]]
+                self._tie(doc, cand_spec, base_spec, ci)
                 L.selected = without
                 L.best_runs = {cand_spec: cand}
                 if cand_spec == L.base_spec:
                     L.vs_baseline = None
             L.rungs.append(doc)
             L._update()
+
+    def _tie(self, doc: dict, kept: str, other: str, ci: dict | None) -> None:
+        """Two configurations the comparison could not tell apart (an interval straddling 1, not
+        cut by the budget): the simpler one is kept, and the report says they tie."""
+        if not ci or ci.get("significant") or ci.get("budget") or ci.get("ratio") is None:
+            return
+        self.L.ties.append({"kept": kept, "other": other, "ratio": ci["ratio"], "ci_low": ci.get("ci_low"),
+                            "ci_high": ci.get("ci_high"), "why": "the simpler (fewer speedups, less to go wrong)"})
+        doc["decision"] += f"; {kept} and {other} tie within the noise: the simpler, {kept}, is kept"
 
     # -- the stages ------------------------------------------------------------------------------
     def feed(self, feed: list, stage: str) -> None:
