@@ -176,7 +176,8 @@ def slow_workers(batch_size: int = 16, seed: int = 0):
 
 
 def dies_fourth(batch_size: int = 16, seed: int = 0):
-    """Counts its builds in $FASTLOOP_TEST_COUNTER; the fourth process kills itself (SIGKILL)."""
+    """Counts its builds in $FASTLOOP_TEST_COUNTER; the fourth process (or the one
+    $FASTLOOP_TEST_DIE_AT names) kills itself (SIGKILL)."""
     import os
     import signal
 
@@ -184,7 +185,7 @@ def dies_fourth(batch_size: int = 16, seed: int = 0):
     n = int(open(path).read() or 0) + 1 if os.path.exists(path) else 1
     with open(path, "w") as f:
         f.write(str(n))
-    if n == 4:
+    if n == int(os.environ.get("FASTLOOP_TEST_DIE_AT", "4")):
         os.kill(os.getpid(), signal.SIGKILL)
     return tiny_mlp(batch_size, seed)
 
@@ -321,24 +322,3 @@ def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
     if pattern == "grad_clip":
         return module, loader, {"gradient_clip_val": 1.0}
     return module, loader
-
-
-class _SlowsDown(SleepyDataset):
-    """Free samples up to index ``switch``, then ``delay`` seconds each: the rate changes once."""
-
-    def __init__(self, switch: int, n: int, delay: float) -> None:
-        super().__init__(n, delay)
-        self.switch = switch
-
-    def __getitem__(self, i: int):
-        if i >= self.switch:
-            time.sleep(self.delay)
-        return self.base[i]
-
-
-def slows_down(batch_size: int = 16, seed: int = 0, switch_batch: int = 40):
-    """tiny_mlp whose loader (main process, in order) turns 2 ms a sample slower after
-    ``switch_batch`` batches: a window that spans the change is not steady (issue 37)."""
-    torch.manual_seed(seed)
-    data = _SlowsDown(switch=switch_batch * batch_size, n=batch_size * 1000, delay=0.002)
-    return Classifier(batch_size=batch_size), DataLoader(data, batch_size=batch_size, shuffle=False)

@@ -88,15 +88,16 @@ def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, m
     monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(tmp_path / "probe.txt"))
     pids, told = [], []
 
-    def measure(*args, **kwargs):
-        doc = run_in_subprocess(*args, **kwargs)
+    def measure(target, spec, **kwargs):
+        doc = run_in_subprocess(target, spec, **kwargs)
         pids.append(subproc._SERVER.proc.pid)
-        told.append((kwargs.get("step_rate"), doc["run_inputs"]["step_rate"]))
+        told.append((spec, kwargs.get("step_rate"), doc["run_inputs"]["step_rate"]))
         return doc
 
     run_ab("tests/targets.py:env_probe", "none", "pin_memory", repeats=2, steps=4, warmup=1, measure=measure)
-    assert told[0] == (None, None) and told[2] == (None, None)  # A, B, A, B
-    assert told[1][0] > 0 and told[1][1] == pytest.approx(told[1][0]) and told[3][1] == pytest.approx(told[3][0])
+    assert [t[0] for t in told] == ["none", "pin_memory", "pin_memory", "none"]  # counterbalanced
+    assert all(t[1:] == (None, None) for t in told if t[0] == "none")
+    assert all(t[1] > 0 and t[2] == pytest.approx(t[1]) for t in told if t[0] == "pin_memory")
     assert len(set(pids)) == 1  # one server for all four runs
 
 

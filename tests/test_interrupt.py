@@ -120,10 +120,11 @@ def test_a_killed_leader_takes_its_children_along(tmp_path):
 
 
 def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
-    """The fourth process (the first candidate's second run; rungs run in ladder order, bf16 first)
-    is killed: that rung is 'failed' with its reason; the baseline, the next rung and the final
-    measurement are in report.json/md/html."""
-    env = dict(os.environ, FASTLOOP_TEST_COUNTER=str(tmp_path / "count"))
+    """The third process (the first candidate's second run: rungs run in ladder order, bf16 first,
+    and the pairs counterbalanced: none, bf16, then bf16, none) is killed: that rung is 'failed'
+    with its reason; the baseline, the next rung and the final measurement are in
+    report.json/md/html."""
+    env = dict(os.environ, FASTLOOP_TEST_COUNTER=str(tmp_path / "count"), FASTLOOP_TEST_DIE_AT="3")
     out = tmp_path / "rep"
     p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:dies_fourth", "--device", "cpu",
                         "--rungs", "fused_optimizer,bf16", "--max-repeats", "3", "--steps", "5", "--warmup", "1",

@@ -202,19 +202,70 @@ def test_a_window_the_warmup_underestimated_ends_on_time():
     assert d["steps"] < 200 and d["measure_window_cut"] is True
 
 
-def test_a_window_that_spans_a_change_of_rate_measures_on_until_steady():
-    """Issue 37: the loader turns 16x slower after 40 batches, inside the first window. The run
-    does not report the mixed window with a request to measure more: it moves the window's first
-    half into the warm-up and measures on until the two halves agree, and says it did."""
-    import statistics
+class _Timer:
+    """Step times from a list, as StepTimer reports them (steps after ``warmup``, up to ``upto``)."""
 
-    from fastloop.drivers.subproc import run_in_subprocess
+    def __init__(self, times: list[float], warmup: int) -> None:
+        self.times, self.warmup, self.recorded_steps = times, warmup, 0
 
-    d = run_in_subprocess("tests/targets.py:slows_down", "none", steps=30, warmup=2, device="cpu", measure_s=0.5)
-    assert d["steady"] is True and d["measured_on_steps"] > 0
-    assert d["warnings"] == []
-    slow = statistics.median(d["step_s_all"])
-    assert slow > 0.025 and min(d["step_s_all"]) > 0.5 * slow  # only steps after the change are measured
+    def result(self, upto=None):
+        from fastloop.measure.timer import StepStats
+
+        n = self.recorded_steps if upto is None else upto
+        return StepStats(step_s=self.times[self.warmup:n], wait_s=[0.0] * (n - self.warmup), warmup_steps=self.warmup)
+
+
+def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20):
+    """Drive MeasureCallback's end-of-window logic over ``times`` (a fake clock advancing by each
+    step's time); returns the callback when it stops the fit."""
+    from types import SimpleNamespace
+
+    import fastloop.measure.callback as cb
+
+    clock = [0.0]
+    monkeypatch.setattr(cb.time, "perf_counter", lambda: clock[0])
+    m = cb.MeasureCallback(warmup=warmup, steps=steps, measure_s=1.0)
+    m.timer = _Timer(times, warmup)
+    m._window_t0 = 0.0
+    trainer = SimpleNamespace(world_size=1, should_stop=False,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(max_steps=-1)))
+    for n in range(1, len(times) + 1):
+        clock[0] += times[n - 1]
+        m.timer.recorded_steps = n
+        m._maybe_stop(trainer)
+        if trainer.should_stop:
+            return m
+    raise AssertionError("the window never ended")
+
+
+def test_a_window_that_spans_a_change_of_rate_measures_on_until_steady(monkeypatch):
+    """Issue 37: the step turns 16x slower at step 12, inside the first window (steps 2-21). The
+    run does not report the mixed window with a request to measure more: the steps before the
+    change become warm-up and it measures on until the window is steady, and says it did."""
+    from fastloop.drivers.run_document import steadiness_warning
+
+    m = _window([0.003] * 12 + [0.05] * 200, monkeypatch)
+    measured = m.timer.result(upto=m._measured_end).step_s
+    assert m.steady_reached is True and m.unsteady_steps == 10 and m.warmup == 12
+    assert measured == [0.05] * 20  # only steps after the change
+    assert steadiness_warning(measured, m.steady_reached, m.unsteady_steps) is None
+
+
+def test_a_rate_that_never_settles_is_marked_and_said_once_without_asking_for_more(monkeypatch):
+    """Every step 3% slower than the one before: the run measures on up to 3x its first window,
+    then is marked not steady; the warning says what was measured, not what to redo."""
+    from fastloop.drivers.run_document import steadiness_warning
+
+    m = _window([0.01 * 1.03 ** i for i in range(400)], monkeypatch)
+    measured = m.timer.result(upto=m._measured_end).step_s
+    assert m.steady_reached is False and m.unsteady_steps > 0
+    warning = steadiness_warning(measured, m.steady_reached, m.unsteady_steps)
+    assert warning.startswith("not steady: after measuring on") and "measure more" not in warning
+
+
+def test_a_steady_window_ends_where_planned(monkeypatch):
+    m = _window([0.01] * 100, monkeypatch)
+    assert m.steady_reached is True and m.unsteady_steps == 0 and m._measured_end == 22
 
 
 def test_measure_s_must_be_positive():

@@ -28,7 +28,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.feed_clock import FeedClock
-from fastloop.measure.stats import STEADY_TOLERANCE, half_ratio
+from fastloop.measure.stats import STEADY_TOLERANCE, change_point, half_ratio
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
 MIN_MEASURED_STEPS = 10
@@ -271,13 +271,14 @@ class MeasureCallback(Callback):
 
     def _measure_on_until_steady(self, trainer: Trainer, n: int) -> bool:
         """The window is over: when its second half ran clearly slower or faster than its first (a
-        loader's buffer draining, clocks ramping), its first half becomes warm-up and the window
-        measures on, until the rate is steady or the window has run WINDOW_OVERRUN times its
+        loader's buffer draining, clocks ramping), its steps before the change (at least a quarter
+        of them) become warm-up and the window measures on, until the rate is steady or the window has run WINDOW_OVERRUN times its
         first length (then the run is marked not steady). One synchronize per check, at the
         window's end; one process only (ranks must stop at the same step)."""
         if not self.steady or self._window_t0 is None or trainer.world_size != 1:
             return False
-        ratio = half_ratio(self.timer.result(upto=n).step_s)
+        step_s = self.timer.result(upto=n).step_s
+        ratio = half_ratio(step_s)
         if ratio is None:
             return False
         elapsed = time.perf_counter() - self._window_t0
@@ -289,12 +290,12 @@ class MeasureCallback(Callback):
         if elapsed > WINDOW_OVERRUN * max(self.measure_s or 0.0, self._first_window_s):
             self.steady_reached, self.unsteady_ratio = False, ratio
             return False
-        half = (n - self.warmup) // 2
-        self.warmup += half
-        self.timer.warmup += half
-        self.unsteady_steps += half
+        moved = max(change_point(step_s), len(step_s) // 4)  # the steps before the rate changed
+        self.warmup += moved
+        self.timer.warmup += moved
+        self.unsteady_steps += moved
         if trainer.fit_loop.epoch_loop.max_steps > 0:
-            trainer.fit_loop.epoch_loop.max_steps += half
+            trainer.fit_loop.epoch_loop.max_steps += moved
         return True
 
     def _overran(self, trainer: Trainer, n: int) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "half_ratio", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
            "summarize", "t_quantile", "verdict"]
 
 
@@ -48,6 +48,29 @@ def half_ratio(step_s: list[float]) -> float | None:
         return None
     first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
     return second / first if first > 0 else None
+
+
+def change_point(step_s: list[float]) -> int:
+    """Where the step time changed: the split ``k`` (1 to n-1) that leaves the two segments'
+    squared deviations from their means smallest (one mean shift, least squares).
+
+    Example:
+        >>> change_point([0.003] * 35 + [0.05] * 30), change_point([0.01, 0.02])
+        (35, 1)
+    """
+    n = len(step_s)
+    if n < 3:
+        return 1
+    total, total_sq = sum(step_s), sum(x * x for x in step_s)
+    best_k, best, head, head_sq = 1, float("inf"), 0.0, 0.0
+    for k in range(1, n):
+        head += step_s[k - 1]
+        head_sq += step_s[k - 1] ** 2
+        tail, tail_sq = total - head, total_sq - head_sq
+        sse = (head_sq - head * head / k) + (tail_sq - tail * tail / (n - k))
+        if sse < best - 1e-15:
+            best_k, best = k, sse
+    return best_k
 
 
 MIN_RUNS = 3
