@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fastloop._compat import Callback, Trainer
 from fastloop.adapters.lightning import BatchSizeSearch, SpeedupCallback
-from fastloop.speedups.base import Record, RunInputs, Speedup, resolve
+from fastloop.speedups.base import Record, RunInputs, Speedup, resolve, valid_step_rate
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
 
@@ -35,7 +35,7 @@ def callbacks(spec: str | list[str], *, step_rate: float | None = None) -> list[
     if not isinstance(spec, (str, list, tuple)):
         raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
     chosen = resolve(spec)
-    if step_rate is not None and (isinstance(step_rate, bool) or not 0 < step_rate < float("inf")):
+    if step_rate is not None and not valid_step_rate(step_rate):
         raise ValueError(f"step_rate must be steps per second, a number > 0, got {step_rate!r}")
     in_training = [s for s in chosen if not s.prepares_run]
     inputs = RunInputs(step_rate=step_rate)

@@ -15,7 +15,7 @@ from fastloop.data import tensor_dataset_parts
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
-from fastloop.measure.stats import STEADY_TOLERANCE, half_ratio
+from fastloop.measure.stats import half_ratio, is_steady
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import REGISTRY
 
@@ -137,7 +137,7 @@ def steadiness_warning(step_s: list[float], reached: bool | None = None, measure
         'not steady: after measuring on for 40 more steps, the second '
     """
     ratio = half_ratio(step_s)
-    if reached is True or ratio is None or 1 / STEADY_TOLERANCE <= ratio <= STEADY_TOLERANCE:
+    if reached is True or ratio is None or is_steady(ratio):
         return None
     if reached is False:
         return (f"not steady: after measuring on for {measured_on} more steps, the second half of the steps still "

@@ -40,7 +40,7 @@ from fastloop.drivers.run_document import (
     steadiness_warning,
     weights_digest,
 )
-from fastloop.speedups.base import Record, RunInputs, resolve
+from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
 from fastloop.drivers.targets import build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
@@ -118,7 +118,7 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
         raise FastloopError(f"--measure-s must be a number of seconds > 0, got {measure_s!r}")
     if strategy not in (None, "ddp", "fsdp"):
         raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
-    if step_rate is not None and (isinstance(step_rate, bool) or not 0 < step_rate < float("inf")):
+    if step_rate is not None and not valid_step_rate(step_rate):
         raise FastloopError(f"--step-rate must be steps per second, a number > 0, got {step_rate!r}")
     ensure_cuda_queues()  # before CUDA starts: a data pipeline on its own streams must not queue behind the step
     dev = resolve_device(device)

@@ -28,7 +28,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.feed_clock import FeedClock
-from fastloop.measure.stats import STEADY_TOLERANCE, change_point, half_ratio
+from fastloop.measure.stats import change_point, half_ratio, is_steady
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
 MIN_MEASURED_STEPS = 10
@@ -284,7 +284,7 @@ class MeasureCallback(Callback):
         elapsed = time.perf_counter() - self._window_t0
         if self._first_window_s is None:
             self._first_window_s = elapsed
-        if 1 / STEADY_TOLERANCE <= ratio <= STEADY_TOLERANCE:
+        if is_steady(ratio):
             self.steady_reached = True
             return False
         if elapsed > WINDOW_OVERRUN * max(self.measure_s or 0.0, self._first_window_s):

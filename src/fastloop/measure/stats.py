@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "is_steady", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
            "summarize", "t_quantile", "verdict"]
 
 
@@ -48,6 +48,11 @@ def half_ratio(step_s: list[float]) -> float | None:
         return None
     first, second = sum(step_s[:n]) / n, sum(step_s[n:]) / (len(step_s) - n)
     return second / first if first > 0 else None
+
+
+def is_steady(ratio: float) -> bool:
+    """Whether a :func:`half_ratio` is within STEADY_TOLERANCE of 1, either way."""
+    return 1 / STEADY_TOLERANCE <= ratio <= STEADY_TOLERANCE
 
 
 def change_point(step_s: list[float]) -> int:

@@ -65,16 +65,19 @@ class Record:
 
 @dataclass
 class RunInputs:
-    """What the driver and the adapter declare to every speedup of one run: one object shared by
-    all of the run's speedups (no environment variable, no marker attribute on a loader)."""
+    """What the driver declares to every speedup of one run (one object, shared by them all)."""
 
     step_rate: float | None = None
-    """Steps per second the step runs at when it never waits for data, when a driver measured it
-    (the ladder and the A/B tell a feed candidate its base configuration's rate; ``fastloop run
-    --step-rate``): ``workers`` weighs its loader's rates against it."""
+    """Steps/s the step runs at when it never waits for data, when a driver measured it (the
+    ladder and the A/B tell a feed candidate its base's rate): ``workers`` weighs its loader by it."""
     batches_on_device: str | None = None
-    """The speedup that serves this run's batches already on the device (``gpu_resident``), set
-    when it applies: the CPU feed (workers, pinned memory, prefetch) then has nothing to do."""
+    """The speedup serving this run's batches on the device (``gpu_resident``), set when it
+    applies: the CPU feed (workers, pinned memory, prefetch) then has nothing to do."""
+
+
+def valid_step_rate(rate: object) -> bool:
+    """A step rate a run can be told: a number of steps per second, finite and > 0."""
+    return isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < float("inf")
 
 
 @dataclass

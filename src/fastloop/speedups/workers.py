@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.base import Context, Speedup, parse_number, register, valid_step_rate
 from fastloop.speedups.torch_facts import rank_zero_value
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
@@ -143,7 +143,7 @@ def step_rate_hint(ctx: Context) -> float | None:
     measured it and declared it (:attr:`RunInputs.step_rate`: the ladder tells a feed
     candidate's runs); else None."""
     rate = ctx.inputs.step_rate
-    return rate if rate is not None and 0 < rate < float("inf") else None
+    return rate if valid_step_rate(rate) else None
 
 
 def predicted_saving(demand: float, main_rate: float, workers_rate: float) -> float:
