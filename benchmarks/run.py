@@ -8,6 +8,8 @@ Benchmarks:
   B256, the launch-bound MLP (benchmarks/vs_handwritten.py)
 - ``launch-bound``: the launch-bound MLP, eager against the whole-step graph
 - ``imagenet-feed``: the ImageNet recipe's feed (torchvision workers against DALI)
+- ``noise``: can the statistics be trusted here: A vs A trials, the noise study they give, the
+  simulation fed with it, two default ladders on one module (benchmarks/noise_bench.py)
 - ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
 - ``gpu-tests``: the GPU test suite (``pytest -m gpu``)
 
@@ -27,7 +29,8 @@ import subprocess
 import sys
 
 SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritten.py",
-           "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py"}
+           "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py",
+           "noise": "benchmarks/noise_bench.py"}
 PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
           "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
           "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",

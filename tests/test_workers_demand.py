@@ -110,6 +110,9 @@ def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
     told.clear()
     run_ab("x", "none", "bf16,workers", repeats=2, measure=measure)  # B changes the step too: no rate
     assert told["bf16,workers"] == [None, None]
+    told.clear()
+    run_ab("x", "workers", "workers", repeats=2, measure=measure)  # A vs A: both sides alike, neither told
+    assert told["workers"] == [None] * 4
 
 
 

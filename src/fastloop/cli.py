@@ -121,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--b", required=True)
     sp.add_argument("--repeats", type=_positive("--repeats", most=1000), default=5,
                     help="runs a side, interleaved (fewer than 3: too few runs to tell)")
+    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
+                    help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
+                         "1 on a CPU, as the ladder)")
     _steps(sp)
     _common(sp)
     _ranks(sp)

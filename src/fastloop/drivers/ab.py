@@ -73,8 +73,11 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
 
     # B adds only data-pipeline speedups to A: B's runs learn A's step rate (workers weighs
     # its loader against what the step consumes)
+    # (only when B adds a feed: with the same feeds on both sides, telling one side alone would
+    # treat the sides differently, and an A vs A would measure that difference)
     a_compute = {s.spec for s in resolve(a) if not s.feeds}
-    feeds_only = a_compute == {s.spec for s in resolve(b) if not s.feeds}
+    feeds_only = (a_compute == {s.spec for s in resolve(b) if not s.feeds}
+                  and {s.spec for s in resolve(a)} != {s.spec for s in resolve(b)})
 
     def by_side(target_: str, key: str, **kw) -> dict:
         rate = step_rate_of(runs[f"a:{a}"]) if key.startswith("b:") and feeds_only else None

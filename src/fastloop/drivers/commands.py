@@ -118,11 +118,13 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
     try:
         if prog:
             prog.start()
-        if args.cmd == "ladder":
-            from fastloop.drivers.ladder import default_measure_s, run_ladder
+        from fastloop.drivers.ladder import default_measure_s
 
-            if args.measure_s is None:
-                args.measure_s = default_measure_s(device)
+        if args.measure_s is None:  # ladder and ab: a time window of steady steps, however short the step
+            args.measure_s = default_measure_s(device)
+        if args.cmd == "ladder":
+            from fastloop.drivers.ladder import run_ladder
+
             from fastloop.speedups.base import resolve
 
             rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
