@@ -239,3 +239,42 @@ def test_two_configurations_that_tie_within_the_noise_are_said_to_tie_and_the_si
     assert tie["kept"] == "none" and tie["other"] == "fused_optimizer" and tie["ci_low"] < 1 < tie["ci_high"]
     assert "tie within the noise: the simpler, none, is kept" in doc["rungs"][1]["decision"]
     assert any("Ties within the noise" in line and "`none` over `fused_optimizer`" in line for line in search_story(doc))
+
+
+def _vit_like(n):
+    """Data-bound at first (the feed bundle 1.6x); then the compute bundle 2.2x, which the budget
+    must reach before the feed bundle's ablation (the H200 ViT of issue 37, in miniature)."""
+    return (1.6 if "workers" in n else 1.0) * (2.2 if {"bf16", "compile"} <= n else 1.0)
+
+
+def _cpu_feed_bundle(monkeypatch):
+    """pin_memory and prefetch apply only with CUDA: on this CPU, let the fake feed bundle have them."""
+    from fastloop.speedups import REGISTRY
+
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+
+
+def test_the_compute_bundle_is_measured_before_the_feed_bundle_is_ablated(monkeypatch):
+    _cpu_feed_bundle(monkeypatch)
+    rungs = ["workers", "pin_memory", "prefetch", "bf16", "compile"]
+    doc = run_ladder("x", rungs, device="cpu", measure=_fake(_vit_like, lambda n: 0.0 if "workers" in n else 0.5))
+    names = [r["rung"] for r in doc["rungs"]]
+    bundle = next(i for i, n in enumerate(names) if "compute bundle" in n)
+    feed_ablations = [i for i, r in enumerate(doc["rungs"]) if r.get("ablation") in ("workers", "prefetch")]
+    assert feed_ablations and bundle < min(feed_ablations), names
+    assert doc["rungs"][bundle]["decision"].startswith("kept")
+    assert "feed bundle ablated after the compute stack" in [s["stage"] for s in doc["stages"]]
+    assert {"workers", "bf16", "compile"} <= set(doc["selected"])
+
+
+def test_a_tight_budget_still_reaches_the_compute_bundle_on_a_data_bound_step(monkeypatch):
+    """The budget fits the baseline, the feed bundle's and the compute bundle's comparisons and
+    the final one, not the ablations: the compute bundle is kept, the feed's ablation not tried."""
+    _cpu_feed_bundle(monkeypatch)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", budget=1.8,
+                     measure=_fake(_vit_like, lambda n: 0.0 if "workers" in n else 0.5, sleep=0.1))
+    bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
+    assert bundle["decision"].startswith("kept"), bundle["decision"]
+    assert {"bf16", "compile"} <= set(doc["selected"])
+    assert any(t["name"].startswith("ablation of") for t in doc["not_tried"]), doc["not_tried"]

@@ -11,7 +11,8 @@ intervals):
 2. **Feed first** when the baseline is data-bound (data wait >= ``FEED_FIRST_WAIT``): the data
    on the GPU (``gpu_resident``) where the dataset is in-memory tensors, else the recipe's GPU
    pipeline (``dali``), else the CPU feed as one bundle (``workers``, ``pin_memory``,
-   ``prefetch``), ablated.
+   ``prefetch``), ablated once the compute bundle has been measured (the budget reaches the
+   larger lever first).
 3. **The compute bundle**: every applicable compute speedup (tf32, bf16, fused_optimizer,
    channels_last, compile, cuda_graph, ...) as one candidate on top of the best so far. Kept
    when significantly faster, then **ablated**: each member is taken out in turn and left out
@@ -91,6 +92,8 @@ class StagedSearch:
         self.stage = "baseline"
         self.inactive: set[str] = set()
         """Speedups that skipped themselves or fell back inside a run: never tried again."""
+        self.deferred: list[str] = []
+        """Feed bundle members kept feed-first whose ablation waits until the compute bundle was measured."""
         self.dropped_under: dict[str, str] = {}
         """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
 
@@ -248,8 +251,10 @@ class StagedSearch:
         doc["decision"] += f"; {kept} and {other} tie within the noise: the simpler, {kept}, is kept"
 
     # -- the stages ------------------------------------------------------------------------------
-    def feed(self, feed: list, stage: str) -> None:
-        """Fix the feed: a GPU feed where one applies, else the CPU feed bundle, ablated."""
+    def feed(self, feed: list, stage: str, *, defer_ablation: bool = False) -> None:
+        """Fix the feed: a GPU feed where one applies, else the CPU feed bundle, ablated (with
+        ``defer_ablation``, its members are noted in :attr:`deferred` and ablated later: the
+        compute bundle's comparison comes first, as it is where most of the budget should go)."""
         L = self.L
         chosen = _names(L.selected)
         if _replaces_loader(chosen):
@@ -277,7 +282,11 @@ class StagedSearch:
             self.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
         elif bundle and self.try_adding(bundle, "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
                                         tell_rate=tell):
-            self.ablate([s.spec for s in bundle if s.spec in L.selected])
+            kept = [s.spec for s in bundle if s.spec in L.selected]
+            if defer_ablation:
+                self.deferred = kept
+            else:
+                self.ablate(kept)
 
     def compute(self, compute: list, stage: str) -> None:
         """The whole applicable compute stack as one candidate, then its ablation; one at a time
@@ -323,8 +332,13 @@ class StagedSearch:
         L.best_runs = {L.base_spec: fresh[L.base_spec]}
         self.note("baseline", "measured")
         if (merge_runs(self.best()).get("data_wait_frac") or 0.0) >= FEED_FIRST_WAIT:
-            self.feed(feed, "feed first (the baseline waits for data)")
+            # the feed bundle is measured first, its ablation after the compute bundle's comparison:
+            # on a GPU the compute bundle is the larger lever, so the budget reaches it first
+            self.feed(feed, "feed first (the baseline waits for data)", defer_ablation=True)
             self.compute(compute, "compute stack")
+            if self.deferred:
+                self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
+                self.ablate(self.deferred)
             self.feed(feed, "feed re-checked after the compute stack")
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
