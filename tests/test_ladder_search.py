@@ -278,3 +278,27 @@ def test_a_tight_budget_still_reaches_the_compute_bundle_on_a_data_bound_step(mo
     assert bundle["decision"].startswith("kept"), bundle["decision"]
     assert {"bf16", "compile"} <= set(doc["selected"])
     assert any(t["name"].startswith("ablation of") for t in doc["not_tried"]), doc["not_tried"]
+
+
+def test_the_budget_bounds_the_commands_wall_time_from_its_start(tmp_path):
+    """``fastloop ladder --budget S`` as a user times it: the imports before the ladder's own clock
+    (``started_s``) and the last reports count too, so the command ends within one run of S."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    budget = 14.0
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:tiny_mlp", "--device", "cpu",
+                           "--rungs", "fused_optimizer,bf16", "--budget", str(budget), "--out", str(tmp_path)],
+                          cwd=root, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["budget_s"] == budget and doc["started_s"] > 0
+    longest = max(e["s"] for e in doc["run_log"])
+    assert wall <= budget + longest + 1.5, (wall, longest, doc["started_s"])

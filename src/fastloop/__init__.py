@@ -14,6 +14,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import time as _time  # noqa: E402
+
+STARTED = _time.perf_counter()
+"""When this process imported fastloop (a command: before torch); a ladder's budget counts from here."""
+
 from pathlib import Path as _Path  # noqa: E402
 from typing import Any  # noqa: E402
 

@@ -13,6 +13,9 @@ from fastloop.errors import FastloopError
 
 __all__ = ["HTML_EVERY_S", "run_command"]
 
+TEARDOWN_S = 3.0
+"""Seconds kept back from a ladder's budget for the last reports and the process's exit: the
+budget bounds the command's wall time, from its start (imports) to its end."""
 HTML_EVERY_S = 15.0
 """A ladder or A/B refreshes report.html (plots) at most this often while it runs; report.json
 and report.md after every run."""
@@ -100,6 +103,7 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
     from fastloop.report import write_reports
 
     last_html = [float("-inf")]
+    clock: dict[str, float] = {}
     from fastloop.report.lines import RunLines
 
     lines = RunLines() if not args.quiet and not sys.stdout.isatty() else None
@@ -107,8 +111,10 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
     def partial(doc: dict) -> None:
         """Every finished run lands in report.json and report.md at once; report.html (its
         plots cost ~0.5 s) at most every HTML_EVERY_S seconds, and always at the end."""
-        if lines is not None:
-            lines(doc)
+        if lines is not None:  # on the command's clock and the user's budget
+            lines({**doc, "budget_s": clock.get("budget", doc.get("budget_s")),
+                   "run_log": [{**e, "elapsed_s": e.get("elapsed_s", 0) + clock.get("started", 0.0)}
+                               for e in doc.get("run_log") or []]})
         now = time.monotonic()
         html = now - last_html[0] >= HTML_EVERY_S
         write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json, html=html)
@@ -127,12 +133,19 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
 
             from fastloop.speedups.base import resolve
 
+            from fastloop import STARTED
+            from fastloop.drivers.ladder import default_budget
+
             rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
+            budget = args.budget if args.budget is not None else default_budget(device)
+            started_s = time.perf_counter() - STARTED  # imports and checks before the ladder's clock
+            clock.update(budget=budget, started=started_s)
             doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
-                             budget=args.budget,
+                             budget=max(budget - started_s - TEARDOWN_S, 1.0),
                              mode="cumulative" if args.cumulative else "sequential" if args.sequential else "select",
                              device=device, progress=update, on_update=partial, measure=_measure_on(args),
                              base=args.base)
+            doc.update(budget_s=budget, started_s=round(started_s, 2), teardown_reserve_s=TEARDOWN_S)
             if doc["rungs"]:
                 doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
         else:
