@@ -179,7 +179,7 @@ class FastLoop:
         if self.graphed is None:
             graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.plan.autocast_dtype)
             try:
-                self.ctx.stats["capture_s"] = graphed.capture(batch)
+                self.ctx.stats["cuda_graph_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's name
                 self.graphed = graphed
             except GraphIneligible as err:
                 self.plan.cuda_graph = False
