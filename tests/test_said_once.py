@@ -39,6 +39,19 @@ def test_a_warning_of_every_configuration_is_printed_once_with_them(tmp_path):
     assert printed.count("prog_bar=True reads it") == 1 and "(baseline, +bf16, +compile" in printed
 
 
+def test_what_a_speedup_changed_is_said_once_as_the_selected_configuration_has_it(tmp_path):
+    """The H200 ViT ladder listed ``workers: 16 worker processes (measured fastest: ...)`` four
+    times, once per configuration with other loader figures: one line, the selected one's."""
+    doc = _ladder_doc()
+    for k, rung in enumerate(doc["rungs"]):
+        rung["speedups"] = [{"name": "workers", "status": "applied", "reason": "",
+                             "detail": f"16 worker processes (measured fastest: {120 + k},000 samples/s)"}]
+    write_reports(doc, str(tmp_path / "rep"), None)
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert md.count("- `workers`: 16 worker processes") == 1
+    assert "- `workers`: 16 worker processes (measured fastest: 123,000 samples/s)" in md
+
+
 def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(tmp_path):
     """``fastloop ladder demo --out DIR``, its output not a terminal (one line per run, then the
     summary): no line is printed twice, and nothing asks to 'measure more steps'."""

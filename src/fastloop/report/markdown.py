@@ -102,8 +102,9 @@ def render_markdown(doc: dict) -> str:
                if s["status"] != "applied"]
     if skipped:
         lines += ["", "Not applied:"] + sorted({f"- `{s['name']}` {s['status']}: {s['reason']}" for s in skipped})
-    changed = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])
-               if s["status"] == "applied" and s.get("detail")]
+    changed: dict[str, str] = {}  # one line a speedup: its latest configuration's (a ladder's: the selected)
+    for c in [doc] if doc.get("speedups") else doc.get("rungs", []):
+        changed.update({s["name"]: s["detail"] for s in c.get("speedups", []) if s["status"] == "applied" and s.get("detail")})
     if changed:
-        lines += ["", "What the applied speedups changed:"] + sorted({f"- `{s['name']}`: {s['detail']}" for s in changed})
+        lines += ["", "What the applied speedups changed:"] + [f"- `{n}`: {d}" for n, d in sorted(changed.items())]
     return "\n".join(lines) + "\n"
