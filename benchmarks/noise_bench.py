@@ -12,7 +12,8 @@ Three parts, each optional:
 2. **The simulation fed with those figures** (always, from the A vs A files of this call or of
    ``--from DIR``): A vs A with the measured run-to-run spread and the measured second-of-a-round
    drift (and with the drift at the far end of its interval), with the old fixed order (A B A B)
-   and with the counterbalanced one (A B, B A, ...): how often each calls a difference.
+   and with the counterbalanced one (A B, B A, ...): how often each calls a difference; and the
+   power at that spread: how often a true 5% (10%) difference is called with 5 (6) runs a side.
 3. ``--ladders MODULE``: two default ladders ``fastloop ladder benchmarks/zoo/MODULE.py:make --out
    DIR`` (no other flags), then their two picks measured interleaved (``--rounds`` runs a side,
    2 s windows, counterbalanced) and the ratio. ``--pick-a SPEC`` stands for a first ladder run in
@@ -143,6 +144,27 @@ def simulate(run_sd: float, drift: float, counterbalance: bool, trials: int = SI
     return hits / trials
 
 
+def power(run_sd: float, effect: float, repeats: int, trials: int = SIM_TRIALS, seed: int = 1) -> float:
+    """How often fastloop's comparison calls a true ``effect`` (1.05: B 5% faster) significant with
+    ``repeats`` runs a side, when each process's log step time varies by ``run_sd``.
+
+    Example:
+        >>> power(0.01, 1.10, 6, trials=100) > 0.9
+        True
+    """
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(trials):
+        def measure(target, spec, **kw):
+            mean = 0.010 * math.exp(run_sd * rng.standard_normal()) / (effect if spec == "b" else 1.0)
+            return {"step_s_all": list(mean * (1 + 0.01 * rng.standard_normal(30))), "items_per_step": 16}
+
+        runs = measure_interleaved("x", ["a", "b"], repeats, measure=measure, steps=30, warmup=5, device="cpu")
+        ci = compare(runs["a"], runs["b"])
+        hits += bool(ci["significant"] and ci["ratio"] > 1)
+    return hits / trials
+
+
 def aa_part(pairs: list[str], trials: int, out: Path, deadline: float) -> dict:
     result = {}
     for pair in pairs:
@@ -185,7 +207,9 @@ def summarize_aa(aa: dict) -> dict:
             "simulation": {"trials": SIM_TRIALS, "run_sd": sd, "drift": drift, "far_drift": -far,
                            "old_order": simulate(sd, drift, False), "counterbalanced": simulate(sd, drift, True),
                            "old_order_far_drift": simulate(sd, -far, False),
-                           "counterbalanced_far_drift": simulate(sd, -far, True)}}
+                           "counterbalanced_far_drift": simulate(sd, -far, True)},
+            "power": {f"{int(round(100 * (e - 1)))}% at {r} runs a side": power(sd, e, r)
+                      for e in (1.05, 1.10) for r in (5, 6)}}
     return summary
 
 
