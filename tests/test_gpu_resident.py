@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from fastloop.augment import normalize, random_crop, random_flip
-from fastloop.speedups.base import Context
+from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.gpu_resident import GPUResident, NotResident, make_resident
 
 CPU = torch.device("cpu")
@@ -67,9 +67,9 @@ class Augmented(Dataset):
 def test_refusals_say_why(loader, why):
     with pytest.raises(NotResident, match=why):
         make_resident(loader, CPU)
-    ctx = Context(CPU)
-    assert GPUResident().apply_loader(loader, ctx) is loader
-    assert ctx.records["gpu_resident"].status == "skipped" and why in ctx.records["gpu_resident"].reason
+    with pytest.raises(Skip, match=why) as skipped:  # the adapter records it as skipped, with this reason
+        GPUResident().apply_loader(loader, Context(CPU))
+    assert skipped.value.status == "skipped"
 
 
 def test_too_large_for_the_gpu_is_refused(monkeypatch):
@@ -88,8 +88,9 @@ def test_other_data_speedups_step_aside():
     resident = gpu_resident.apply_loader(DataLoader(_ds(), batch_size=4), ctx)
     assert ctx.inputs.batches_on_device == "gpu_resident"
     for s in resolve("workers,pin_memory,prefetch"):
-        assert s.apply_loader(resident, ctx) is resident
-        assert ctx.records[s.name].reason == "the data is already on the GPU (gpu_resident)"
+        with pytest.raises(Skip) as skipped:
+            s.apply_loader(resident, ctx)
+        assert skipped.value.reason == "the data is already on the GPU (gpu_resident)"
 
 
 def test_random_crop_matches_torchvision_in_distribution():

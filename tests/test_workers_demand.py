@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fastloop.drivers.ladder import run_ladder
 from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
-from fastloop.speedups.base import Context, RunInputs
+from fastloop.adapters.loop import apply_speedups
+from fastloop.speedups.base import Context, RunInputs, Skip
 
 CPU = torch.device("cpu")
 
@@ -29,7 +30,7 @@ def _apply(monkeypatch, rates: dict[str, float], step_rate: float | None):
     (s,) = resolve("workers")
     ctx = Context(CPU, inputs=RunInputs(step_rate=step_rate))
     loader = _loader()
-    out = s.apply_loader(loader, ctx)
+    _, _, out = apply_speedups([s], ctx, loader=loader)  # records applied, or skipped with the reason
     return loader, out, ctx
 
 
@@ -46,14 +47,14 @@ def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
 def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkeypatch):
     # 500 steps/s x 16 = 8,000 samples/s: the main process spends 80% of its time loading, workers 20%
     loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, 500.0)
-    assert "workers" not in ctx.records and out.num_workers == 4  # applied (the adapter writes that record)
+    assert ctx.records["workers"].status == "applied" and out.num_workers == 4
     assert ctx.stats["predicted_saving"] == pytest.approx(0.6)
     assert ctx._details["workers"] == ("4 worker processes (measured fastest: 40,000 samples/s against 10,000 with none; "
                                        "predicted to save the main process 60% of its time at the step's 8,000 samples/s)")
     # the GPT case again, with no step rate: the 1.25x rule alone uses workers
     for bad in (None, 0.0, -1.0, float("inf"), float("nan")):
         loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, bad)
-        assert "workers" not in ctx.records and out.num_workers == 4 and "step_demand" not in ctx.stats
+        assert ctx.records["workers"].status == "applied" and out.num_workers == 4 and "step_demand" not in ctx.stats
 
 
 def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
@@ -87,7 +88,9 @@ def test_round_8s_cifar_rates_skip_workers_once_the_demand_is_known(monkeypatch)
     (s,) = resolve("workers")
     ctx = Context(CPU, inputs=RunInputs(step_rate=1 / (256 / 14_996 * (1 - 0.055))))
     loader = _loader(256)
-    assert s.apply_loader(loader, ctx) is loader and ctx.records["workers"].status == "skipped"
+    with pytest.raises(Skip, match="measured loader rates"):
+        s.apply_loader(loader, ctx)
+    assert apply_speedups([s], ctx, loader=loader)[2] is loader and ctx.records["workers"].status == "skipped"
     assert ctx.stats["predicted_saving"] == pytest.approx(0.058, abs=0.001)
 
 

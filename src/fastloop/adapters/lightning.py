@@ -35,7 +35,7 @@ from fastloop.data import to_channels_last
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
 from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
-from fastloop.speedups.base import Context, Record, RunInputs, Speedup, StepPlan, resolve
+from fastloop.speedups.base import Context, Record, RunInputs, Skip, Speedup, StepPlan, resolve
 from fastloop.speedups.compile import CUDAGRAPH_MODES
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 
@@ -117,7 +117,11 @@ class SpeedupCallback(Callback):
         inst = train_source(trainer)
 
         def wrapped(loader: Any) -> Any:
-            new = fn(loader)
+            try:
+                new = fn(loader)
+            except Skip as why:  # asked for when the fit starts: the loader stays as it was
+                self._fail(why.status, why.reason)
+                return loader
             if new is not loader:
                 self._loaders.append(new)
             return new
@@ -156,13 +160,14 @@ class SpeedupCallback(Callback):
         try:
             if s.changes == "model":
                 self._apply_model(pl_module, ctx)
-            if ctx.decided(s.name):  # skipped while looking at the model: change nothing else
-                self._run_undo()
-                return
             if s.changes == "data":
                 self._wrap_train_loader(trainer, lambda loader: s.apply_loader(loader, ctx))
             self.plan = plan
             self._apply_plan(trainer, pl_module, ctx)
+        except Skip as why:  # it cannot apply here: what it changed is put back, the reason is its record
+            self._run_undo()
+            ctx.record(s.name, why.status, why.reason)
+            return
         except Exception as err:
             self._run_undo()
             ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
@@ -179,10 +184,8 @@ class SpeedupCallback(Callback):
         # Lightning calls training_step, not pl_module.__call__: compile the children it calls
         children = compilable_children(pl_module)
         if not children:
-            ctx.record(s.name, "skipped", f"{type(pl_module).__name__} has no child module with parameters to "
-                                          f"compile (its parameters are used directly in training_step, which "
-                                          f"Lightning calls outside any compiled region)")
-            return
+            raise Skip(f"{type(pl_module).__name__} has no child module with parameters to compile (its parameters "
+                       f"are used directly in training_step, which Lightning calls outside any compiled region)")
         for name, child in children:
             self._compile(child, lambda c=child: s.apply_model(c, ctx))
         _COMPILE_MODE[pl_module] = mode

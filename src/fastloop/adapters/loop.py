@@ -32,7 +32,7 @@ from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
-from fastloop.speedups.base import Context, Record, Speedup, StepPlan, resolve
+from fastloop.speedups.base import Context, Record, Skip, Speedup, StepPlan, resolve
 
 __all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
 
@@ -43,7 +43,8 @@ def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Mod
     """Apply each speedup's stages in order; record applied / skipped / fallback for each.
 
     A speedup that cannot apply (``why_not``) is recorded as skipped and changes nothing; one
-    whose stage records a skip or fallback stops at that stage.
+    whose stage raises :class:`~fastloop.speedups.base.Skip` (or records a fallback) stops at that
+    stage, recorded with the reason.
     """
     for s in speedups:
         reason = s.why_not(ctx) or (s.why_not_model(model) if model is not None else None)
@@ -59,6 +60,9 @@ def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Mod
                 loader = s.apply_loader(loader, ctx)
             if s.name not in ctx.records and plan is not None:
                 plan.apply(s, ctx)
+        except Skip as why:  # it cannot apply to this model, optimizer or loader: the reason is its record
+            ctx.record(s.name, why.status, why.reason)
+            continue
         except Exception as err:  # a speedup that breaks falls back, with the reason
             ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
             continue

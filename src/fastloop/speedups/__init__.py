@@ -21,7 +21,9 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
 from fastloop.speedups.base import (
     REGISTRY,
     Context,
+    Fallback,
     Record,
+    Skip,
     Speedup,
     StepPlan,
     register,
@@ -29,4 +31,4 @@ from fastloop.speedups.base import (
     speedup_names,
 )
 
-__all__ = ["REGISTRY", "Context", "Record", "Speedup", "StepPlan", "register", "resolve", "speedup_names"]
+__all__ = ["REGISTRY", "Context", "Fallback", "Record", "Skip", "Speedup", "StepPlan", "register", "resolve", "speedup_names"]

@@ -27,20 +27,10 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from fastloop.errors import FastloopError, shorten
+from fastloop.speedups.options import parse_number
 
-__all__ = [
-    "parse_number",
-    "REGISTRY",
-    "Context",
-    "Record",
-    "RunInputs",
-    "Speedup",
-    "StepPlan",
-    "register",
-    "resolve",
-    "speedup_names",
-    "default_ladder",
-]
+__all__ = ["parse_number", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup", "StepPlan",
+           "register", "resolve", "speedup_names", "default_ladder"]
 
 Changes = Literal["model", "optimizer", "data", "step"]
 Status = Literal["applied", "skipped", "fallback"]
@@ -61,6 +51,24 @@ class Record:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "reason": self.reason, "detail": self.detail}
+
+
+class Skip(Exception):
+    """Raised by a speedup's ``apply_*`` when it cannot apply here: the adapter records it as
+    :attr:`status` with the reason, puts back what the speedup changed, and goes on (records are
+    results, never control flow)."""
+
+    status: ClassVar[Status] = "skipped"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Fallback(Skip):
+    """A :class:`Skip` for a speedup that applies in general but met what it cannot handle."""
+
+    status: ClassVar[Status] = "fallback"
 
 
 @dataclass
@@ -117,10 +125,6 @@ class Context:
         rec = self.records.get(name)
         if rec is not None and rec.status == "applied":
             rec.detail = detail
-
-    def decided(self, name: str) -> bool:
-        """Has this speedup's outcome been recorded already (skipped or fallback at a stage)?"""
-        return name in self.records
 
     def applied(self, name: str) -> bool:
         rec = self.records.get(name)
@@ -294,18 +298,6 @@ class Speedup:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options or ''})"
-
-
-def parse_number(text: str, convert: type, low: float, high: float, *, message: str, low_open: bool = False) -> Any:
-    """``convert(text)`` if it lies in ``[low, high]`` (``(low, high]`` with ``low_open``), else a
-    FastloopError with ``message`` (which says what is accepted)."""
-    try:
-        value = convert(text)
-    except ValueError:
-        raise FastloopError(message) from None
-    if not (low < value if low_open else low <= value) or value > high:
-        raise FastloopError(message)
-    return value
 
 
 def register(cls: type[Speedup]) -> type[Speedup]:

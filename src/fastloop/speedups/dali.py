@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable
 
 from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Skip, Speedup, register
 
 __all__ = ["Dali"]
 
@@ -54,8 +54,7 @@ class Dali(Speedup):
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         make = getattr(loader, "fastloop_dali", None)
         if make is None:
-            ctx.record(self.name, "skipped", "the target's loader offers no DALI pipeline (the imagenet recipe's does)")
-            return loader
+            raise Skip("the target's loader offers no DALI pipeline (the imagenet recipe's does)")
         detail = ""
         if ctx.cuda:
             note = cuda_queues_note()

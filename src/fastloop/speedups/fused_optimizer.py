@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Skip, Speedup, register
 
 __all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer"]
 
@@ -58,6 +58,5 @@ class FusedOptimizer(Speedup):
     def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
         reason = _fused_ok(optimizer)
         if reason:
-            ctx.record(self.name, "skipped", reason)
-            return optimizer
+            raise Skip(reason)
         return apply_fused_optimizer(optimizer)

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, default_collate
 from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import tensor_dataset_parts
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
 
@@ -139,8 +139,7 @@ class GPUResident(Speedup):
         try:
             resident = make_resident(loader, ctx.device, share=self.opts.share)  # type: ignore[arg-type]
         except NotResident as why:
-            ctx.record(self.name, "skipped", str(why))
-            return loader
+            raise Skip(str(why)) from None
         ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
         ctx.inputs.batches_on_device = self.name
         return resident

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from torch.utils.data import DataLoader
 
 from fastloop.data import rebuild_loader
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register
 
 __all__ = ["PinMemory", "apply_pin_memory"]
 
@@ -35,12 +35,9 @@ class PinMemory(Speedup):
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if ctx.inputs.batches_on_device:
-            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
-            return loader
+            raise Skip(f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
         if not isinstance(loader, DataLoader):
-            ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
-            return loader
+            raise Fallback(f"loader is a {type(loader).__name__}, not a torch DataLoader")
         if loader.pin_memory:
-            ctx.record(self.name, "skipped", "the loader already pins memory (pin_memory=True)")
-            return loader
+            raise Skip("the loader already pins memory (pin_memory=True)")
         return apply_pin_memory(loader)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fastloop.data import CUDAPrefetcher
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.base import Context, Skip, Speedup, StepPlan, register
 
 __all__ = ["Prefetch", "apply_prefetch"]
 
@@ -33,8 +33,7 @@ class Prefetch(Speedup):
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if ctx.inputs.batches_on_device:
-            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
-            return loader
+            raise Skip(f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
         return apply_prefetch(loader, ctx.device)
 
     def apply_step(self, plan: StepPlan, ctx: Context) -> None:

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, parse_number, register, valid_step_rate
+from fastloop.speedups.base import Context, Fallback, Skip, Speedup, parse_number, register, valid_step_rate
 from fastloop.speedups.torch_facts import rank_zero_value
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
@@ -221,29 +221,23 @@ class Workers(Speedup):
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if ctx.inputs.batches_on_device:
-            ctx.record(self.name, "skipped", f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
-            return loader
+            raise Skip(f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
         if not isinstance(loader, DataLoader):
-            ctx.record(self.name, "fallback", f"loader is a {type(loader).__name__}, not a torch DataLoader")
-            return loader
+            raise Fallback(f"loader is a {type(loader).__name__}, not a torch DataLoader")
         if loader.num_workers >= default_num_workers():
-            ctx.record(self.name, "skipped", f"loader already has {loader.num_workers} workers")
-            return loader
+            raise Skip(f"loader already has {loader.num_workers} workers")
         n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
             ctx.stats["loader_rates"] = rates
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
-                ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}: no worker count "
-                                                 f"delivers {WORKER_GAIN}x the rate of "
-                                                 f"{loader.num_workers or 'the main process alone'}")
-                return loader
+                raise Skip(f"measured loader rates (workers: samples/s) {shown}: no worker count delivers "
+                           f"{WORKER_GAIN}x the rate of {loader.num_workers or 'the main process alone'}")
             main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
             why = _demand_says_no(loader.batch_size, main, fast, n, ctx)
             if why:
-                ctx.record(self.name, "skipped", f"measured loader rates (workers: samples/s) {shown}; {why}")
-                return loader
+                raise Skip(f"measured loader rates (workers: samples/s) {shown}; {why}")
         ctx.stats["num_workers"] = n
         measured = "" if self.opts.count is not None else _measured_detail(loader, n, ctx)
         ctx.describe(self.name, f"{n} worker processes{measured}")
