@@ -118,6 +118,26 @@ def test_fused_optimizer_skips_unfusable():
     assert loop.records[0].status == "skipped" and "RMSprop" in loop.records[0].reason
 
 
+def test_fused_optimizer_under_lightning_is_the_speedups_own_change_and_skip():
+    """The Lightning adapter applies the speedup's own ``apply_optimizer`` to each of the
+    Trainer's optimizers: fused where it can, and the same skip with the same reason where not."""
+    from tests.targets import tiny_mlp
+
+    for make, status in ((lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "applied"),
+                         (lambda p: torch.optim.RMSprop(p), "skipped")):
+        module, loader = tiny_mlp()
+        module.configure_optimizers = lambda m=module, make=make: make(m.parameters())
+        trainer = Trainer(callbacks=callbacks("fused_optimizer"), max_steps=2, logger=False, accelerator="cpu",
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, loader)
+        (rec,) = records_of(trainer)
+        assert rec.status == status, rec
+        if status == "applied":
+            assert trainer.optimizers[0].param_groups[0]["fused"] is True and rec.detail == "fused SGD"
+        else:
+            assert "RMSprop" in rec.reason
+
+
 def test_lightning_drop_in_with_all_cpu_speedups():
     """An ordinary LightningModule (logging, scheduler, dict from training_step) + callbacks."""
     module, loader = tiny_conv()

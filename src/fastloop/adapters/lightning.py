@@ -274,17 +274,24 @@ class SpeedupCallback(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.speedup.name in self.ctx.records and not self.ctx.applied(self.speedup.name):
             return
-        if self.speedup.changes == "optimizer" or self.plan.cuda_graph:
-            fused = []
+        if self.speedup.changes == "optimizer":  # the speedup's own change, on each of the Trainer's optimizers
+            changed = []
+            for opt in trainer.optimizers:
+                try:
+                    self.speedup.apply_optimizer(opt, self.ctx)  # in place: the Trainer keeps its objects
+                except Skip as why:
+                    self._fail(why.status, why.reason)
+                    continue
+                changed.append(type(opt).__name__)
+            if changed:
+                self.ctx.describe(self.speedup.name, "fused " + ", ".join(changed))
+        elif self.plan.cuda_graph:  # the graph's optimizer step runs fused where it can
             for opt in trainer.optimizers:
                 reason = _fused_ok(opt)
                 if reason:
-                    self._fail("skipped" if self.speedup.changes == "optimizer" else "applied", reason)
-                    continue
-                apply_fused_optimizer(opt)
-                fused.append(type(opt).__name__)
-            if fused and self.speedup.changes == "optimizer":
-                self.ctx.describe(self.speedup.name, "fused " + ", ".join(fused))
+                    self._fail("applied", reason)  # graphed all the same, the optimizer as it is
+                else:
+                    apply_fused_optimizer(opt)
         if self._graph is not None:
             cycling = cycled_hyperparameters(trainer)
             if len(trainer.optimizers) != 1:
