@@ -302,3 +302,28 @@ def test_the_budget_bounds_the_commands_wall_time_from_its_start(tmp_path):
     assert doc["budget_s"] == budget and doc["started_s"] > 0
     longest = max(e["s"] for e in doc["run_log"])
     assert wall <= budget + longest + 1.5, (wall, longest, doc["started_s"])
+
+
+def test_a_final_comparison_the_budget_cut_pools_every_run_of_both():
+    """The H200 ViT ladder of round 15: the final comparison, cut by the budget at 3 runs a side
+    of a data-bound baseline spreading 15%, said 1.81x [0.61, 5.38] "n.s." for a set measured 6
+    times before at 27 ms against a baseline at 40-56 ms. Pooled (Welch over every run of both),
+    the same runs call it; a comparison that could call, or was not cut, stays as it was."""
+    from fastloop.compare import Runs, compare
+    from fastloop.drivers.ladder_report import pooled_final
+
+    def runs(spec, ms):
+        return Runs(spec, docs=[{"step_s_all": [m / 1000] * 60} for m in ms])
+
+    base = runs("none", [49.6, 40.0, 56.3, 42.0, 46.6, 40.8])
+    earlier = runs("workers,pin_memory", [26.9, 27.2, 27.1, 27.4, 27.4, 27.8])
+    fresh_base, fresh_sel = runs("none", [38.0, 62.0, 41.0]), runs("workers,pin_memory", [27.9, 27.5, 26.9])
+    cut = compare(fresh_base, fresh_sel, confidence=0.985)
+    assert not cut["significant"]
+    out = pooled_final({**cut, "budget": True}, base, [earlier], fresh_base, fresh_sel)
+    assert out["significant"] and out["ratio"] > 1.4 and out["pooled_runs"] == {"baseline": 9, "selected": 9}
+    assert out["method"].startswith("Welch") and out["interleaved"]["ratio"] == cut["ratio"]
+    assert "cut by the budget" in out["verdict"]
+    assert pooled_final(cut, base, [earlier], fresh_base, fresh_sel) is cut  # not cut: as it was
+    called = {**compare(base, earlier), "budget": True}
+    assert pooled_final(called, base, [earlier], fresh_base, fresh_sel) is called  # it could call: as it was

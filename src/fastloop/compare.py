@@ -190,7 +190,8 @@ def per_item(a: Runs, b: Runs) -> bool:
     return None not in counts and len(set(counts)) > 1
 
 
-def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: bool = False) -> dict | None:
+def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: bool = False,
+            paired: bool = True) -> dict | None:
     """Run-level CI of mean step time A / B (``ratio > 1``: B faster), None if a side has no run.
 
     ``one_run``: B has one run; the interval is :func:`~fastloop.measure.stats.one_run_ci`'s
@@ -217,7 +218,7 @@ def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: b
     if one_run:
         ci = one_run_ci([times(r) for r in a.docs], times(b.docs[-1]), confidence=confidence)
     else:
-        ci = run_ratio_ci([times(r) for r in a.docs], [times(r) for r in b.docs], confidence=confidence)
+        ci = run_ratio_ci([times(r) for r in a.docs], [times(r) for r in b.docs], confidence=confidence, paired=paired)
     out = ci.to_dict()
     out["confidence"] = confidence
     out["per"] = "item" if by_item else "step"

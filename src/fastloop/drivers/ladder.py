@@ -13,8 +13,8 @@ the best's runs is dropped after that run: ``EARLY_DROP``) and otherwise adds ru
 ``max_repeats`` while the runs and the final comparison fit the ``budget``. Each look uses a
 stricter interval (Bonferroni over the looks). A feed speedup is not measured when a faster feed
 could gain at most 2% (``ladder_gates.FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
-data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures
-the selected set against the baseline, interleaved, and the callbacks line names exactly it.
+data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures the
+selected set against the baseline, interleaved (cut by the budget: all their runs, pooled); the callbacks line names it.
 
 Example:
     >>> default_rungs("cpu")[:3]
@@ -32,7 +32,8 @@ import torch
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.errors import FastloopError
-from fastloop.drivers.ladder_report import _filter_advice, _join, _own_record, baseline_failed, note_run_order, rung_doc
+from fastloop.drivers.ladder_report import (_filter_advice, _join, _own_record, baseline_failed, note_run_order,
+                                            pooled_final, rung_doc)
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
@@ -52,7 +53,6 @@ MIN_GAIN = 1.01
 """In the selecting ladder a comparison stops at a look once its interval's upper end is below
 this ratio: the candidate can be at most 1% faster, so more runs could not make it worth keeping
 (H200 round 8: workers on the compiled GPT step ran 4 more processes, ~60 s, to learn 1.00x)."""
-
 
 MODES = ("select", "sequential", "cumulative")
 MEASURE_S = {"cuda": 2.0, "cpu": 1.0}
@@ -338,10 +338,10 @@ class _Ladder:
         # fresh runs of both, interleaved (not the selected set's runs from its own comparison):
         # 3 a side first, more only while the interval is too wide to call (it rarely is: the
         # selected set is usually many times the baseline)
-        self.best_runs = {}
+        earlier, base, self.best_runs = [r for s, r in self.best_runs.items() if s == self._spec()], self.base_runs, {}
         self.finalizing = True
         fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
-        self._final_from(fresh, ci)
+        self._final_from(fresh, pooled_final(ci, base, earlier, fresh[self.base_spec], fresh[self._spec()]))
 
 
 def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from fastloop.compare import Runs, merge_runs, unsteady_note
+from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, merge_runs, unsteady_note
 from fastloop.drivers.doctor import diagnose, without_measured
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
@@ -124,6 +124,34 @@ def baseline_failed(runs: Runs) -> Exception:
         return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
                              f"{runs.details[-1].strip() if runs.details else message}")
     return ConfigurationFailed(message, rc)
+
+
+def pooled_final(ci: dict | None, base: Runs, earlier: list[Runs], fresh_base: Runs, fresh_sel: Runs) -> dict | None:
+    """The final comparison's interval when the budget cut it before it could call the selected set
+    against the baseline: every run of both configurations in the ladder pooled (``base``: the
+    baseline's earlier runs; ``earlier``: the selected set's from its own comparisons), a Welch interval (those
+    runs were not all interleaved with each other), the cut interleaved one kept beside it. Else
+    ``ci`` as it is.
+
+    Example:
+        >>> run = lambda s: {"step_s_all": [s] * 30}
+        >>> few = lambda *xs: Runs("x", docs=[run(x) for x in xs])
+        >>> cut = {"ratio": 1.8, "significant": False, "budget": True, "verdict": "no significant difference"}
+        >>> out = pooled_final(cut, few(.040, .050, .045, .056), [few(.027, .028, .027)], few(.049, .042), few(.027, .028))
+        >>> out["significant"], out["pooled_runs"], out["interleaved"]["ratio"]
+        (True, {'baseline': 6, 'selected': 5}, 1.8)
+    """
+    if ci is None or not ci.get("budget") or ci.get("significant"):
+        return ci
+    pooled_base = Runs(fresh_base.spec, docs=([] if base is fresh_base else base.docs) + fresh_base.docs)
+    pooled_sel = Runs(fresh_sel.spec, docs=[d for r in earlier if r is not fresh_sel for d in r.docs] + fresh_sel.docs)
+    pooled = compare(pooled_base, pooled_sel, confidence=ci.get("confidence") or VERDICT_CONFIDENCE, paired=False)
+    if pooled is None or pooled.get("too_few"):
+        return ci
+    pooled["verdict"] += (f" (every run of both in the ladder, Welch: the interleaved final comparison was cut by the "
+                          f"budget at {ci.get('ratio', 0):.2f}x, not significant)")
+    return {**pooled, "pooled_runs": {"baseline": len(pooled_base.docs), "selected": len(pooled_sel.docs)},
+            "interleaved": ci, "budget": True}
 
 
 def note_run_order(ci: dict | None, order: list[str], base: str, reused: int, base_runs: Runs, cand_runs: Runs) -> None:

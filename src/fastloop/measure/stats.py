@@ -161,12 +161,14 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], *,
-                 confidence: float = 0.95, min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS) -> RatioCI:
+                 confidence: float = 0.95, min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS,
+                 paired: bool = True) -> RatioCI:
     """CI for ``mean step time of A / mean step time of B`` with the run as the unit.
 
     ``groups_a``/``groups_b``: one list of step times (seconds) per run. Runs given in the same
     order on both sides (A1 B1 A2 B2 ...) with equal counts are paired, so slow drift of the
-    machine cancels; otherwise a Welch interval on the logs is used. ``ratio > 1``: B is faster.
+    machine cancels; otherwise (or with ``paired=False``: runs that were not interleaved) a Welch
+    interval on the logs is used. ``ratio > 1``: B is faster.
 
     Example:
         >>> a = [[0.010, 0.011, 0.010]] * 2 + [[0.012, 0.011, 0.012]] * 2
@@ -186,7 +188,7 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
     lb = np.log([g.mean() for g in gb])
     runs = min(len(la), len(lb))
     too_few = runs < min_runs or min(len(g) for g in ga + gb) < min_steps
-    if len(la) == len(lb) and len(la) >= 2:
+    if paired and len(la) == len(lb) and len(la) >= 2:
         d = la - lb
         centre, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1
         method = "paired t on log run-mean ratios"
