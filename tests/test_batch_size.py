@@ -159,3 +159,27 @@ def test_run_with_batch_size_trains_at_the_found_size_from_a_plain_loader():
     found = doc["extra"]["batch_size_search"]["batch_size"]
     assert found != 16 and doc["items_per_step"] == found  # tiny_mlp's loader was built with 16
     assert doc["speedups"][-1]["name"] == "batch_size" and doc["speedups"][-1]["status"] == "applied"
+
+
+class SeesAutocast(OOMAbove):
+    """Records the dtype each trial step autocasts to (None: none)."""
+
+    def training_step(self, batch, i):
+        on = torch.is_autocast_enabled("cpu")
+        self.dtypes = getattr(self, "dtypes", []) + [torch.get_autocast_dtype("cpu") if on else None]
+        return super().training_step(batch, i)
+
+
+def test_the_trials_train_in_the_trainers_precision():
+    """The user's Trainer says bf16-mixed: its steps autocast, so the search's trials do too (their
+    memory is the training's); with no precision given they run as they are."""
+    for given, want in ((None, None), ("bf16-mixed", torch.bfloat16), ("32-true", None)):
+        module = SeesAutocast(limit=64)
+        doc = search_batch_size(module, Data(), device="cpu", max_size=256, trainer_precision=given)
+        assert set(module.dtypes) == {want} and doc["autocast"] == (str(want)[6:] if want else None)
+    module = SeesAutocast(limit=64)  # the callback reads the Trainer's own precision
+    trainer = Trainer(callbacks=[BatchSizeSearch(max_size=256)], precision="bf16-mixed", max_steps=1, logger=False,
+                      accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    trainer.fit(module, Data())
+    assert torch.bfloat16 in module.dtypes and trainer.callbacks[0].result["autocast"] == "bfloat16"

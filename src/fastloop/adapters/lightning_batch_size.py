@@ -61,7 +61,8 @@ class BatchSizeSearch(Callback):
             self.result = search_batch_size(pl_module, data, speedups=self.speedups,
                                             device=str(trainer.strategy.root_device), max_size=self.max_size,
                                             objective=self.objective, margin=self.margin,
-                                            trainer_optimizers=trainer.optimizers, attached=True)
+                                            trainer_optimizers=trainer.optimizers, attached=True,
+                                            trainer_precision=str(trainer.precision))
         except FastloopError as err:
             self._record = Record(BatchSize.name, "skipped", str(err))
             return

@@ -164,8 +164,9 @@ def _batch_size(args: argparse.Namespace, device: str) -> dict:
     from fastloop.drivers.batch_size import search_batch_size
     from fastloop.drivers.targets import build_target
 
-    module, data, _ = build_target(args.target)  # the search trains no Trainer: its settings do not apply
+    module, data, settings = build_target(args.target)  # no Trainer: of its settings, the precision applies
     doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
+                            trainer_precision=(settings or {}).get("precision"),
                             objective=args.objective, margin=args.margin)
     return _stamp({"kind": "batch-size", **doc}, args, device)
 

@@ -261,9 +261,10 @@ class Speedup:
     prepares_run: ClassVar[bool] = False
     """True for a speedup the run driver applies before training (the batch-size search)."""
 
-    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device) -> tuple[Any, Record, dict]:
-        """Before training (only when :attr:`prepares_run`): returns the data to train on, this
-        speedup's record and statistics for the report."""
+    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device, *,
+                    precision: str | None = None) -> tuple[Any, Record, dict]:
+        """Before training (only when :attr:`prepares_run`; ``precision``: the user's Trainer's):
+        returns the data to train on, this speedup's record and statistics for the report."""
         raise NotImplementedError
 
     def compile_mode(self) -> str | None:

@@ -253,11 +253,15 @@ class _Trials:
         return ok
 
 
+MIXED_PRECISION = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
+"""A Trainer's mixed ``precision`` -> the dtype its steps autocast to (the search's trials do too)."""
+
+
 def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list | None = None,
                       device: str = "auto", init: int | None = None, max_size: int = 4096,
                       objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
                       precision: float = 0.0625, trainer_optimizers: list | None = None, attached: bool = False,
-                      progress: Callable[[str], None] | None = None) -> dict:
+                      progress: Callable[[str], None] | None = None, trainer_precision: str | None = None) -> dict:
     """Find the batch size; write it where the target keeps it; return the JSON document part.
 
     Args:
@@ -269,6 +273,8 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             otherwise a DataModule's ``prepare_data()`` and ``setup("fit")`` are called first.
         precision: bisection stops when the gap between fitting and failing sizes is at most this
             fraction of the failing size (1/16: the largest fitting size is found within ~6%).
+        trainer_precision: the user's Trainer ``precision`` (``"bf16-mixed"``, ``"16-mixed"``): the
+            trials autocast as the training will, when no speedup sets the precision.
     """
 
     _check_search(objective, margin, max_size)
@@ -277,7 +283,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
     for s in resolve(speedups):
         if s.why_not(ctx) is None:
             s.apply_step(plan, ctx)  # the precision the run will train in
-    autocast = plan.autocast_dtype
+    autocast = plan.autocast_dtype or MIXED_PRECISION.get(str(trainer_precision))
     if isinstance(data, LightningDataModule) and not attached:
         # as Trainer.fit would, before asking for the loader (a DataModule makes its datasets here)
         data.prepare_data()
@@ -315,6 +321,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         "trials": trials, "search_s": time.perf_counter() - t_start,
         "restored": _digest(module, trainer_optimizers or []) == before, "written_to": written,
         "memory_allocated_before": mem0, "memory_allocated_after": mem1,
+        "autocast": str(autocast).replace("torch.", "") if autocast else None,
         "compile_note": "trials run eagerly; compile (if requested) happens once afterwards, so no trial recompiles",
     }
 
@@ -328,11 +335,12 @@ class BatchSize(Speedup):
     order = 70
     prepares_run = True
 
-    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device) -> tuple[Any, Record, dict]:
+    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device, *,
+                    precision: str | None = None) -> tuple[Any, Record, dict]:
         """Search with the other speedups on, then train at the size found (a DataLoader, fixed
         at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``)."""
 
-        search = search_batch_size(module, data, speedups=others, device=str(device))
+        search = search_batch_size(module, data, speedups=others, device=str(device), trainer_precision=precision)
         if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:
             data = rebuild_loader(data, batch_size=search["batch_size"])
         record = Record(self.name, "applied", detail=f"batch size {search['batch_size']} (largest fitting "
