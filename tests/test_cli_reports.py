@@ -213,3 +213,26 @@ def test_runner_describes_an_in_memory_dataset():
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu")
     assert doc["extra"]["dataset"] == {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 256 * 16 * 4 + 256 * 8}
+
+
+@pytest.mark.parametrize("extra,window,steps", [([], 1.0, 30), (["--steps", "12"], None, 12),
+                                                (["--steps", "12", "--measure-s", "0.5"], 0.5, 12)])
+def test_ab_measures_a_time_window_unless_steps_are_given(monkeypatch, tmp_path, extra, window, steps):
+    """``fastloop ab`` measures the ladder's time window of steady steps by default (1 s on a CPU);
+    a user who gives ``--steps N`` gets N steps, as typed."""
+    import fastloop.drivers.ab as ab
+
+    seen: list[dict] = []
+    real = ab.run_ab
+
+    def spy(target, a, b, *, measure, **kw):
+        seen.append({"measure_s": getattr(measure, "keywords", {}).get("measure_s"), "steps": kw["steps"]})
+
+        def fake(target_, spec, **k):
+            return {"step_s_all": [0.01] * k["steps"], "items_per_step": 4, "speedups": []}
+        return real(target, a, b, measure=fake, **kw)
+
+    monkeypatch.setattr(ab, "run_ab", spy)
+    rc = main(["ab", "tests/targets.py:tiny_mlp", "--device", "cpu", "--a", "none", "--b", "none", "--repeats", "3",
+               "--quiet", "--json", str(tmp_path / "ab.json"), *extra])
+    assert rc == 0 and seen == [{"measure_s": window, "steps": steps}]

@@ -61,7 +61,10 @@ def _common(sp: argparse.ArgumentParser) -> None:
 
 
 def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
-    sp.add_argument("--steps", type=_positive("--steps"), default=default_steps, help="measured steps")
+    sp.add_argument("--steps", type=_positive("--steps"), default=None,
+                    help=f"measured steps (default {default_steps}; a ladder or A/B given --steps measures that many "
+                         "instead of its time window)")
+    sp.set_defaults(default_steps=default_steps)
     sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
                     help="steps before measuring (compile and capture happen here)")
 
@@ -123,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="runs a side, interleaved (fewer than 3: too few runs to tell)")
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
                     help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
-                         "1 on a CPU, as the ladder)")
+                         "1 on a CPU, as the ladder; with --steps only: that many steps)")
     _steps(sp)
     _common(sp)
     _ranks(sp)
@@ -268,6 +271,8 @@ def _main(argv: list[str] | None = None) -> int:
         arm_interrupt_deadline()
     try:
         args = _parser().parse_args(argv)
+        if hasattr(args, "default_steps"):  # --steps given: the user's count, not a default
+            args.steps_given, args.steps = args.steps is not None, args.steps or args.default_steps
     except KeyboardInterrupt:
         sys.stderr.write("fastloop: interrupted\n")
         return 130

@@ -126,7 +126,8 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
             prog.start()
         from fastloop.drivers.ladder import default_measure_s
 
-        if args.measure_s is None:  # ladder and ab: a time window of steady steps, however short the step
+        if args.measure_s is None and not getattr(args, "steps_given", False):
+            # ladder and ab: a time window of steady steps, however short the step (unless --steps was given)
             args.measure_s = default_measure_s(device)
         if args.cmd == "ladder":
             from fastloop.drivers.ladder import run_ladder
