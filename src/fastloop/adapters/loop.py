@@ -183,9 +183,11 @@ class FastLoop:
         if self.graphed is None:
             graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.plan.autocast_dtype)
             try:
-                self.ctx.stats["cuda_graph_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's name
+                self.ctx.stats["cuda_graph_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
+                self.ctx.stats["cuda_graph_tier"] = "whole step"
                 self.graphed = graphed
             except GraphIneligible as err:
+                self.ctx.stats["cuda_graph_tier"] = "eager"
                 self.plan.cuda_graph = False
                 self.ctx.record(self.plan.owners["cuda_graph"], "fallback", str(err))
                 return self._eager_step(batch)
