@@ -71,13 +71,11 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     measure = measure or run_in_subprocess
     runs: dict[str, Runs] = {f"a:{a}": Runs(a), f"b:{b}": Runs(b)}
 
-    # B adds only data-pipeline speedups to A: B's runs learn A's step rate (workers weighs
-    # its loader against what the step consumes)
-    # (only when B adds a feed: with the same feeds on both sides, telling one side alone would
-    # treat the sides differently, and an A vs A would measure that difference)
-    a_compute = {s.spec for s in resolve(a) if not s.feeds}
-    feeds_only = (a_compute == {s.spec for s in resolve(b) if not s.feeds}
-                  and {s.spec for s in resolve(a)} != {s.spec for s in resolve(b)})
+    # B adds only data-pipeline speedups to A: B's runs learn A's step rate (workers weighs its
+    # loader against what the step consumes). Not when the sides are the same: telling one side
+    # alone would treat them differently, and an A vs A would measure that difference.
+    sa, sb = ({s.spec: s.feeds for s in resolve(x)} for x in (a, b))
+    feeds_only = sa != sb and {k for k, f in sa.items() if not f} == {k for k, f in sb.items() if not f}
 
     def by_side(target_: str, key: str, **kw) -> dict:
         rate = step_rate_of(runs[f"a:{a}"]) if key.startswith("b:") and feeds_only else None

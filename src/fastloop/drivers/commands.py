@@ -124,18 +124,14 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
     try:
         if prog:
             prog.start()
-        from fastloop.drivers.ladder import default_measure_s
+        from fastloop.drivers.ladder import default_budget, default_measure_s, run_ladder
 
         if args.measure_s is None and not getattr(args, "steps_given", False):
             # ladder and ab: a time window of steady steps, however short the step (unless --steps was given)
             args.measure_s = default_measure_s(device)
         if args.cmd == "ladder":
-            from fastloop.drivers.ladder import run_ladder
-
-            from fastloop.speedups.base import resolve
-
             from fastloop import STARTED
-            from fastloop.drivers.ladder import default_budget
+            from fastloop.speedups.base import resolve
 
             rungs = [s.spec for s in resolve(args.rungs)] if args.rungs is not None else None
             budget = args.budget if args.budget is not None else default_budget(device)
