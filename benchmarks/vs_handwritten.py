@@ -1,6 +1,6 @@
 """fastloop against the same training written by hand in plain PyTorch, one process per side.
 
-Cases (each side is one fresh process; the shell driver alternates them):
+Cases (each side is one fresh process; ``all`` alternates them):
 - ``gpt``: GPT-2 124M, T=1024, batch B, tf32 + bf16 autocast + fused AdamW + compile. fastloop:
   ``run_configuration("gpt", "tf32,bf16,fused_optimizer,compile")`` (a Lightning Trainer with
   the callbacks); by hand: the recipe's model and loader, a loop a careful user writes
@@ -17,6 +17,8 @@ wall time of the measured steps with one synchronize at each end (no per-step sy
 
 Usage: ``python3 benchmarks/vs_handwritten.py CASE SIDE [--batch B] [--steps N] [--warmup W]``;
 prints one JSON document (also under $OUT as ``vs_hand_CASE_SIDE_B_RUN.json`` with ``--tag``).
+``python3 benchmarks/run.py vs-hand all [--rounds R]`` runs every case, each side in a fresh
+process, and prints the table last.
 """
 
 from __future__ import annotations
@@ -199,15 +201,51 @@ def mlp_fastloop(steps: int, warmup: int) -> dict:
             "unit": "samples/s", "steps": steps, "speedups": [r.to_dict() for r in res.records]}
 
 
+ALL = [("gpt", 16, 50, 10), ("gpt", 32, 50, 10), ("rn50", 256, 40, 10), ("mlp", 32, 500, 20)]
+"""The cases of ``all``: (case, batch, steps, warm-up), as recorded in RESULTS.md."""
+
+
+def run_all(rounds: int) -> None:
+    """Every case, each side in a fresh process, the sides' order alternating by round (hand
+    first in odd rounds): a table of the ratio per case (the mean over rounds), JSON under $OUT."""
+    import json
+    import subprocess
+    import sys
+
+    rows = []
+    for case, batch, steps, warmup in ALL:
+        got: dict[str, list[float]] = {"hand": [], "fastloop": []}
+        for r in range(rounds):
+            for side in (("hand", "fastloop") if r % 2 == 0 else ("fastloop", "hand")):
+                proc = subprocess.run([sys.executable, __file__, case, side, "--batch", str(batch), "--steps", str(steps),
+                                       "--warmup", str(warmup), "--tag", f"r{r}"], capture_output=True, text=True)
+                if proc.returncode:
+                    print(proc.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"{case} {side} failed (exit {proc.returncode})")
+                got[side].append(json.loads(proc.stdout[proc.stdout.rindex('{\n  "benchmark"'):])["throughput"])
+        hand, fl = statistics.mean(got["hand"]), statistics.mean(got["fastloop"])
+        rows.append({"case": case, "batch": batch, "hand": hand, "fastloop": fl, "ratio": fl / hand, "runs": got})
+    emit("vs_hand_all", {"rounds": rounds, "rows": rows})
+    print(f"{'case':<6} {'batch':>5} {'hand':>12} {'fastloop':>12} {'ratio':>6}")
+    for row in rows:
+        print(f"{row['case']:<6} {row['batch']:>5} {row['hand']:>12,.0f} {row['fastloop']:>12,.0f} {row['ratio']:>6.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["gpt", "rn50", "mlp"])
-    p.add_argument("side", choices=["hand", "fastloop"])
+    p.add_argument("case", choices=["gpt", "rn50", "mlp", "all"])
+    p.add_argument("side", nargs="?", choices=["hand", "fastloop"])
+    p.add_argument("--rounds", type=int, default=1, help="all: rounds of each case (sides alternate)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--tag", default="0")
     a = p.parse_args()
+    if a.case == "all":
+        run_all(a.rounds)
+        return
+    if a.side is None:
+        p.error("a case takes a side: hand or fastloop")
     if a.case == "gpt":
         out = gpt_hand(a.batch, a.steps, a.warmup) if a.side == "hand" else _fastloop(
             "gpt", "tf32,bf16,fused_optimizer,compile", a.steps, a.warmup, {"preset": "gpt2", "batch_size": a.batch})

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fastloop.drivers.runner import run_configuration
-from fastloop.speedups.base import REGISTRY, Context, Speedup, register
+from fastloop.speedups.base import REGISTRY, Speedup, register
+from fastloop.speedups.run import Run
 
 
 class Explode(Speedup):
@@ -18,7 +19,11 @@ class Explode(Speedup):
     changes = "model"
     order = 99
 
-    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
+    def apply(self, run: Run) -> None:
+        run.change_model(self.explode_at_third_call)
+
+    @staticmethod
+    def explode_at_third_call(model: torch.nn.Module) -> torch.nn.Module:
         calls = {"n": 0}
         original = model.forward
 

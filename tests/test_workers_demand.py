@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from fastloop.drivers.ladder import run_ladder
 from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
-from fastloop.adapters.loop import apply_speedups
+from fastloop.adapters.loop import LoopRun
 from fastloop.speedups.base import Context, RunInputs, Skip
+from fastloop.speedups.run import apply_all
 
 CPU = torch.device("cpu")
 
@@ -30,8 +31,9 @@ def _apply(monkeypatch, rates: dict[str, float], step_rate: float | None):
     (s,) = resolve("workers")
     ctx = Context(CPU, inputs=RunInputs(step_rate=step_rate))
     loader = _loader()
-    _, _, out = apply_speedups([s], ctx, loader=loader)  # records applied, or skipped with the reason
-    return loader, out, ctx
+    run = LoopRun(ctx, None, None, loader)
+    apply_all([s], run)  # records applied, or skipped with the reason
+    return loader, run.loader, ctx
 
 
 def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
@@ -90,7 +92,9 @@ def test_round_8s_cifar_rates_skip_workers_once_the_demand_is_known(monkeypatch)
     loader = _loader(256)
     with pytest.raises(Skip, match="measured loader rates"):
         s.apply_loader(loader, ctx)
-    assert apply_speedups([s], ctx, loader=loader)[2] is loader and ctx.records["workers"].status == "skipped"
+    run = LoopRun(ctx, None, None, loader)
+    apply_all([s], run)
+    assert run.loader is loader and ctx.records["workers"].status == "skipped"
     assert ctx.stats["predicted_saving"] == pytest.approx(0.058, abs=0.001)
 
 

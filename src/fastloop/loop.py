@@ -9,6 +9,6 @@ Example:
 
 from __future__ import annotations
 
-from fastloop.adapters.loop import FastLoop, LoopResult, apply_speedups, resolve_device
+from fastloop.adapters.loop import FastLoop, LoopResult, LoopRun, resolve_device
 
-__all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
+__all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]

@@ -27,48 +27,81 @@ from typing import Any
 import torch
 
 from fastloop._torch_private import found_inf
-from fastloop.data import to_channels_last, to_device
+from fastloop.data import to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
-from fastloop.speedups.base import Context, Record, Skip, Speedup, StepPlan, resolve
+from fastloop.speedups.base import Context, Record, resolve
+from fastloop.speedups.compile import apply_compile
+from fastloop.speedups.run import Run, apply_all
 
-__all__ = ["FastLoop", "LoopResult", "apply_speedups", "resolve_device"]
+__all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
 
 
-def apply_speedups(speedups: list[Speedup], ctx: Context, *, model: torch.nn.Module | None = None,
-                   optimizer: torch.optim.Optimizer | None = None, loader: Iterable | None = None,
-                   plan: StepPlan | None = None) -> tuple[Any, Any, Any]:
-    """Apply each speedup's stages in order; record applied / skipped / fallback for each.
+class LoopRun(Run):
+    """The plain loop's :class:`~fastloop.speedups.run.Run`: each change is made at once, and the
+    step reads what the speedups asked for (autocast, loss scaling, the batch's transforms, the
+    graph).
 
-    A speedup that cannot apply (``why_not``) is recorded as skipped and changes nothing; one
-    whose stage raises :class:`~fastloop.speedups.base.Skip` (or records a fallback) stops at that
-    stage, recorded with the reason.
+    Example:
+        >>> import torch
+        >>> from fastloop.speedups import resolve
+        >>> from fastloop.speedups.base import Context
+        >>> run = LoopRun(Context(torch.device("cpu")), torch.nn.Conv2d(3, 4, 3), None, None)
+        >>> apply_all(resolve("bf16,channels_last"), run)
+        >>> run.autocast_dtype, len(run.batch_fns), run.model.weight.is_contiguous(memory_format=torch.channels_last)
+        (torch.bfloat16, 1, True)
     """
-    for s in speedups:
-        reason = s.why_not(ctx) or (s.why_not_model(model) if model is not None else None)
-        if reason:
-            ctx.record(s.name, "skipped", reason)
-            continue
-        try:
-            if model is not None:
-                model = s.apply_model(model, ctx)
-            if s.name not in ctx.records and optimizer is not None:
-                optimizer = s.apply_optimizer(optimizer, ctx)
-            if s.name not in ctx.records and loader is not None:
-                loader = s.apply_loader(loader, ctx)
-            if s.name not in ctx.records and plan is not None:
-                plan.apply(s, ctx)
-        except Skip as why:  # it cannot apply to this model, optimizer or loader: the reason is its record
-            ctx.record(s.name, why.status, why.reason)
-            continue
-        except Exception as err:  # a speedup that breaks falls back, with the reason
-            ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            continue
-        if s.name not in ctx.records:
-            ctx.record(s.name, "applied")
-    return model, optimizer, loader
+
+    def __init__(self, ctx: Context, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                 loader: Iterable | None) -> None:
+        self.ctx, self.model, self.optimizer, self.loader = ctx, model, optimizer, loader
+        self.autocast_dtype: torch.dtype | None = None
+        self.scale_loss = False
+        self.batch_fns: list[Callable[[Any], Any]] = []
+        self.on_device = False
+        """The loader delivers batches on the device (prefetch): the step does not copy them."""
+        self.graph_owner: str | None = None
+        """The speedup that asked for the whole-step graph (None: the step runs eagerly)."""
+
+    def _need(self, value: Any, what: str) -> Any:
+        if value is None:
+            raise self._cannot(f"change the {what} (none was given)")
+        return value
+
+    def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+        self.model = fn(self._need(self.model, "model"))
+
+    def compile_step(self, mode: str) -> None:
+        self.model = apply_compile(self._need(self.model, "model"), mode)
+
+    def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
+        fn(self._need(self.optimizer, "optimizer"))
+
+    def change_loader(self, fn: Callable[[Iterable], Iterable]) -> None:
+        self.loader = fn(self._need(self.loader, "loader"))
+
+    def change_batch(self, fn: Callable[[Any], Any]) -> None:
+        self.batch_fns.append(fn)
+
+    def batches_arrive_on_device(self) -> None:
+        self.on_device = True
+
+    def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
+        self.autocast_dtype, self.scale_loss = dtype, scale_loss
+
+    def graph_step(self) -> None:
+        assert self.speedup is not None
+        self.graph_owner = self.speedup.name
+
+    def prepare(self, batch: Any, device: torch.device) -> Any:
+        """The batch as the step sees it: on the device, then each speedup's transform."""
+        if not self.on_device:
+            batch = to_device(batch, device, non_blocking=device.type == "cuda")
+        for fn in self.batch_fns:
+            batch = fn(batch)
+        return batch
 
 
 @dataclass
@@ -119,38 +152,30 @@ class FastLoop:
         self.step_fn = step_fn
         self.device = resolve_device(device)
         self.ctx = Context(self.device)
-        self.plan = StepPlan()
         self.scheduler = scheduler
         self.speedups = resolve(speedups)
         model = model.to(self.device)
         if any(p.device != self.device for g in optimizer.param_groups for p in g["params"]):
             raise ValueError("the optimizer's parameters are not the model's (build the optimizer after moving the model?)")
-        self.model, self.optimizer, self.loader = apply_speedups(
-            self.speedups, self.ctx, model=model, optimizer=optimizer, loader=loader, plan=self.plan)
-        self.scaler = torch.amp.GradScaler("cuda") if self.plan.grad_scaler else None
+        self.run = LoopRun(self.ctx, model, optimizer, loader)
+        apply_all(self.speedups, self.run)
+        self.model, self.optimizer, self.loader = self.run.model, self.run.optimizer, self.run.loader
+        self.scaler = torch.amp.GradScaler("cuda") if self.run.scale_loss else None
         self.skipped_steps = 0
         self._skipped_dev: torch.Tensor | None = None
         self.graphed: GraphedStep | None = None
-        if self.plan.cuda_graph and self.plan.grad_scaler:
-            self.plan.cuda_graph = False
-            self.ctx.record(self.plan.owners["cuda_graph"], "fallback",
-                            "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
+        if self.run.graph_owner and self.run.scale_loss:
+            self.ctx.record(self.run.graph_owner, "fallback", "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
+            self.run.graph_owner = None
 
     @property
     def records(self) -> list[Record]:
         return [self.ctx.records[s.name] for s in self.speedups]
 
     def _autocast(self):
-        if self.plan.autocast_dtype is None:
+        if self.run.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.plan.autocast_dtype)
-
-    def _prepare(self, batch: Any) -> Any:
-        if not self.plan.prefetch:
-            batch = to_device(batch, self.device, non_blocking=self.device.type == "cuda")
-        if self.plan.channels_last_inputs:
-            batch = to_channels_last(batch)
-        return batch
+        return torch.autocast(self.device.type, dtype=self.run.autocast_dtype)
 
     def _eager_step(self, batch: Any) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -181,15 +206,17 @@ class FastLoop:
 
     def _graph_step(self, batch: Any) -> torch.Tensor:
         if self.graphed is None:
-            graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.plan.autocast_dtype)
+            graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.run.autocast_dtype)
+            owner = self.run.graph_owner
+            assert owner is not None
             try:
-                self.ctx.stats["cuda_graph_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
-                self.ctx.stats["cuda_graph_tier"] = "whole step"
+                self.ctx.stats[f"{owner}_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
+                self.ctx.stats[f"{owner}_tier"] = "whole step"
                 self.graphed = graphed
             except GraphIneligible as err:
-                self.ctx.stats["cuda_graph_tier"] = "eager"
-                self.plan.cuda_graph = False
-                self.ctx.record(self.plan.owners["cuda_graph"], "fallback", str(err))
+                self.ctx.stats[f"{owner}_tier"] = "eager"
+                self.run.graph_owner = None
+                self.ctx.record(owner, "fallback", str(err))
                 return self._eager_step(batch)
         loss = self.graphed(batch)
         self._step_scheduler(skipped=False)
@@ -222,8 +249,8 @@ class FastLoop:
                     held.enter_context(s.run_context(self.ctx))
             for i in range(warmup + steps):
                 with timer.fetching():
-                    batch = self._prepare(next(it))
-                loss = self._graph_step(batch) if self.plan.cuda_graph else self._eager_step(batch)
+                    batch = self.run.prepare(next(it), self.device)
+                loss = self._graph_step(batch) if self.run.graph_owner else self._eager_step(batch)
                 losses.append(loss)
                 timer.step_end()
                 if i == warmup - 1:

@@ -18,6 +18,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     tf32,
     workers,
 )
+from fastloop.speedups.run import Run, apply_all
 from fastloop.speedups.base import (
     REGISTRY,
     Context,
@@ -25,10 +26,9 @@ from fastloop.speedups.base import (
     Record,
     Skip,
     Speedup,
-    StepPlan,
     register,
     resolve,
     speedup_names,
 )
 
-__all__ = ["REGISTRY", "Context", "Fallback", "Record", "Skip", "Speedup", "StepPlan", "register", "resolve", "speedup_names"]
+__all__ = ["REGISTRY", "Context", "Fallback", "Record", "Run", "Skip", "Speedup", "apply_all", "register", "resolve", "speedup_names"]

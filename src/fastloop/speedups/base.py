@@ -3,11 +3,12 @@
 A speedup is a measured change. Each one
 
 1. says whether it applies here (:meth:`Speedup.why_not`), and if not, why;
-2. changes exactly one of four things (:attr:`Speedup.changes`): the model, the optimizer,
-   the data pipeline or the train step;
-3. is applied through the same object by the plain-loop wrapper (:mod:`fastloop.adapters.loop`) and by
-   the Lightning callbacks (:mod:`fastloop.adapters.lightning`), which import this module (never the
-   other way round).
+2. makes its whole change in :meth:`Speedup.apply`, through the one
+   :class:`~fastloop.speedups.run.Run` interface that the plain-loop wrapper
+   (:mod:`fastloop.adapters.loop`) and the Lightning callbacks (:mod:`fastloop.adapters.lightning`)
+   each implement once (they import this module, never the other way round);
+3. says which of four things it changes (:attr:`Speedup.changes`): the model, the optimizer, the
+   data pipeline or the train step.
 
 Example:
     >>> from fastloop.speedups import resolve
@@ -22,14 +23,17 @@ import dataclasses
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
 from fastloop.errors import FastloopError, shorten
 from fastloop.speedups.options import parse_number
 
-__all__ = ["parse_number", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup", "StepPlan",
+if TYPE_CHECKING:
+    from fastloop.speedups.run import Run
+
+__all__ = ["parse_number", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup",
            "register", "resolve", "speedup_names", "default_ladder"]
 
 Changes = Literal["model", "optimizer", "data", "step"]
@@ -131,35 +135,6 @@ class Context:
         return rec is not None and rec.status == "applied"
 
 
-@dataclass
-class StepPlan:
-    """How the plain loop's train step runs; step-level speedups edit this."""
-
-    autocast_dtype: torch.dtype | None = None
-    """Autocast to this dtype for forward and loss (None: no autocast)."""
-    grad_scaler: bool = False
-    """Use a GradScaler (fp16)."""
-    channels_last_inputs: bool = False
-    """Convert 4-D floating inputs to channels_last before the forward."""
-    prefetch: bool = False
-    """Copy the next batch to the device on a side stream while this step runs."""
-    cuda_graph: bool = False
-    """Capture forward + backward + optimizer step as one CUDA graph."""
-    owners: dict[str, str] = field(default_factory=dict)
-    """Which speedup set each flag (filled by the adapters): a failure of that flag's behaviour
-    is recorded against that speedup."""
-
-    def flags(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in ("autocast_dtype", "grad_scaler", "channels_last_inputs", "prefetch",
-                                              "cuda_graph")}
-
-    def apply(self, speedup: Speedup, ctx: Context) -> None:
-        """``speedup.apply_step(self, ctx)``, noting it as the owner of every flag it changed."""
-        before = self.flags()
-        speedup.apply_step(self, ctx)
-        self.owners.update({f: speedup.name for f, v in self.flags().items() if v != before[f]})
-
-
 class Speedup:
     """One optimization. Subclasses set the class attributes and override what they change.
 
@@ -245,17 +220,11 @@ class Speedup:
         """Held while the run trains (global switches such as TF32, restored on exit)."""
         return contextlib.nullcontext()
 
-    # --- the four things a speedup may change (plain loop); defaults change nothing ---
-    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        return model
-
-    def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
-        return optimizer
-
-    def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
-        return loader
-
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
+    def apply(self, run: Run) -> None:
+        """Make this speedup's whole change through ``run`` (:class:`~fastloop.speedups.run.Run`:
+        the model, the optimizers, the loader, the batch, the step's autocast, the step's graph);
+        raise :class:`Skip` (or :class:`Fallback`) with the reason when it cannot apply here. The
+        default changes nothing: a speedup whose whole change is its :meth:`run_context` (tf32)."""
         return None
 
     prepares_run: ClassVar[bool] = False

@@ -46,7 +46,8 @@ from fastloop._compat import LightningDataModule, LightningModule
 from fastloop.data import first_tensor, rebuild_loader, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Record, Speedup, StepPlan, register, resolve
+from fastloop.speedups.base import Context, Record, Skip, Speedup, register, resolve
+from fastloop.speedups.run import Run
 from fastloop.speedups.batch_size_rule import _check_search, _choose, largest_fitting
 from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
     _NOWHERE,
@@ -279,11 +280,7 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
 
     _check_search(objective, margin, max_size)
     dev = resolve_device(device)
-    plan, ctx = StepPlan(), Context(dev)
-    for s in resolve(speedups):
-        if s.why_not(ctx) is None:
-            s.apply_step(plan, ctx)  # the precision the run will train in
-    autocast = plan.autocast_dtype or MIXED_PRECISION.get(str(trainer_precision))
+    autocast = _PrecisionProbe.of(resolve(speedups), Context(dev)) or MIXED_PRECISION.get(str(trainer_precision))
     if isinstance(data, LightningDataModule) and not attached:
         # as Trainer.fit would, before asking for the loader (a DataModule makes its datasets here)
         data.prepare_data()
@@ -324,6 +321,26 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         "autocast": str(autocast).replace("torch.", "") if autocast else None,
         "compile_note": "trials run eagerly; compile (if requested) happens once afterwards, so no trial recompiles",
     }
+
+
+class _PrecisionProbe(Run):
+    """A run that only hears autocast: the precision the speedups will train in (every other
+    change raises :class:`~fastloop.speedups.base.Skip`, the default, and is ignored here)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx, self.dtype = ctx, None
+
+    def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, speedups: list[Speedup], ctx: Context) -> torch.dtype | None:
+        probe = cls(ctx)
+        for s in speedups:
+            if s.why_not(ctx) is None:
+                with contextlib.suppress(Skip):
+                    s.apply(probe)
+        return probe.dtype
 
 
 @register

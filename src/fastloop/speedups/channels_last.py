@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.data import to_channels_last
+from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["ChannelsLast", "apply_channels_last", "has_conv2d"]
 
@@ -34,8 +36,6 @@ class ChannelsLast(Speedup):
     def why_not_model(self, model: torch.nn.Module) -> str | None:
         return None if has_conv2d(model) else "model has no Conv2d layers"
 
-    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        return apply_channels_last(model)
-
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.channels_last_inputs = True
+    def apply(self, run: Run) -> None:
+        run.change_model(apply_channels_last)
+        run.change_batch(to_channels_last)  # 4-D floating inputs, once on the device

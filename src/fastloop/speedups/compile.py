@@ -13,7 +13,8 @@ import torch
 
 from fastloop._torch_private import dynamo_counters
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
 __all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters"]
@@ -71,8 +72,8 @@ class Compile(Speedup):
             raise FastloopError(f"unknown compile mode {text!r}; accepted: {', '.join(MODES)}")
         return text
 
-    def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
-        return apply_compile(model, self.opts.mode)
+    def apply(self, run: Run) -> None:
+        run.compile_step(self.opts.mode)
 
     def uses_cudagraphs(self) -> bool:
         return self.compile_mode() in CUDAGRAPH_MODES

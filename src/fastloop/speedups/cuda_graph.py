@@ -10,7 +10,8 @@ plain loop's in :mod:`fastloop.adapters.graph_step`.
 from __future__ import annotations
 
 from fastloop.adapters.graph_step import GraphIneligible
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
 __all__ = ["CudaGraph"]
@@ -28,8 +29,8 @@ class CudaGraph(Speedup):
     warmup_cost = True
     needs_cuda = True
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.cuda_graph = True
+    def apply(self, run: Run) -> None:
+        run.graph_step()
 
     def uses_cudagraphs(self) -> bool:
         return True

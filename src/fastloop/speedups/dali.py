@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["Dali"]
 
@@ -50,6 +51,9 @@ class Dali(Speedup):
         except ImportError:
             return "NVIDIA DALI is not installed (pip install 'fastloop[dali]')"
         return None
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         make = getattr(loader, "fastloop_dali", None)

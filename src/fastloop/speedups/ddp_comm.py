@@ -17,6 +17,7 @@ from typing import Any
 
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.run import Run
 
 __all__ = ["DDPComm", "ddp_comm_kwargs"]
 
@@ -63,7 +64,8 @@ class DDPComm(Speedup):
             return "not a multi-rank DDP run (these are knobs of DDP's gradient all-reduce)"
         return None
 
-    def apply_step(self, plan: Any, ctx: Context) -> None:
+    def apply(self, run: Run) -> None:
+        ctx = run.ctx
         kwargs = ctx.ddp_kwargs
         assert kwargs is not None
         before = dict(kwargs)

@@ -24,6 +24,7 @@ import torch
 
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["FP8", "RECIPES", "apply_fp8", "fp8_eligible"]
 
@@ -104,6 +105,9 @@ class FP8(Speedup):
             return ("no Linear layer (other than the output layer) with both dimensions multiples of 16: "
                     "nothing suits fp8")
         return None
+
+    def apply(self, run: Run) -> None:
+        run.change_model(lambda model: self.apply_model(model, run.ctx))
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
         converted, kept, swaps = apply_fp8(model, self.opts.recipe)

@@ -20,6 +20,7 @@ import importlib.util
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["FusedLoss", "fused_linear_cross_entropy", "hooks_of"]
 
@@ -58,6 +59,9 @@ class FusedLoss(Speedup):
             return ("the model offers no fused-loss hook (a `fused_loss` attribute on the module that computes "
                     "lm_head + cross-entropy, as the GPT recipe's model has)")
         return None
+
+    def apply(self, run: Run) -> None:
+        run.change_model(lambda model: self.apply_model(model, run.ctx))
 
     def apply_model(self, model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
         kernel = fused_linear_cross_entropy()

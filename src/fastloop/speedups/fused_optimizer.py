@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.base import Skip, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer"]
 
@@ -55,8 +56,15 @@ class FusedOptimizer(Speedup):
     order = 35
     in_default_ladder = True
 
-    def apply_optimizer(self, optimizer: torch.optim.Optimizer, ctx: Context) -> torch.optim.Optimizer:
-        reason = _fused_ok(optimizer)
-        if reason:
-            raise Skip(reason)
-        return apply_fused_optimizer(optimizer)
+    def apply(self, run: Run) -> None:
+        fused: list[str] = []
+
+        def fuse(optimizer: torch.optim.Optimizer) -> None:  # in place: the run keeps its objects
+            reason = _fused_ok(optimizer)
+            if reason:
+                raise Skip(reason)
+            apply_fused_optimizer(optimizer)
+            fused.append(type(optimizer).__name__)
+            run.ctx.describe(self.name, "fused " + ", ".join(fused))
+
+        run.change_optimizers(fuse)

@@ -31,6 +31,7 @@ from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import tensor_dataset_parts
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
+from fastloop.speedups.run import Run
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
 
@@ -134,6 +135,9 @@ class GPUResident(Speedup):
     @classmethod
     def parse_option(cls, text: str) -> float:
         return parse_number(text, float, 0, 0.9, low_open=True, message=f"gpu_resident:{text}: {cls.option_help}")
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         try:

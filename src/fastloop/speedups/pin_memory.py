@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from fastloop.data import rebuild_loader
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["PinMemory", "apply_pin_memory"]
 
@@ -32,6 +33,9 @@ class PinMemory(Speedup):
     order = 11
     in_default_ladder = True
     needs_cuda = True
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if ctx.inputs.batches_on_device:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from fastloop.speedups.base import Context, Speedup, StepPlan, register
+from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["BF16", "FP16"]
 
@@ -30,8 +31,8 @@ class BF16(Speedup):
             return f"{torch.cuda.get_device_name(ctx.device)} does not support bf16 (use fp16)"
         return None
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.autocast_dtype = torch.bfloat16
+    def apply(self, run: Run) -> None:
+        run.autocast(torch.bfloat16)
 
 
 @register
@@ -49,6 +50,5 @@ class FP16(Speedup):
             return "no CUDA (fp16 autocast with loss scaling is a GPU feature; use bf16 on CPU)"
         return None
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.autocast_dtype = torch.float16
-        plan.grad_scaler = True
+    def apply(self, run: Run) -> None:
+        run.autocast(torch.float16, scale_loss=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fastloop.data import CUDAPrefetcher
-from fastloop.speedups.base import Context, Skip, Speedup, StepPlan, register
+from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["Prefetch", "apply_prefetch"]
 
@@ -36,5 +37,6 @@ class Prefetch(Speedup):
             raise Skip(f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
         return apply_prefetch(loader, ctx.device)
 
-    def apply_step(self, plan: StepPlan, ctx: Context) -> None:
-        plan.prefetch = True
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
+        run.batches_arrive_on_device()

@@ -33,6 +33,7 @@ from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, parse_number, register, valid_step_rate
+from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
 
 __all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
@@ -218,6 +219,9 @@ class Workers(Speedup):
     @classmethod
     def parse_option(cls, text: str) -> int:
         return parse_number(text, int, 1, 256, message=f"workers:{text}: the worker count must be an integer from 1 to 256")
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         if ctx.inputs.batches_on_device:

@@ -1,0 +1,223 @@
+"""The Lightning adapter's :class:`~fastloop.speedups.run.Run`: each change a speedup asks for,
+made at the hook where Lightning lets it happen, and put back at teardown.
+
+The model and the loader change in ``setup`` (the loader when the Trainer asks for it), the
+optimizers in ``on_fit_start`` (they do not exist before), the precision by swapping the
+strategy's precision plugin, the batch after the strategy moved it to the device, the step as
+CUDA graphs in tiers: the whole step (:mod:`fastloop.adapters.lightning_graph`), else forward and
+backward through compile's CUDA graphs (the optimizer fused and eager). Every patch registers
+how to undo it in ``ctx.undo``; :class:`fastloop.adapters.lightning.SpeedupCallback` runs them.
+
+Example:
+    >>> from fastloop.adapters.lightning_run import LightningRun
+    >>> [m for m in ("change_model", "compile_step", "graph_step") if callable(getattr(LightningRun, m))]
+    ['change_model', 'compile_step', 'graph_step']
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastloop._compat import LightningModule, Trainer
+from fastloop.adapters._lightning_private import set_train_source, train_source
+from fastloop._torch_private import compiled_call, set_compiled_call
+from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
+from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
+from fastloop.speedups.base import Context, Skip
+from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile
+from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
+from fastloop.speedups.run import Run
+
+__all__ = ["LightningRun"]
+
+_COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The torch.compile mode a LightningModule's children were compiled with during this fit (so
+that compile and cuda_graph compile once); emptied when the fit is torn down."""
+
+
+class LightningRun(Run):
+    """One speedup callback's run on one fit.
+
+    Args:
+        trainer, module: the fit's Trainer and LightningModule.
+        ctx: the callback's context (its ``undo`` list puts everything back).
+        fail: ``fail(status, reason)`` records a change that failed after ``setup`` (at fit
+            start, or while the fit runs) against the callback's speedup.
+    """
+
+    def __init__(self, trainer: Trainer, module: LightningModule, ctx: Context,
+                 fail: Callable[[str, str], None]) -> None:
+        self.trainer, self.model, self.ctx, self._fail = trainer, module, ctx, fail
+        self.loaders: list = []
+        """Loaders this run built (their persistent workers end with the fit)."""
+        self.fit_start: list[Callable[[], None]] = []
+        """Changes that wait for the optimizers (run by the callback's ``on_fit_start``)."""
+        self.autocast_dtype: torch.dtype | None = None
+        self.scale_loss = False
+        """fp16's GradScaler: the callback holds the schedulers on the steps it skipped."""
+        self.graph: WholeStepGraph | None = None
+        self.tier: str | None = None
+        """cuda_graph only: the tier that ran ("whole step", "forward+backward graphed", "eager")."""
+        self.tier_why: str | None = None
+        """Why the tier above it did not run."""
+
+    @property
+    def undo(self) -> list:
+        return self.ctx.undo
+
+    def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+        fn(self.model)  # in place: Lightning keeps its module
+
+    def compile_step(self, mode: str) -> None:
+        # Lightning calls training_step, not the module's __call__: compile the children it calls
+        module = self.model
+        children = compilable_children(module)
+        if not children:
+            raise Skip(f"{type(module).__name__} has no child module with parameters to compile (its parameters "
+                       f"are used directly in training_step, which Lightning calls outside any compiled region)")
+        for _, child in children:
+            self._compile(child, mode)
+        _COMPILE_MODE[module] = mode
+        self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
+        assert self.speedup is not None
+        self.ctx.describe(self.speedup.name, "compiled " + ", ".join(f"{n} ({type(c).__name__})" for n, c in children)
+                          + (f" in mode {mode}" if mode != "default" else ""))
+
+    def _compile(self, child: torch.nn.Module, mode: str) -> None:
+        before = compiled_call(child)
+        apply_compile(child, mode)
+        self.undo.append(lambda: set_compiled_call(child, before))
+
+    def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
+        def each() -> None:  # in place, on each of the Trainer's optimizers: the Trainer keeps its objects
+            for opt in self.trainer.optimizers:
+                try:
+                    fn(opt)
+                except Skip as why:
+                    self._fail(why.status, why.reason)
+        self.fit_start.append(each)
+
+    def change_loader(self, fn: Callable[[Iterable], Iterable]) -> None:
+        """``fn`` transforms the training loader the Trainer will ask for."""
+        inst = train_source(self.trainer)
+
+        def wrapped(loader: Any) -> Any:
+            try:
+                new = fn(loader)
+            except Skip as why:  # asked for when the fit starts: the loader stays as it was
+                self._fail(why.status, why.reason)
+                return loader
+            if new is not loader:
+                self.loaders.append(new)
+            return new
+
+        if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
+            set_train_source(self.trainer, wrapped(inst))
+            return
+        if inst is None:
+            raise RuntimeError("no training data source found on the Trainer")
+        original = inst.train_dataloader
+        patch_attr(inst, "train_dataloader", lambda: wrapped(original()), self.undo)
+
+    def change_batch(self, fn: Callable[[Any], Any]) -> None:
+        # after the user's (module's or DataModule's) on_after_batch_transfer: the strategy moves
+        # the batch and runs those hooks; the step sees what this returns
+        original = self.trainer.strategy.batch_to_device
+
+        def batch_to_device(*args: Any, **kwargs: Any) -> Any:
+            return fn(original(*args, **kwargs))
+
+        patch_attr(self.trainer.strategy, "batch_to_device", batch_to_device, self.undo)
+
+    def batches_arrive_on_device(self) -> None:
+        return None  # the strategy's copy of a batch already on the device is a no-op
+
+    def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
+        assert self.speedup is not None
+        reason = trainer_precision_conflict(self.trainer, dtype, self.speedup.name)
+        if reason:
+            raise Skip(reason)
+        try:
+            from lightning.pytorch.plugins.precision import MixedPrecision
+        except ImportError:  # pragma: no cover
+            from pytorch_lightning.plugins.precision import MixedPrecision  # type: ignore[no-redef]
+        mode = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
+        self.ctx.describe(self.speedup.name, f"Trainer precision {self.trainer.precision} -> {mode}")
+        self.trainer.strategy.precision_plugin = MixedPrecision(mode, device=self.ctx.device.type)
+        self.autocast_dtype, self.scale_loss = dtype, scale_loss
+
+    def graph_step(self) -> None:
+        """The whole step (training_step, backward, optimizer) as one graph where nothing in the
+        step needs the host (lightning_graph.py); otherwise forward+backward through compile's
+        CUDA graphs ("reduce-overhead"). If the compile speedup compiled the children already, its
+        mode is raised instead: one compilation (compile is lazy: nothing was compiled yet)."""
+        assert self.speedup is not None
+        already = _COMPILE_MODE.get(self.model)
+        blocker = whole_step_blocker(self.trainer, self.model) if self.ctx.cuda else "no CUDA"
+        self.fit_start.append(self._fuse_for_graph)
+        if already not in CUDAGRAPH_MODES and blocker is None:
+            self.graph = WholeStepGraph(self.trainer, self.model, lambda obj, attr, value: patch_attr(obj, attr, value, self.undo),
+                                        on_fallback=self._graph_fallback)
+            self.tier = "whole step"
+            self.ctx.describe(self.speedup.name, self.graph.detail())
+            self.fit_start.append(self._prepare_graph)
+            return
+        if blocker is not None:
+            self.ctx.stats[f"{self.speedup.name}_whole_step"] = f"not captured whole: {blocker}"
+        self._compiled_graphs(blocker or "compile's CUDA graphs were asked for")
+
+    def _fuse_for_graph(self) -> None:
+        """The graph's optimizer step runs fused where it can (graphed all the same where not)."""
+        for opt in self.trainer.optimizers:
+            reason = _fused_ok(opt)
+            if reason:
+                self._fail("applied", reason)
+            else:
+                apply_fused_optimizer(opt)
+
+    def _prepare_graph(self) -> None:
+        assert self.graph is not None
+        cycling = cycled_hyperparameters(self.trainer)
+        if len(self.trainer.optimizers) != 1:
+            self.graph.fail(f"{len(self.trainer.optimizers)} optimizers (the graph takes one)")
+        elif cycling:  # known before the first step: the next tier compiles before warm-up
+            self.graph.fail(cycling)
+        else:
+            self.graph.prepare_optimizer(self.trainer.optimizers[0], self.undo)
+
+    def _compiled_graphs(self, why_not_whole: str) -> None:
+        """The second tier: forward and backward through compile's CUDA graphs
+        ("reduce-overhead", each step marked in on_train_batch_start), the optimizer fused and
+        eager. If the compile speedup compiled the children already, its mode is raised instead
+        (compile is lazy: before the first step nothing was compiled yet)."""
+        assert self.speedup is not None
+        name, module = self.speedup.name, self.model
+        already = _COMPILE_MODE.get(module)
+        self.tier, self.tier_why = "forward+backward graphed", why_not_whole
+        if already in CUDAGRAPH_MODES:
+            self.ctx.stats[name] = f"captured by compile:{already}"
+        else:
+            children = compilable_children(module)
+            if not children:
+                self.tier = "eager"
+                self._fail("fallback", f"whole step: {why_not_whole}; {type(module).__name__} has no child module "
+                                       f"with parameters for compile's CUDA graphs: the steps run eagerly")
+                return
+            for _, child in children:
+                self._compile(child, "reduce-overhead")
+            if already is not None:
+                self.ctx.stats[name] = f"compile's mode raised from {already} to reduce-overhead"
+            _COMPILE_MODE[module] = "reduce-overhead"
+            self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
+        self.ctx.describe(name, f"{self.tier}; whole step: {why_not_whole}")
+
+    def _graph_fallback(self, reason: str) -> None:
+        """The whole step cannot be replayed (found while the run is under way): drop one tier, to
+        compile's CUDA graphs of forward and backward, in the same run."""
+        self.graph = None
+        self._compiled_graphs(reason)

@@ -1,0 +1,122 @@
+"""The one interface through which every speedup changes a training run.
+
+A speedup's :meth:`~fastloop.speedups.base.Speedup.apply` makes all of its change through a
+:class:`Run`: the model, the optimizers (and what steps them), the loader, the batch once it is
+on the device, the step's autocast, a wrapper around the step. Each adapter implements
+:class:`Run` once: the plain loop (:class:`fastloop.adapters.loop.LoopRun`) makes each change at
+once; the Lightning callbacks (:class:`fastloop.adapters.lightning_run.LightningRun`) make it at
+the hook where Lightning lets it happen and put it back at teardown. :func:`apply_all` is the one
+place both adapters apply speedups and write their records.
+
+Example:
+    >>> import torch
+    >>> from fastloop.speedups import resolve
+    >>> from fastloop.speedups.base import Context
+    >>> class Shown(Run):  # a run that only says what it was asked
+    ...     def __init__(self):
+    ...         self.ctx, self.model, self.asked = Context(torch.device("cpu")), torch.nn.Linear(2, 2), []
+    ...     def autocast(self, dtype, *, scale_loss=False):
+    ...         self.asked.append(f"autocast {dtype}")
+    >>> run = Shown()
+    >>> apply_all(resolve("bf16,channels_last"), run)
+    >>> run.asked, [(r.name, r.status, r.reason) for r in run.ctx.records.values()]
+    (['autocast torch.bfloat16'], [('bf16', 'applied', ''), ('channels_last', 'skipped', 'model has no Conv2d layers')])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fastloop.speedups.base import Context, Skip
+
+if TYPE_CHECKING:
+    from fastloop.speedups.base import Speedup
+
+__all__ = ["Run", "apply_all"]
+
+
+class Run:
+    """What one training run lets a speedup change. Every method either makes the change now or
+    arranges it at the point of the run where it can happen; a change the run cannot make raises
+    :class:`~fastloop.speedups.base.Skip` with the reason (the defaults here do).
+
+    Attributes:
+        ctx: the run's :class:`~fastloop.speedups.base.Context` (device, declared inputs, records).
+        model: the model a speedup's ``why_not_model`` looks at (the LightningModule under Lightning).
+        speedup: the speedup being applied (set by :func:`apply_all`): a change that fails later,
+            while the run trains, is recorded against it.
+    """
+
+    ctx: Context
+    model: Any = None
+    speedup: Speedup | None = None
+
+    def _cannot(self, what: str) -> Skip:
+        return Skip(f"this run ({type(self).__name__}) cannot {what}")
+
+    def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+        """``fn(model)`` returns the model to train (it may change it in place)."""
+        raise self._cannot("change the model")
+
+    def compile_step(self, mode: str) -> None:
+        """``torch.compile`` (in ``mode``) what the train step calls: the model in a plain loop,
+        the LightningModule's children with parameters under Lightning (it calls ``training_step``)."""
+        raise self._cannot("compile the step")
+
+    def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
+        """``fn(optimizer)`` changes each optimizer in place, as soon as it exists; a
+        :class:`Skip` it raises for one optimizer is that speedup's record, the others still change."""
+        raise self._cannot("change the optimizers")
+
+    def change_loader(self, fn: Callable[[Iterable], Iterable]) -> None:
+        """``fn(loader)`` returns the training loader to use (when the run asks for it)."""
+        raise self._cannot("change the loader")
+
+    def change_batch(self, fn: Callable[[Any], Any]) -> None:
+        """``fn(batch)`` transforms each batch once it is on the device, before the step sees it."""
+        raise self._cannot("change the batch")
+
+    def batches_arrive_on_device(self) -> None:
+        """The loader now delivers batches already on the device: the run does not copy them."""
+        raise self._cannot("take batches already on the device")
+
+    def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
+        """Run the step's forward and loss under autocast to ``dtype``; ``scale_loss``: with a
+        GradScaler (fp16), whose skipped steps do not advance a scheduler."""
+        raise self._cannot("autocast the step")
+
+    def graph_step(self) -> None:
+        """Replay the train step as CUDA graphs: the whole step where it can be captured, else
+        the next tier, and the tier that ran in the statistics (``cuda_graph_tier``)."""
+        raise self._cannot("capture the step")
+
+
+def apply_all(speedups: Sequence[Speedup], run: Run) -> None:
+    """Apply each speedup through ``run`` in order and record each one: ``applied``; ``skipped``
+    or ``fallback`` with the reason its ``why_not``/``why_not_model`` gave or its
+    :class:`~fastloop.speedups.base.Skip` said; ``fallback`` with the error when it broke. A
+    speedup that did not apply changes nothing: what it had changed is put back (``ctx.undo``).
+    """
+    ctx = run.ctx
+    for s in speedups:
+        reason = s.why_not(ctx) or (s.why_not_model(run.model) if run.model is not None else None)
+        if reason:
+            ctx.record(s.name, "skipped", reason)
+            continue
+        run.speedup = s
+        mark = len(ctx.undo)
+        try:
+            s.apply(run)
+        except Exception as err:  # Skip: the reason is its record; anything else: it broke, it falls back
+            while len(ctx.undo) > mark:
+                ctx.undo.pop()()
+            if isinstance(err, Skip):
+                ctx.record(s.name, err.status, err.reason)
+            else:
+                ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            continue
+        if s.name not in ctx.records:
+            ctx.record(s.name, "applied")
