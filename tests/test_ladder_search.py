@@ -327,3 +327,22 @@ def test_a_final_comparison_the_budget_cut_pools_every_run_of_both():
     assert pooled_final(cut, base, [earlier], fresh_base, fresh_sel) is cut  # not cut: as it was
     called = {**compare(base, earlier), "budget": True}
     assert pooled_final(called, base, [earlier], fresh_base, fresh_sel) is called  # it could call: as it was
+
+
+def test_a_feed_that_needs_in_memory_tensors_is_left_out_of_the_recheck_without_a_crash(monkeypatch):
+    """H200, 2026-12-03: both default ViT ladders ended in an internal error (StopIteration) at the
+    feed re-check, where the only feed left needed in-memory tensors and the dataset had none."""
+    from fastloop.speedups.base import REGISTRY, Speedup
+
+    class Resident(Speedup):
+        name, changes, feeds, replaces_loader, needs_in_memory_tensors, order = "test_resident", "data", True, True, True, 9
+
+    monkeypatch.setitem(REGISTRY, Resident.name, Resident)
+
+    def speed(n):
+        return (2.0 if "workers" in n else 1.0) * (1.5 if "bf16" in n else 1.0)
+
+    doc = run_ladder("x", ["test_resident", "workers", "bf16"], device="cpu",
+                     measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55))  # no in-memory dataset
+    assert set(doc["selected"]) == {"workers", "bf16"}
+    assert not any(r["rung"] == "+test_resident" for r in doc["rungs"])

@@ -266,10 +266,12 @@ class StagedSearch:
             return
         data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
         todo = [s for s in todo if not s.needs_in_memory_tensors or data.get("in_memory_tensors")]
+        if not todo:  # what is left needs a dataset of in-memory tensors, and this one is not
+            return
         blocked = {s.name: feed_cannot_help(L, s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
         self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
-                  "feed not measured: " + next(iter(v for v in blocked.values() if v)))
+                  "feed not measured: " + next(v for v in blocked.values() if v))
         if not todo:
             return
         first_time = L.base_runs is not None and self.best() is L.base_runs
