@@ -117,3 +117,28 @@ def test_lightning_closure_result_and_current_hook():
     assert torch.equal(seen["out"], seen["loss"]), "Lightning moved Closure._result or ClosureResult"
     assert seen["hook"] == "optimizer_step" and seen["set"] == "training_step", (
         "Lightning moved LightningModule._current_fx_name: update fastloop/adapters/_lightning_private.py")
+
+
+def test_a_failed_rank_makes_rank_zero_leave_with_a_status_not_sigkill():
+    """Lightning's observer of the ranks it started (``_ChildProcessObserver``): with fastloop's
+    patch, a child that ended with an error is followed by ``leave()`` in rank 0 (after the
+    other children are killed), not by SIGKILL of rank 0 itself; the patch is undone after."""
+    import os
+    import subprocess
+    import sys
+
+    cls = lp._observer()
+    original = cls._terminate_all
+    left: list[str] = []
+    restore = lp.on_a_failed_rank(lambda: left.append("left"), grace_s=0.0)
+    try:
+        failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+        alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        failed.wait()
+        observer = cls(main_pid=os.getpid(), child_processes=[failed, alive], sleep_period=0)
+        assert observer._run() is True  # it saw the failed child and terminated: we are still here
+        assert left == ["left"]
+        assert alive.wait(timeout=10) != 0  # the other rank was killed as Lightning does
+    finally:
+        restore()
+    assert cls._terminate_all is original

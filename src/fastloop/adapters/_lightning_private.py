@@ -6,12 +6,13 @@ Supported: lightning 2.5 and 2.6 (``pyproject.toml``), also as ``pytorch_lightni
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastloop._compat import Trainer
 
-__all__ = ["closure_result", "current_hook", "ddp_kwargs", "peek_closure_result", "set_current_hook", "set_train_source",
-           "train_source"]
+__all__ = ["closure_result", "current_hook", "ddp_kwargs", "on_a_failed_rank", "peek_closure_result", "set_current_hook",
+           "set_train_source", "train_source"]
 
 
 def train_source(trainer: Trainer) -> Any:
@@ -73,3 +74,36 @@ def current_hook(pl_module: Any) -> Any:
 def set_current_hook(pl_module: Any, name: Any) -> None:
     """Set what :func:`current_hook` returns (same private, same reason)."""
     pl_module._current_fx_name = name
+
+
+def _observer() -> Any:
+    try:
+        from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+    except ImportError:  # pragma: no cover
+        from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver  # type: ignore
+    return _ChildProcessObserver
+
+
+def on_a_failed_rank(leave: Any, grace_s: float = 10.0) -> Any:
+    """While a multi-rank fit runs: when a rank Lightning started ends with an error, rank 0
+    (the launcher) kills the other ranks as Lightning does, gives its own main thread
+    ``grace_s`` to end the process (with its own error, when rank 0 failed first), and then
+    calls ``leave()`` (which ends the process with a status) instead of killing itself with
+    SIGKILL. Returns the undo.
+
+    Why: Lightning's ``_ChildProcessObserver._terminate_all`` (``lightning.fabric``, polled every
+    5 s in rank 0) sends SIGKILL to the children and to rank 0 itself, so the command ended with
+    status -9 instead of 1 whenever the observer saw the failed rank before rank 0's collective
+    did (seen on a 2-core CI machine, 2026-12-03). There is no public hook for it.
+    """
+    cls = _observer()
+    original = cls._terminate_all
+
+    def terminate_all(self: Any) -> None:
+        for p in self._child_processes:
+            p.send_signal(self._termination_signal)
+        time.sleep(grace_s)  # a daemon thread: ends with the process when the main thread ends it
+        leave()
+
+    cls._terminate_all = terminate_all
+    return lambda: setattr(cls, "_terminate_all", original)

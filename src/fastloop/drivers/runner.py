@@ -15,6 +15,7 @@ import io
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from datetime import timedelta
@@ -25,9 +26,11 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, DDPStrategy, FSDPStrategy, SingleDeviceStrategy, Trainer
 from fastloop._torch_private import CONV_TYPES
+from fastloop.adapters._lightning_private import on_a_failed_rank
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError, UserCodeError
+from fastloop.drivers.exits import leave_now
 from fastloop.adapters.lightning import SpeedupCallback
 from fastloop.lightning import records_of
 from fastloop.measure.callback import FeedClock, MeasureCallback
@@ -212,6 +215,12 @@ def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> N
                                              for r in ranks)
 
 
+def _leave_after_a_failed_rank() -> None:
+    """Rank 0, when a rank it started failed (its error is printed above): status 1, at once."""
+    sys.stderr.write("fastloop: this rank stopped because another rank failed (its error is above)\n")
+    leave_now(1)
+
+
 def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool) -> None:
     """``trainer.fit``, its failures sorted: Ctrl-C, fastloop's own errors, a speedup that claims the
     error (it falls back), or the user's code."""
@@ -304,7 +313,12 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
            else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
     )
     t_fit = time.perf_counter()
-    _fit(trainer, module, data, target, chosen, quiet)
+    restore = on_a_failed_rank(_leave_after_a_failed_rank) if distributed else None
+    try:
+        _fit(trainer, module, data, target, chosen, quiet)
+    finally:
+        if restore is not None:
+            restore()
     fit_s = time.perf_counter() - t_fit
     pbar = sorted(trainer.progress_bar_metrics) if dev.type == "cuda" else []
     if pbar:
