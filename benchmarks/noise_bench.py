@@ -19,6 +19,10 @@ Three parts, each optional:
    2 s windows, counterbalanced) and the ratio. ``--pick-a SPEC`` stands for a first ladder run in
    an earlier call (its pick; then one ladder runs here).
 
+``--cpus 0-7`` confines each A vs A trial (the command, its fork server, runs and loader workers)
+to those CPUs, its rows named ``MODULE-cpus0-7``: does a host-bound step's spread come from
+where its processes run?
+
 ``--max-s S`` starts no new trial or ladder after S seconds (the device call's limit); every
 finished piece is already written under $OUT. Prints a table last.
 
@@ -53,11 +57,27 @@ def _target(module: str) -> str:
     return f"benchmarks/zoo/{module}.py:make" if Path(f"benchmarks/zoo/{module}.py").exists() else module
 
 
-def _ab(module: str, spec: str, out: Path, k: int) -> dict:
-    path = out / f"aa_{module}_{k}.json"
+def parse_cpus(text: str) -> set[int]:
+    """``--cpus``: a CPU list as ``taskset -c`` takes it.
+
+    Example:
+        >>> sorted(parse_cpus("0-3,8"))
+        [0, 1, 2, 3, 8]
+    """
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _ab(module: str, spec: str, out: Path, k: int, *, tag: str = "", cpus: set[int] | None = None) -> dict:
+    path = out / f"aa_{module}{'-' + tag if tag else ''}_{k}.json"
     t0 = time.perf_counter()
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # the command and every process it starts
     proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ab", _target(module),
-                           "--a", spec, "--b", spec, "--json", str(path)], capture_output=True, text=True)
+                           "--a", spec, "--b", spec, "--json", str(path)], capture_output=True, text=True,
+                          preexec_fn=pin)
     wall = time.perf_counter() - t0
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc["bench_wall_s"], doc["bench_rc"] = wall, proc.returncode
@@ -164,7 +184,8 @@ def power(run_sd: float, effect: float, repeats: int, trials: int = SIM_TRIALS, 
     return _called(run_sd, effect=effect, trials=trials, seed=seed, repeats=repeats, faster_only=True)
 
 
-def aa_part(pairs: list[str], trials: int, out: Path, deadline: float) -> dict:
+def aa_part(pairs: list[str], trials: int, out: Path, deadline: float, *, tag: str = "",
+            cpus: set[int] | None = None) -> dict:
     result = {}
     for pair in pairs:
         module, _, spec = pair.partition("=")
@@ -172,9 +193,9 @@ def aa_part(pairs: list[str], trials: int, out: Path, deadline: float) -> dict:
         for k in range(trials):
             if time.monotonic() > deadline:
                 break
-            docs.append(_ab(module, spec or "none", out, k))
+            docs.append(_ab(module, spec or "none", out, k, tag=tag, cpus=cpus))
             print(f"aa {module} trial {k + 1}: {docs[-1].get('verdict')} ({docs[-1]['bench_wall_s']:.0f} s)", flush=True)
-        result[module] = {"spec": spec, "trials": docs}
+        result[module + (f"-{tag}" if tag else "")] = {"spec": spec, "trials": docs}
     return result
 
 
@@ -272,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-s", type=float, default=1e9)
     p.add_argument("--out", default=os.environ.get("OUT", "noise_out"))
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run each A vs A trial confined to these CPUs (as taskset -c: 0-7): does pinning cut the spread?")
+    p.add_argument("--tag", default="", help="a name for this variant of the A vs A trials (their files and rows)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.max_s
-    aa = aa_part(args.aa, args.trials, out, deadline)
+    aa = aa_part(args.aa, args.trials, out, deadline, tag=args.tag or ("cpus" + args.cpus if args.cpus else ""),
+                 cpus=parse_cpus(args.cpus) if args.cpus else None)
     if args.from_:
         for module, entry in _load_aa(Path(args.from_)).items():
             aa.setdefault(module, {"spec": entry["spec"], "trials": []})["trials"][:0] = entry["trials"]
