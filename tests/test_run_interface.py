@@ -24,7 +24,7 @@ CHANGES = [n for n, f in vars(Run).items() if inspect.isfunction(f) and not n.st
 
 def test_both_adapters_implement_every_change_of_the_run_interface():
     assert {"change_model", "compile_step", "change_optimizers", "change_loader", "change_batch",
-            "batches_arrive_on_device", "autocast", "graph_step"} <= set(CHANGES)
+            "batches_arrive_on_device", "autocast", "graph_step", "hold"} <= set(CHANGES)
     for adapter in (LoopRun, LightningRun):
         missing = [n for n in CHANGES if getattr(adapter, n) is getattr(Run, n)]
         assert not missing, f"{adapter.__name__} does not implement {missing}"
@@ -37,7 +37,7 @@ def test_every_registered_speedup_applies_through_run_alone():
     for name in ("apply_step", "apply_model", "apply_optimizer", "apply_loader"):
         assert not hasattr(Speedup, name), name
     for cls in REGISTRY.values():
-        if cls.run_context is Speedup.run_context and not cls.prepares_run:  # its change is elsewhere
+        if not cls.prepares_run:  # the batch-size search runs before training, not through a Run
             assert cls.apply is not Speedup.apply, f"{cls.name} changes nothing through the Run"
 
 
@@ -142,3 +142,49 @@ def test_a_change_the_run_cannot_make_is_a_skip_with_the_reason():
     apply_all(resolve("fused_optimizer"), run)
     rec = run.ctx.records["fused_optimizer"]
     assert rec.status == "skipped" and "optimizer" in rec.reason and "none was given" in rec.reason
+
+
+class Switch(Speedup):
+    """Test-only: holds a global switch while the run trains (as tf32 does); with the option
+    ``then-skip`` it cannot apply after asking for it."""
+
+    name, changes, order = "test_switch", "step", 99
+    on: list[bool] = []
+
+    def apply(self, run: Run) -> None:
+        import contextlib
+
+        @contextlib.contextmanager
+        def switch():
+            Switch.on.append(True)
+            try:
+                yield
+            finally:
+                Switch.on.pop()
+        run.hold(switch)
+        if self.options.get("mode") == "then-skip":
+            raise Skip("not on this model")
+
+
+class SeesSwitch(Tiny):
+    def training_step(self, batch, batch_idx):
+        self.inputs.append(torch.tensor(float(bool(Switch.on))))
+        return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+
+@pytest.mark.parametrize("mode", [None, "then-skip"])
+def test_a_held_context_is_on_while_the_run_trains_and_off_after(mode):
+    seen = []
+    model = torch.nn.Linear(4, 2)
+    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), device="cpu",
+                    step_fn=lambda m, b: (seen.append(bool(Switch.on)), torch.nn.functional.cross_entropy(m(b[0]), b[1]))[1],
+                    speedups=[Switch(mode=mode)])
+    loop.train(steps=2, warmup=0)
+    assert seen == [mode is None] * 2 and not Switch.on
+    module = SeesSwitch()
+    cb = SpeedupCallback(Switch(mode=mode))
+    trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    trainer.fit(module)
+    assert [bool(x) for x in module.inputs] == [mode is None] * 2 and not Switch.on
+    assert cb.record.status == ("applied" if mode is None else "skipped")

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -100,15 +99,7 @@ class SpeedupCallback(Callback):
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
         self.run = LightningRun(trainer, pl_module, ctx, self._fail)
-        if s.why_not(ctx) or s.why_not_model(pl_module):
-            apply_all([s], self.run)  # records it skipped, with the reason
-            return
-        held = contextlib.ExitStack()  # the speedup's run context (TF32, cuDNN, ...) until teardown
-        held.enter_context(s.run_context(ctx))
-        ctx.undo.append(held.close)
-        apply_all([s], self.run)
-        if not ctx.applied(s.name):  # it did not apply: what it changed is put back, its run context left
-            self._run_undo()
+        apply_all([s], self.run)  # a speedup that did not apply has put back what it changed
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.ctx is None or self.run is None or not self.ctx.applied(self.speedup.name):

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -136,6 +137,11 @@ class LightningRun(Run):
 
     def batches_arrive_on_device(self) -> None:
         return None  # the strategy's copy of a batch already on the device is a no-op
+
+    def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
+        held = contextlib.ExitStack()  # from setup until teardown (or until it did not apply)
+        held.enter_context(context())
+        self.undo.append(held.close)
 
     def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
         assert self.speedup is not None

@@ -64,6 +64,8 @@ class LoopRun(Run):
         """The loader delivers batches on the device (prefetch): the step does not copy them."""
         self.graph_owner: str | None = None
         """The speedup that asked for the whole-step graph (None: the step runs eagerly)."""
+        self.held: list[Callable[[], contextlib.AbstractContextManager]] = []
+        """Contexts entered while the loop trains (TF32, cuDNN autotuning)."""
 
     def _need(self, value: Any, what: str) -> Any:
         if value is None:
@@ -94,6 +96,10 @@ class LoopRun(Run):
     def graph_step(self) -> None:
         assert self.speedup is not None
         self.graph_owner = self.speedup.name
+
+    def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.held.append(context)
+        self.ctx.undo.append(lambda: self.held.remove(context))  # if the speedup then does not apply
 
     def prepare(self, batch: Any, device: torch.device) -> Any:
         """The batch as the step sees it: on the device, then each speedup's transform."""
@@ -243,10 +249,9 @@ class FastLoop:
         losses: list[torch.Tensor] = []
         it = self.batches()
         t0 = time.perf_counter()
-        with contextlib.ExitStack() as held:  # each applied speedup's run context (TF32, cuDNN, ...)
-            for s in self.speedups:
-                if self.ctx.applied(s.name):
-                    held.enter_context(s.run_context(self.ctx))
+        with contextlib.ExitStack() as held:  # what the speedups hold while the loop trains (TF32, cuDNN, ...)
+            for context in self.run.held:
+                held.enter_context(context())
             for i in range(warmup + steps):
                 with timer.fetching():
                     batch = self.run.prepare(next(it), self.device)

@@ -221,11 +221,15 @@ def _leave_after_a_failed_rank() -> None:
     leave_now(1)
 
 
-def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool) -> None:
+def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool, *,
+         distributed: bool = False) -> None:
     """``trainer.fit``, its failures sorted: Ctrl-C, fastloop's own errors, a speedup that claims the
-    error (it falls back), or the user's code."""
+    error (it falls back), or the user's code. ``distributed``: rank 0 ends with status 1 when a
+    rank it started fails (:func:`~fastloop.adapters._lightning_private.on_a_failed_rank`)."""
     ctx = contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext()
-    with ctx, warnings.catch_warnings():
+    with ctx, warnings.catch_warnings(), contextlib.ExitStack() as ranks:
+        if distributed:
+            ranks.callback(on_a_failed_rank(_leave_after_a_failed_rank))
         warnings.simplefilter("ignore")
         try:
             if isinstance(data, DataLoader):
@@ -313,12 +317,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
            else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
     )
     t_fit = time.perf_counter()
-    restore = on_a_failed_rank(_leave_after_a_failed_rank) if distributed else None
-    try:
-        _fit(trainer, module, data, target, chosen, quiet)
-    finally:
-        if restore is not None:
-            restore()
+    _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
     fit_s = time.perf_counter() - t_fit
     pbar = sorted(trainer.progress_bar_metrics) if dev.type == "cuda" else []
     if pbar:

@@ -224,7 +224,7 @@ class Speedup:
         """Make this speedup's whole change through ``run`` (:class:`~fastloop.speedups.run.Run`:
         the model, the optimizers, the loader, the batch, the step's autocast, the step's graph);
         raise :class:`Skip` (or :class:`Fallback`) with the reason when it cannot apply here. The
-        default changes nothing: a speedup whose whole change is its :meth:`run_context` (tf32)."""
+        default changes nothing (the batch-size search, which runs before training)."""
         return None
 
     prepares_run: ClassVar[bool] = False

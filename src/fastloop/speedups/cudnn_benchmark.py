@@ -14,6 +14,7 @@ import torch
 
 from fastloop._torch_private import CONV_TYPES
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["CudnnBenchmark", "apply_cudnn_benchmark", "has_conv"]
 
@@ -48,6 +49,9 @@ class CudnnBenchmark(Speedup):
 
     def why_not_model(self, model: torch.nn.Module) -> str | None:
         return None if has_conv(model) else "model has no convolution layers: nothing for cuDNN to tune"
+
+    def apply(self, run: Run) -> None:
+        run.hold(lambda: self.run_context(run.ctx))
 
     @contextlib.contextmanager
     def run_context(self, ctx: Context) -> Iterator[None]:

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -92,6 +93,10 @@ class Run:
         """Replay the train step as CUDA graphs: the whole step where it can be captured, else
         the next tier, and the tier that ran in the statistics (``cuda_graph_tier``)."""
         raise self._cannot("capture the step")
+
+    def hold(self, context: Callable[[], AbstractContextManager]) -> None:
+        """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""
+        raise self._cannot("hold a context while it trains")
 
 
 def apply_all(speedups: Sequence[Speedup], run: Run) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.run import Run
 
 __all__ = ["TF32", "apply_tf32"]
 
@@ -47,6 +48,9 @@ class TF32(Speedup):
         if torch.cuda.get_device_capability(ctx.device)[0] < 8:
             return f"{torch.cuda.get_device_name(ctx.device)} has no TF32 (needs Ampere, sm_80+)"
         return None
+
+    def apply(self, run: Run) -> None:
+        run.hold(lambda: self.run_context(run.ctx))
 
     @contextlib.contextmanager
     def run_context(self, ctx: Context) -> Iterator[None]:
