@@ -21,7 +21,8 @@ Three parts, each optional:
 
 ``--cpus 0-7`` confines each A vs A trial (the command, its fork server, runs and loader workers)
 to those CPUs, its rows named ``MODULE-cpus0-7``: does a host-bound step's spread come from
-where its processes run?
+where its processes run? ``--env FASTLOOP_FORKSERVER=0``: each run a fresh interpreter instead of
+a fork of the server (rows ``MODULE-FASTLOOP_FORKSERVER0``).
 
 ``--max-s S`` starts no new trial or ladder after S seconds (the device call's limit); every
 finished piece is already written under $OUT. Prints a table last.
@@ -71,13 +72,14 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def _ab(module: str, spec: str, out: Path, k: int, *, tag: str = "", cpus: set[int] | None = None) -> dict:
+def _ab(module: str, spec: str, out: Path, k: int, *, tag: str = "", cpus: set[int] | None = None,
+        env: dict[str, str] | None = None) -> dict:
     path = out / f"aa_{module}{'-' + tag if tag else ''}_{k}.json"
     t0 = time.perf_counter()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # the command and every process it starts
     proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ab", _target(module),
                            "--a", spec, "--b", spec, "--json", str(path)], capture_output=True, text=True,
-                          preexec_fn=pin)
+                          preexec_fn=pin, env={**os.environ, **(env or {})})
     wall = time.perf_counter() - t0
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc["bench_wall_s"], doc["bench_rc"] = wall, proc.returncode
@@ -185,7 +187,7 @@ def power(run_sd: float, effect: float, repeats: int, trials: int = SIM_TRIALS, 
 
 
 def aa_part(pairs: list[str], trials: int, out: Path, deadline: float, *, tag: str = "",
-            cpus: set[int] | None = None) -> dict:
+            cpus: set[int] | None = None, env: dict[str, str] | None = None) -> dict:
     result = {}
     for pair in pairs:
         module, _, spec = pair.partition("=")
@@ -193,7 +195,7 @@ def aa_part(pairs: list[str], trials: int, out: Path, deadline: float, *, tag: s
         for k in range(trials):
             if time.monotonic() > deadline:
                 break
-            docs.append(_ab(module, spec or "none", out, k, tag=tag, cpus=cpus))
+            docs.append(_ab(module, spec or "none", out, k, tag=tag, cpus=cpus, env=env))
             print(f"aa {module} trial {k + 1}: {docs[-1].get('verdict')} ({docs[-1]['bench_wall_s']:.0f} s)", flush=True)
         result[module + (f"-{tag}" if tag else "")] = {"spec": spec, "trials": docs}
     return result
@@ -295,13 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "noise_out"))
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run each A vs A trial confined to these CPUs (as taskset -c: 0-7): does pinning cut the spread?")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in each trial's environment (FASTLOOP_FORKSERVER=0: every run a fresh interpreter)")
     p.add_argument("--tag", default="", help="a name for this variant of the A vs A trials (their files and rows)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.max_s
-    aa = aa_part(args.aa, args.trials, out, deadline, tag=args.tag or ("cpus" + args.cpus if args.cpus else ""),
-                 cpus=parse_cpus(args.cpus) if args.cpus else None)
+    env = dict(item.partition("=")[::2] for item in args.env)
+    tag = args.tag or "-".join([*(["cpus" + args.cpus] if args.cpus else []), *(f"{k}{v}" for k, v in env.items())])
+    aa = aa_part(args.aa, args.trials, out, deadline, tag=tag, cpus=parse_cpus(args.cpus) if args.cpus else None,
+                 env=env)
     if args.from_:
         for module, entry in _load_aa(Path(args.from_)).items():
             aa.setdefault(module, {"spec": entry["spec"], "trials": []})["trials"][:0] = entry["trials"]
