@@ -138,9 +138,9 @@ class SpeedupCallback(Callback):
             torch.compiler.cudagraph_mark_step_begin()
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self.run is not None and self.run.autocast_dtype == torch.float16 and scaler is not None:
-            if scaler is not None and scaler_scale(scaler) is not None:
+            if scaler_scale(scaler) is not None:
                 self._scale_before = scaler_scale(scaler).detach().clone()
-            elif scaler is not None:  # the scale is created lazily at the first step: its initial value
+            else:  # the scale is created lazily at the first step: its initial value
                 self._scale_before = torch.tensor(float(scaler.get_scale()))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -193,9 +193,9 @@ class SpeedupCallback(Callback):
         if self.ctx is not None:
             while self.ctx.undo:
                 self.ctx.undo.pop()()
-        for loader in self.run.loaders if self.run is not None else ():  # a rebuilt loader's persistent workers end with the fit
-            shutdown_workers(loader)
         if self.run is not None:
+            for loader in self.run.loaders:  # a rebuilt loader's persistent workers end with the fit
+                shutdown_workers(loader)
             self.run.loaders.clear()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

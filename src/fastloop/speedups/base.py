@@ -58,9 +58,9 @@ class Record:
 
 
 class Skip(Exception):
-    """Raised by a speedup's ``apply_*`` when it cannot apply here: the adapter records it as
-    :attr:`status` with the reason, puts back what the speedup changed, and goes on (records are
-    results, never control flow)."""
+    """Raised by a speedup's ``apply`` (or a function it gave the run) when it cannot apply here:
+    :func:`~fastloop.speedups.run.apply_all` records it as :attr:`status` with the reason, puts
+    back what the speedup changed, and goes on (records are results, never control flow)."""
 
     status: ClassVar[Status] = "skipped"
 
