@@ -12,7 +12,17 @@ For each module of benchmarks/zoo/ (``FILE.py:make``, the module as its users wr
 3. the ratios pick/expert and expert/plain with run-level intervals, and the cuda_graph tier the
    pick reached.
 
-Usage: ``python3 benchmarks/run.py zoo [--modules cifar_resnet,vit] [--rounds 3]``. Writes
+Step 2 runs every module's round r before any module's round r+1, the order of the three
+reversed every other round; ``--max-s`` starts no new round after that many seconds, so a call
+cut short leaves every module with the same number of runs.
+
+The two steps can run in separate device calls (one call is at most 10 minutes; one ladder takes
+up to 5): ``--only ladder`` writes each module's ``ladder_MODULE.json`` (pick, wall time, stages),
+and ``--only compare --from DIR`` measures the picks read from those files.
+
+Usage: ``python3 benchmarks/run.py zoo [--modules cifar_resnet,vit] [--rounds 3]``, or
+``zoo --modules lstm_lm,unet --only ladder`` then ``zoo --modules lstm_lm,unet --only compare --from
+benchmarks/results/round18 --rounds 4 --max-s 500``. Writes ``ladder_MODULE.json``,
 ``zoo_MODULE.json`` and the ladder's report folder under $OUT (or ``--out``); prints a table last.
 """
 
@@ -32,7 +42,7 @@ from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small")
 
 
-def _ladder(module: str, out: Path) -> tuple[dict, float]:
+def _ladder(module: str, out: Path) -> tuple[dict, float, int]:
     target = f"benchmarks/zoo/{module}.py:make"
     folder = out / f"ladder_{module}"
     t0 = time.perf_counter()
@@ -42,12 +52,15 @@ def _ladder(module: str, out: Path) -> tuple[dict, float]:
     sys.stdout.write(proc.stdout[-3000:])
     sys.stderr.write(proc.stderr[-3000:])
     doc = json.loads((folder / "report.json").read_text()) if (folder / "report.json").exists() else {}
-    return doc, wall
+    return doc, wall, proc.returncode
+
+
+DEVICE = "cuda"  # ``--device cpu``: a smoke test of the benchmark itself
 
 
 def _measure(target: str, spec: str, runs: Runs) -> None:
     try:
-        runs.docs.append(run_in_subprocess(target, spec, steps=30, warmup=5, device="cuda", measure_s=2.0,
+        runs.docs.append(run_in_subprocess(target, spec, steps=30, warmup=5, device=DEVICE, measure_s=2.0,
                                            profile=False))
     except ConfigurationFailed as err:
         runs.failures.append(str(err)[-500:])
@@ -58,32 +71,56 @@ def _ci(a: Runs, b: Runs) -> dict | None:
     return None if ci is None else {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
 
 
-def bench_module(module: str, out: Path, rounds: int) -> dict:
-    ladder, wall = _ladder(module, out)
-    pick = ladder.get("selected_spec") or "none"
-    make, expert = f"benchmarks/zoo/{module}.py:make", f"benchmarks/zoo/{module}.py:expert"
-    sides = {"plain": Runs("none"), "expert": Runs("none"), "pick": Runs(pick)}
-    for _ in range(rounds):
-        _measure(make, "none", sides["plain"])
-        _measure(expert, "none", sides["expert"])
-        _measure(make, pick, sides["pick"])
+def ladder_phase(module: str, out: Path) -> dict:
+    """The default ladder on ``module``; its pick and timing, written as ``ladder_MODULE.json``."""
+    ladder, wall, code = _ladder(module, out)
+    rec = {"module": module, "ladder_wall_s": round(wall, 1), "ladder_clock_s": ladder.get("wall_s"),
+           "ladder_runs": ladder.get("runs"), "selected": ladder.get("selected_spec") or "none",
+           "ladder_exit_status": code, "stages": ladder.get("stages"), "not_tried": ladder.get("not_tried")}
+    (out / f"ladder_{module}.json").write_text(json.dumps(rec, indent=2, default=str))
+    return rec
+
+
+def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
     merged = {k: merge_runs(r) if r.docs else {} for k, r in sides.items()}
     tp = {k: (m.get("throughput") or {}).get("value") for k, m in merged.items()}
     rec = {r["name"]: r for r in (merged["pick"].get("speedups") or [])}
     graph = rec.get("cuda_graph")
-    result = {"module": module, "ladder_wall_s": round(wall, 1), "ladder_clock_s": ladder.get("wall_s"),
-              "ladder_runs": ladder.get("runs"), "selected": pick, "throughput": tp,
-              "unit": (merged["plain"].get("throughput") or {}).get("unit"),
-              "pick_vs_expert": _ci(sides["expert"], sides["pick"]), "expert_vs_plain": _ci(sides["plain"], sides["expert"]),
-              "pick_vs_plain": _ci(sides["plain"], sides["pick"]),
-              "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),
-                             "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier")} if graph else None,
-              "failures": {k: r.failures for k, r in sides.items() if r.failures},
-              "stages": ladder.get("stages"), "not_tried": ladder.get("not_tried"), "rounds": rounds,
-              "method": "interleaved fresh processes (plain, expert, pick) x rounds, 2 s windows of steady steps; "
-                        "ratio = B/A throughput via run-level t-interval (fastloop.compare)"}
-    (out / f"zoo_{module}.json").write_text(json.dumps(result, indent=2, default=str))
-    return result
+    return {**lad, "throughput": tp,
+            "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
+            "pick_vs_expert": _ci(sides["expert"], sides["pick"]), "expert_vs_plain": _ci(sides["plain"], sides["expert"]),
+            "pick_vs_plain": _ci(sides["plain"], sides["pick"]),
+            "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),
+                           "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier")} if graph else None,
+            "failures": {k: r.failures for k, r in sides.items() if r.failures}, "rounds": rounds,
+            "runs": {k: len(r.docs) for k, r in sides.items()},
+            "method": "interleaved fresh processes (plain, expert, pick; the order reversed every other round) "
+                      "x rounds, every module's round r before any module's round r+1; 2 s windows of steady "
+                      "steps; ratio = B/A throughput via run-level t-interval (fastloop.compare)"}
+
+
+def compare_phase(ladders: dict[str, dict], out: Path, rounds: int, max_s: float) -> list[dict]:
+    """Plain, expert and pick of every module, interleaved in fresh processes, round by round
+    (a call cut short by ``max_s`` leaves every module with the same number of rounds)."""
+    sides = {m: {"plain": Runs("none"), "expert": Runs("none"), "pick": Runs(lad["selected"])}
+             for m, lad in ladders.items()}
+    t0, rows, per_round = time.perf_counter(), [], []
+    for r in range(rounds):
+        if per_round and time.perf_counter() - t0 + 1.2 * max(per_round) > max_s:
+            print(f"--max-s {max_s:.0f}: stopped after {r} round(s)", flush=True)
+            break
+        t_round = time.perf_counter()
+        for m, by in sides.items():
+            order = list(by) if r % 2 == 0 else list(by)[::-1]
+            for k in order:
+                t1 = time.perf_counter()
+                _measure(f"benchmarks/zoo/{m}.py:{'expert' if k == 'expert' else 'make'}", by[k].spec, by[k])
+                print(f"round {r + 1} {m:17} {k:7} {time.perf_counter() - t1:5.1f} s", flush=True)
+        per_round.append(time.perf_counter() - t_round)
+        rows = [summarize(ladders[m], sides[m], r + 1) for m in sides]
+        for row in rows:
+            (out / f"zoo_{row['module']}.json").write_text(json.dumps(row, indent=2, default=str))
+    return rows
 
 
 def wall_clock_check(module: str, spec: str, out: Path) -> dict:
@@ -96,7 +133,7 @@ def wall_clock_check(module: str, spec: str, out: Path) -> dict:
         clock = os.path.join(tmp, "clock.json")
         os.environ["ZOO_CLOCK_FILE"] = clock
         try:
-            doc = run_in_subprocess(f"benchmarks/zoo/clocked.py:make", spec, steps=30, warmup=5, device="cuda",
+            doc = run_in_subprocess("benchmarks/zoo/clocked.py:make", spec, steps=30, warmup=5, device="cuda",
                                     measure_s=2.0, profile=False)
         finally:
             os.environ.pop("ZOO_CLOCK_FILE", None)
@@ -120,12 +157,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", default=",".join(MODULES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT", "zoo_out"))
+    p.add_argument("--only", choices=("ladder", "compare"), default=None,
+                   help="ladder: only the ladders (ladder_MODULE.json); compare: only the interleaved "
+                        "measurement, with the ladders' picks read from --from")
+    p.add_argument("--from", dest="from_dir", default=None,
+                   help="a folder holding ladder_MODULE.json files of an earlier call (with --only compare)")
+    p.add_argument("--max-s", type=float, default=1e9, help="start no new comparison round after this many seconds")
     p.add_argument("--clock", default=None,
                    help="MODULE[:SPEC]: also check the report against an outside wall clock (default SPEC: the pick)")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [bench_module(m, out, args.rounds) for m in args.modules.split(",") if m]
+    modules = [m for m in args.modules.split(",") if m]
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        raise SystemExit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
+    if args.only == "compare":
+        if not args.from_dir:
+            raise SystemExit("--only compare needs --from DIR (the ladder_MODULE.json files of an earlier call)")
+        missing = [m for m in modules if not (Path(args.from_dir) / f"ladder_{m}.json").exists()]
+        if missing:
+            raise SystemExit(f"no ladder_MODULE.json in {args.from_dir} for {missing}")
+        ladders = {m: json.loads((Path(args.from_dir) / f"ladder_{m}.json").read_text()) for m in modules}
+    else:
+        ladders = {m: ladder_phase(m, out) for m in modules}
+    if args.only == "ladder":
+        print(f"{'module':18} {'ladder s':>9} {'runs':>5}  selected")
+        for m, lad in ladders.items():
+            print(f"{m:18} {lad['ladder_wall_s']:>9.0f} {lad['ladder_runs'] or 0:>5}  {lad['selected']}")
+        return 0
+    rows = compare_phase(ladders, out, args.rounds, args.max_s)
     if args.clock:
         module, _, spec = args.clock.partition(":")
         picked = next((r["selected"] for r in rows if r["module"] == module), "none")
@@ -135,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'module':18} {'plain':>10} {'expert':>10} {'pick':>10} {'pick/exp':>16} {'ladder s':>9}  selected")
     for r in rows:
         t, pe = r["throughput"], r["pick_vs_expert"] or {}
-        span = f"{pe.get('ratio', 0):.2f} [{pe.get('ci_low') or 0:.2f},{pe.get('ci_high') or 0:.2f}]" if pe else "-"
+        lo, hi = pe.get("ci_low"), pe.get("ci_high")
+        span = (f"{pe['ratio']:.2f} [{lo:.2f},{hi:.2f}]" if lo is not None and hi is not None else
+                f"{pe['ratio']:.2f} [n/a]") if pe.get("ratio") else "-"
         print(f"{r['module']:18} {t['plain'] or 0:>10,.0f} {t['expert'] or 0:>10,.0f} {t['pick'] or 0:>10,.0f} "
               f"{span:>16} {r['ladder_wall_s']:>9.0f}  {r['selected']}  graph={((r['cuda_graph'] or {}).get('tier'))}")
     return 0
