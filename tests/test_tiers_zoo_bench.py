@@ -1,0 +1,83 @@
+"""The tiers and zoo benchmarks' bookkeeping (benchmarks/tiers_bench.py, benchmarks/zoo_bench.py):
+the tier and its reason come from fastloop's own record, the ratio points the right way, runs are
+interleaved round by round with the order reversed every other round, and a call cut by
+``--max-s`` leaves every module with the same number of runs. No GPU: the measurement is faked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from fastloop.compare import Runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _doc(step_s: float, tier: str | None = None, why: str | None = None) -> dict:
+    extra = {"cuda_graph_tier": tier} if tier else {}
+    if why:
+        extra["cuda_graph_whole_step"] = why
+    recs = [{"name": "cuda_graph", "status": "applied", "detail": f"{tier} (whole step: {why})"}] if tier else []
+    return {"step_s_all": [step_s * (1 + 0.01 * i) for i in range(20)], "items_per_step": 256,
+            "throughput": {"value": 256 / step_s, "unit": "samples/s"}, "extra": extra, "speedups": recs}
+
+
+def test_tiers_summary_reads_the_tier_and_why_from_the_record_and_the_ratio_is_graph_over_compile():
+    bench = _load("tiers_bench")
+    why = "OneCycleLR cycles SGD's momentum every step"
+    sides = {"compile": Runs("x,compile", docs=[_doc(0.010 * (1 + 0.02 * k)) for k in range(3)]),
+             "cuda_graph": Runs("x,compile,cuda_graph",
+                                docs=[_doc(0.005 * (1 + 0.02 * k), "forward+backward graphed", why) for k in range(3)])}
+    row = bench.summarize("cifar_resnet", sides)
+    assert row["cuda_graph"]["tiers"] == ["forward+backward graphed"] * 3
+    assert row["cuda_graph"]["why_not_higher"] == [why]  # said once, not once per run
+    assert row["graph_vs_compile"]["ratio"] == pytest.approx(2.0, rel=0.02)  # the graph side is twice as fast
+    assert row["graph_vs_compile"]["significant"] is True
+    assert row["failures"] == {}
+
+
+def test_tiers_summary_keeps_a_failed_run_and_the_span_says_when_there_is_no_interval():
+    bench = _load("tiers_bench")
+    sides = {"compile": Runs("c", docs=[_doc(0.01)]),
+             "cuda_graph": Runs("g", docs=[_doc(0.01, "eager", "no CUDA")], failures=["Traceback ... RuntimeError"])}
+    row = bench.summarize("lstm_lm", sides)
+    assert row["failures"] == {"cuda_graph": ["Traceback ... RuntimeError"]}
+    assert bench._span({"ratio": 1.1, "ci_low": 0.0, "ci_high": None}) == "1.100 [n/a]"
+    assert bench._span({"ratio": 1.1, "ci_low": 1.01, "ci_high": 1.2}) == "1.100 [1.01,1.20]"
+
+
+def test_zoo_compares_round_by_round_with_the_order_reversed_and_stops_evenly(tmp_path, monkeypatch):
+    bench = _load("zoo_bench")
+    calls: list[tuple[str, str]] = []
+    clock = [0.0]
+
+    def fake_measure(target, spec, runs):
+        module, kind = Path(target.split(":")[0]).stem, target.split(":")[1]
+        calls.append((module, "expert" if kind == "expert" else ("plain" if spec == "none" else "pick")))
+        clock[0] += 10.0  # every run takes 10 s of the fake clock
+        runs.docs.append(_doc(0.01 if spec == "none" else 0.005))
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    ladders = {m: {"module": m, "ladder_wall_s": 200.0, "ladder_runs": 20, "selected": "bf16,compile"}
+               for m in ("lstm_lm", "unet")}
+    rows = bench.compare_phase(ladders, tmp_path, rounds=5, max_s=140.0)
+    # a round is 6 runs (60 s); a round starts only if 1.2x the longest round still fits: 60 + 72 <= 140, 120 + 72 > 140
+    assert [c for c in calls[:6]] == [("lstm_lm", "plain"), ("lstm_lm", "expert"), ("lstm_lm", "pick"),
+                                      ("unet", "plain"), ("unet", "expert"), ("unet", "pick")]
+    assert calls[6:9] == [("lstm_lm", "pick"), ("lstm_lm", "expert"), ("lstm_lm", "plain")]
+    assert len(calls) == 12
+    assert all(r["runs"] == {"plain": 2, "expert": 2, "pick": 2} for r in rows)
+    saved = json.loads((tmp_path / "zoo_unet.json").read_text())
+    assert saved["rounds"] == 2 and saved["selected"] == "bf16,compile"
+    assert saved["pick_vs_plain"]["ratio"] == pytest.approx(2.0, rel=0.02)
