@@ -132,3 +132,105 @@ def test_normalize_equals_totensor_then_normalize():
     assert torch.allclose(normalize(x, mean, std), ref, atol=1e-6)
     with pytest.raises(ValueError, match="one value per channel"):
         normalize(x, [0.5], [0.5])
+
+
+class InMemory(Dataset):
+    """The pattern users write instead of a TensorDataset: tensors held by the dataset, a
+    deterministic ``__getitem__`` (a scale and a Python int label)."""
+
+    def __init__(self, n=50, bare=False):
+        g = torch.Generator().manual_seed(2)
+        self.images = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g)
+        self.labels = np.arange(n) % 7
+        self.bare = bare
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        x = self.images[i].float() / 255
+        return x if self.bare else (x, int(self.labels[i]))
+
+
+class RarelyFlipped(InMemory):
+    """A random augmentation applied to 5% of reads: fixed_samples must still see it."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return (x.flip(-1) if torch.rand(()) < 0.05 else x), y
+
+
+class WithTransform(InMemory):
+    def __init__(self):
+        super().__init__()
+        self.transform = lambda x: x
+
+
+class OwnGenerator(InMemory):
+    def __init__(self):
+        super().__init__()
+        self.rng = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_dataset_holding_its_samples_is_read_once_and_serves_the_loaders_batches(bare):
+    def loader():
+        return DataLoader(InMemory(bare=bare), batch_size=8, shuffle=True,
+                          generator=torch.Generator().manual_seed(5))
+
+    ref, resident = loader(), make_resident(loader(), CPU)
+    for _ in range(2):  # two epochs, the same permutations
+        for got, want in zip(resident, ref, strict=True):
+            if bare:
+                assert torch.is_tensor(got) and torch.equal(got, want)  # a tensor, not a list of one
+            else:
+                assert isinstance(got, list) and len(got) == 2
+                assert got[0].dtype == want[0].dtype == torch.float32 and torch.equal(got[0], want[0])
+                assert got[1].dtype == want[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+    sub = Subset(InMemory(), list(range(1, 50, 4)))
+    res = make_resident(DataLoader(sub, batch_size=4), CPU)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(res, DataLoader(sub, batch_size=4), strict=True))
+
+
+@pytest.mark.parametrize("dataset,why", [
+    (RarelyFlipped(), "gave different values when read again"),
+    (WithTransform(), "passes its samples through transform"),
+    (OwnGenerator(), "owns a random generator"),
+])
+def test_a_dataset_whose_samples_may_change_is_refused_and_the_probe_draws_nothing(dataset, why):
+    torch.manual_seed(11)
+    np.random.seed(11)
+    expected = torch.rand(3), np.random.rand()
+    torch.manual_seed(11)
+    np.random.seed(11)
+    with pytest.raises(NotResident, match=why):
+        make_resident(DataLoader(dataset, batch_size=4), CPU)
+    after = torch.rand(3), np.random.rand()
+    assert torch.equal(after[0], expected[0]) and after[1] == expected[1]  # the global random streams untouched
+
+
+def test_the_run_document_tells_the_ladder_such_data_can_live_on_the_gpu():
+    from fastloop.drivers.run_document import describe_dataset
+
+    held = describe_dataset(DataLoader(InMemory(n=40), batch_size=4))
+    assert held["in_memory_tensors"] is True and held["read_once"] is True
+    assert held["bytes"] == 40 * (3 * 8 * 8 * 4 + 8)
+    flipped = describe_dataset(DataLoader(RarelyFlipped(), batch_size=4))
+    assert flipped["in_memory_tensors"] is False and "different values" in flipped["why_not"]
+
+
+def test_a_dataset_too_slow_to_read_once_is_refused_after_one_probe(monkeypatch):
+    import fastloop.data as data
+
+    reads = []
+
+    class Slow(InMemory):
+        def __getitem__(self, i):
+            reads.append(i)
+            return super().__getitem__(i)
+
+    monkeypatch.setattr(data, "FIXED_MAX_S", 1e-9)
+    found = data.fixed_samples(Slow())
+    assert isinstance(found, str) and "would take about" in found
+    assert reads == [0, 0, 0]  # one index read three times, not all 50

@@ -12,17 +12,20 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import random
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
 
-__all__ = ["CUDAPrefetcher", "first_tensor", "map_tensors", "rebuild_loader", "tensor_dataset_parts", "to_channels_last",
-           "to_device"]
+__all__ = ["CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "rebuild_loader",
+           "tensor_dataset_parts", "to_channels_last", "to_device"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -61,6 +64,141 @@ def tensor_dataset_parts(dataset: Any) -> tuple[tuple[torch.Tensor, ...], list[i
     if isinstance(dataset, Subset) and isinstance(dataset.dataset, TensorDataset):
         return tuple(dataset.dataset.tensors), list(dataset.indices)
     return None
+
+
+FIXED_PROBES = 64
+"""How many indices :func:`fixed_samples` reads three times each."""
+FIXED_MAX_S = 30.0
+"""The longest :func:`materialize` may take, estimated from the probe's reads."""
+_RNG_TYPES: tuple[type, ...] = (torch.Generator, random.Random, np.random.Generator, np.random.RandomState)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedSamples:
+    """A map-style dataset whose samples are fixed: what :func:`fixed_samples` found."""
+
+    n: int
+    item_bytes: int
+    read_s: float
+    """Seconds per ``dataset[i]`` in the probe."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape \
+            and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
+            and np.array_equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _leaves_ok(item: Any) -> bool:
+    """A sample default_collate stacks into tensors only: a tensor, an array, a number, or a
+    tuple/list of those (not dicts, strings or None: the resident loader yields a list of tensors)."""
+    if torch.is_tensor(item) or isinstance(item, (np.ndarray, bool, int, float)):
+        return not (isinstance(item, np.ndarray) and item.dtype.kind not in "biuf")
+    if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
+        return len(item) > 0 and all(_leaves_ok(x) and not isinstance(x, (list, tuple)) for x in item)
+    return False
+
+
+def _item_bytes(item: Any) -> int:
+    if torch.is_tensor(item):
+        return item.numel() * item.element_size()
+    if isinstance(item, np.ndarray):
+        return int(item.nbytes)
+    if isinstance(item, (list, tuple)):
+        return sum(_item_bytes(x) for x in item)
+    return 8
+
+
+def fixed_samples(dataset: Any) -> FixedSamples | str:
+    """Whether ``dataset`` (map-style, not a TensorDataset) holds its samples in memory and gives
+    the same values for the same index every time, so that reading it once and keeping the result
+    changes nothing: a :class:`FixedSamples`, or why not (a string).
+
+    The test: the dataset holds a tensor or array as long as itself, owns no random generator and
+    no transform; :data:`FIXED_PROBES` indices read three times each give equal samples (a random
+    augmentation applied with probability 0.05 differs in one of them with probability above
+    0.9999); every sample is tensors and numbers. The global random states (torch, numpy, random)
+    are put back afterwards, so probing changes nothing the training draws.
+
+    Example:
+        >>> class Pairs(torch.utils.data.Dataset):
+        ...     def __init__(self):
+        ...         self.x, self.y = torch.arange(8.0).view(4, 2), torch.arange(4)
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return self.x[i] * 2, self.y[i]
+        >>> fixed_samples(Pairs()).n
+        4
+        >>> class Noisy(Pairs):
+        ...     def __getitem__(self, i):
+        ...         return self.x[i] + torch.rand(2), self.y[i]
+        >>> fixed_samples(Noisy())
+        'Noisy[i] gave different values when read again (random per-sample work)'
+    """
+    name = type(dataset).__name__
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return f"the dataset is an IterableDataset ({name}): it has no index to read samples by"
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        return f"the dataset ({name}) has no __getitem__ and __len__"
+    try:
+        n = len(dataset)
+    except Exception as err:  # noqa: BLE001 - a dataset's __len__ may raise anything
+        return f"len() of the dataset ({name}) raised {type(err).__name__}"
+    if n <= 0:
+        return f"the dataset ({name}) is empty"
+    attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
+    held = [k for k, v in attrs.items()
+            if (torch.is_tensor(v) or isinstance(v, np.ndarray)) and v.ndim > 0 and v.shape[0] == n]
+    if not held:
+        return f"the dataset ({name}) holds no tensor or array of its length ({n}): its samples are not in memory"
+    rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
+    if rngs:
+        return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
+    transforms = [k for k, v in attrs.items() if "transform" in k.lower() and v is not None]
+    if transforms:
+        return f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random"
+    probes = sorted({0, n - 1, *np.linspace(0, n - 1, min(n, FIXED_PROBES)).astype(int).tolist()})
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    t0 = time.perf_counter()
+    try:
+        for i in probes:
+            first = dataset[i]
+            if not _leaves_ok(first):
+                return (f"{name}[{i}] is a {type(first).__name__} of something other than tensors and numbers; "
+                        f"gpu_resident serves lists of tensors")
+            if not (_same(first, dataset[i]) and _same(first, dataset[i])):
+                return f"{name}[i] gave different values when read again (random per-sample work)"
+            if i == probes[0] and (time.perf_counter() - t0) / 3 * n > FIXED_MAX_S:
+                break  # too slow to read once: said below, without reading the other probes
+    except Exception as err:  # noqa: BLE001 - the user's __getitem__ may raise anything
+        return f"reading {name}[i] raised {type(err).__name__}: {err}"
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+    read_s = (time.perf_counter() - t0) / (3 * (probes.index(i) + 1))
+    if read_s * n > FIXED_MAX_S:
+        return (f"reading the {n:,} samples of {name} once would take about {read_s * n:.0f} s "
+                f"(more than {FIXED_MAX_S:.0f} s)")
+    return FixedSamples(n=n, item_bytes=_item_bytes(dataset[0]), read_s=read_s)
+
+
+def materialize(dataset: Any, indices: list[int] | None = None) -> tuple[torch.Tensor, ...]:
+    """Every sample of a dataset :func:`fixed_samples` accepted, read once and stacked as the
+    DataLoader's ``default_collate`` stacks a batch: indexing the result by a batch's indices gives
+    that batch exactly (values, dtypes, structure: a list of tensors)."""
+    from torch.utils.data import default_collate
+
+    order = range(len(dataset)) if indices is None else indices
+    stacked = default_collate([dataset[i] for i in order])
+    return (stacked,) if torch.is_tensor(stacked) else tuple(stacked)
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

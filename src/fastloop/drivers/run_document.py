@@ -10,8 +10,9 @@ import os
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
-from fastloop.data import tensor_dataset_parts
+from fastloop.data import fixed_samples, tensor_dataset_parts
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
@@ -71,14 +72,22 @@ def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
 
 
 def describe_dataset(loader: Any) -> dict | None:
-    """What the doctor needs to know of the training data: its type and, for in-memory tensors
-    (a TensorDataset or a Subset of one), their size: such data can live on the GPU."""
+    """What the doctor and the ladder need to know of the training data: its type and, for
+    in-memory tensors (a TensorDataset or a Subset of one, or a Dataset that holds its samples in
+    memory and gives the same values for the same index: :func:`fastloop.data.fixed_samples`),
+    their size: such data can live on the GPU (``gpu_resident``)."""
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
         return None
     parts = tensor_dataset_parts(dataset)
     if parts is None:
-        return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None}
+        inner = dataset.dataset if isinstance(dataset, Subset) else dataset
+        found = fixed_samples(inner)
+        if isinstance(found, str):
+            return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None, "why_not": found}
+        n = len(dataset)
+        return {"type": type(dataset).__name__, "in_memory_tensors": True, "bytes": n * found.item_bytes,
+                "read_once": True}
     tensors, indices = parts
     n = len(indices) if indices is not None else len(tensors[0])
     return {"type": type(dataset).__name__, "in_memory_tensors": True,

@@ -20,15 +20,15 @@ Example (CPU tensors standing in for the device):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader, Subset, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
-from fastloop.data import tensor_dataset_parts
+from fastloop.data import fixed_samples, materialize, tensor_dataset_parts
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
 from fastloop.speedups.run import Run
@@ -49,8 +49,10 @@ class GPUResidentLoader:
     left to do).
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader) -> None:
+    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader, *, single: bool = False) -> None:
         self.tensors = tensors
+        self.single = single
+        """A sample is one tensor (or number): each batch is that tensor, as the loader yields it."""
         self.loader = loader
         self.batch_size = loader.batch_size
         self.drop_last = loader.drop_last
@@ -71,39 +73,56 @@ class GPUResidentLoader:
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         for idx in self._batches():
             index = torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True)
-            yield [t.index_select(0, index) for t in self.tensors]
+            batch = [t.index_select(0, index) for t in self.tensors]
+            yield batch[0] if self.single else batch
 
     def __len__(self) -> int:
         return len(self.loader)
 
 
-def _tensors_of(dataset: Any) -> tuple[torch.Tensor, ...]:
+def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]], int, bool]:
+    """How to get the dataset's tensors (deferred: a dataset read sample by sample is read only
+    once the size check passed), their size in bytes, and whether a sample is one bare tensor or
+    number (the loader then yields a tensor, not a list)."""
     parts = tensor_dataset_parts(dataset)
     if parts is not None:
         tensors, indices = parts
+        n = len(tensors[0]) if indices is None else len(indices)
+        size = n * sum(t[0].numel() * t.element_size() for t in tensors) if len(tensors[0]) else 0
         if indices is None:
-            return tensors
+            return (lambda: tensors), size, False
         index = torch.as_tensor(indices, dtype=torch.long)
-        return tuple(t.index_select(0, index) for t in tensors)
-    raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
-                      "(random augmentations would be frozen); gpu_resident takes a TensorDataset (or a Subset of one)")
+        return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False
+    inner, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) else (dataset, None)
+    found = fixed_samples(inner)
+    if isinstance(found, str):
+        raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
+                          f"(random augmentations would be frozen), and {found}; gpu_resident takes a TensorDataset "
+                          f"(or a Subset of one) or a Dataset holding its samples as tensors that gives the same "
+                          f"values for the same index")
+    n = found.n if indices is None else len(indices)
+    single = not isinstance(inner[0], (list, tuple))
+    return (lambda: materialize(inner, indices)), n * found.item_bytes, single
 
 
 def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.5) -> GPUResidentLoader:
     """Move ``loader``'s dataset to ``device`` once; raise :class:`NotResident` with the reason
-    when it cannot (not a DataLoader, per-sample transform, custom collate, too large)."""
+    when it cannot (not a DataLoader, per-sample transform, custom collate, too large).
+
+    A TensorDataset's tensors move as they are. A Dataset that holds its samples in memory and
+    gives the same values for the same index (:func:`fastloop.data.fixed_samples`) is read once,
+    stacked as ``default_collate`` stacks a batch, and moved."""
     if not isinstance(loader, DataLoader):
         raise NotResident(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
     if loader.collate_fn is not default_collate:
         raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
-    tensors = _tensors_of(loader.dataset)
-    size = sum(t.numel() * t.element_size() for t in tensors)
+    get, size, single = _resident_parts(loader.dataset)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if size > share * free:
             raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
                               f"{free / 2**30:.1f} GiB of free GPU memory")
-    return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader)
+    return GPUResidentLoader(tuple(t.to(device) for t in get()), loader, single=single)
 
 
 @dataclass(frozen=True)
