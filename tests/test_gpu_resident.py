@@ -234,3 +234,36 @@ def test_a_dataset_too_slow_to_read_once_is_refused_after_one_probe(monkeypatch)
     found = data.fixed_samples(Slow())
     assert isinstance(found, str) and "would take about" in found
     assert reads == [0, 0, 0]  # one index read three times, not all 50
+
+
+def test_a_list_of_sample_tensors_counts_as_held_and_a_list_of_strings_does_not():
+    from fastloop.data import fixed_samples
+
+    class Listed(Dataset):
+        def __init__(self):
+            g = torch.Generator().manual_seed(3)
+            self.samples = [(torch.rand(4, generator=g), torch.tensor(i % 3)) for i in range(20)]
+
+        def __len__(self):
+            return len(self.samples)
+
+        def __getitem__(self, i):
+            return self.samples[i]
+
+    class Lines(Listed):
+        def __init__(self):
+            super().__init__()
+            self.lines = [str(i) for i in range(20)]
+            del self.samples
+
+        def __len__(self):
+            return len(self.lines)
+
+        def __getitem__(self, i):
+            return torch.tensor([float(self.lines[i])]), 0
+
+    assert fixed_samples(Listed()).n == 20
+    ref = DataLoader(Listed(), batch_size=6)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(make_resident(DataLoader(Listed(), batch_size=6), CPU), ref, strict=True))
+    assert "holds no tensor, array or list of tensors" in fixed_samples(Lines())

@@ -115,12 +115,25 @@ def _item_bytes(item: Any) -> int:
     return 8
 
 
+def _holds_samples(value: Any, n: int) -> bool:
+    """A tensor or array of ``n`` rows, or a list/tuple of ``n`` tensors, arrays or tuples of them."""
+    if torch.is_tensor(value) or isinstance(value, np.ndarray):
+        return value.ndim > 0 and value.shape[0] == n
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        first = value[0]
+        if isinstance(first, (list, tuple)) and first:
+            return all(torch.is_tensor(x) or isinstance(x, np.ndarray) for x in first)
+        return torch.is_tensor(first) or isinstance(first, np.ndarray)
+    return False
+
+
 def fixed_samples(dataset: Any) -> FixedSamples | str:
     """Whether ``dataset`` (map-style, not a TensorDataset) holds its samples in memory and gives
     the same values for the same index every time, so that reading it once and keeping the result
     changes nothing: a :class:`FixedSamples`, or why not (a string).
 
-    The test: the dataset holds a tensor or array as long as itself, owns no random generator and
+    The test: the dataset holds a tensor or array as long as itself (or a list of that many tensors,
+    arrays or tuples of them), owns no random generator and
     no transform; :data:`FIXED_PROBES` indices read three times each give equal samples (a random
     augmentation applied with probability 0.05 differs in one of them with probability above
     0.9999); every sample is tensors and numbers. The global random states (torch, numpy, random)
@@ -154,10 +167,10 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
     if n <= 0:
         return f"the dataset ({name}) is empty"
     attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
-    held = [k for k, v in attrs.items()
-            if (torch.is_tensor(v) or isinstance(v, np.ndarray)) and v.ndim > 0 and v.shape[0] == n]
+    held = [k for k, v in attrs.items() if _holds_samples(v, n)]
     if not held:
-        return f"the dataset ({name}) holds no tensor or array of its length ({n}): its samples are not in memory"
+        return (f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
+                f"are not in memory")
     rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
     if rngs:
         return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
