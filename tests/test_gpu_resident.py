@@ -149,7 +149,7 @@ class InMemory(Dataset):
 
     def __getitem__(self, i):
         x = self.images[i].float() / 255
-        return x if self.bare else (x, int(self.labels[i]))
+        return x if self.bare else (x, self.labels[i])  # a numpy int64 label, as indexing an array gives
 
 
 class RarelyFlipped(InMemory):

@@ -87,9 +87,8 @@ def _same(a: Any, b: Any) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
         return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape \
             and bool(torch.equal(a, b))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
-            and np.array_equal(a, b)
+    if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
+        return type(a) is type(b) and a.dtype == b.dtype and bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
@@ -98,8 +97,10 @@ def _same(a: Any, b: Any) -> bool:
 def _leaves_ok(item: Any) -> bool:
     """A sample default_collate stacks into tensors only: a tensor, an array, a number, or a
     tuple/list of those (not dicts, strings or None: the resident loader yields a list of tensors)."""
-    if torch.is_tensor(item) or isinstance(item, (np.ndarray, bool, int, float)):
-        return not (isinstance(item, np.ndarray) and item.dtype.kind not in "biuf")
+    if torch.is_tensor(item) or isinstance(item, (bool, int, float)):
+        return True
+    if isinstance(item, (np.ndarray, np.generic)):  # arrays and numpy scalars (a label read from an array)
+        return item.dtype.kind in "biuf"
     if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
         return len(item) > 0 and all(_leaves_ok(x) and not isinstance(x, (list, tuple)) for x in item)
     return False
@@ -108,7 +109,7 @@ def _leaves_ok(item: Any) -> bool:
 def _item_bytes(item: Any) -> int:
     if torch.is_tensor(item):
         return item.numel() * item.element_size()
-    if isinstance(item, np.ndarray):
+    if isinstance(item, (np.ndarray, np.generic)):
         return int(item.nbytes)
     if isinstance(item, (list, tuple)):
         return sum(_item_bytes(x) for x in item)
