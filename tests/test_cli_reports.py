@@ -185,6 +185,24 @@ def test_data_bound_recommendation_names_the_next_fix():
         assert "pin_memory" not in diagnose({**cfg("workers"), "peak_mem_bytes": None})["recommendation"]
 
 
+def test_compute_bound_advice_names_only_fixes_the_run_lacks_and_the_model_can_take():
+    from fastloop.drivers.doctor import diagnose
+
+    def cfg(*names, checks=None):
+        return {"data_wait_frac": 0.05, "step_s": {"median": 0.05}, "peak_mem_bytes": None, "mfu": None,
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in ("tf32", *names)],
+                "model_checks": checks or {}}  # tf32 on: on a GPU an fp32 run is told tf32 first
+
+    assert diagnose(cfg())["recommendation"] == "bf16 autocast, fused optimizer, channels_last, compile."
+    no_conv = {"channels_last": "model has no Conv2d layers"}
+    assert "channels_last" not in diagnose(cfg(checks=no_conv))["recommendation"]  # an MLP: not advised
+    rec = diagnose(cfg("bf16", "compile", checks=no_conv))["recommendation"]
+    assert rec == "fused optimizer.", rec  # what is applied is not advised again
+    done = diagnose(cfg("bf16", "fused_optimizer", "compile", checks=no_conv))["recommendation"]
+    assert done.startswith("the usual compute fixes are applied (bf16, fused_optimizer, compile)"), done
+    assert "channels_last: model has no Conv2d layers" in done and "profile the step" in done
+
+
 def test_markdown_says_how_much_warmup_drained_the_loader():
     from fastloop.report.markdown import render_markdown
     from fastloop.drivers.runner import run_configuration

@@ -206,8 +206,32 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                 "recommendation": "tf32, then bf16 autocast: tensor cores run bf16 ~15x faster than fp32 on Hopper."}
     ev = f"data wait {100 * wait:.0f}%" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
     return {"bottleneck": "compute-bound", "evidence": ev + ": the step is busy computing.",
-            "recommendation": "bf16 autocast, fused optimizer, channels_last for conv nets, compile." if (mfu or 0) < 0.4
+            "recommendation": _compute_fixes(applied, cfg.get("model_checks") or {}) if (mfu or 0) < 0.4
             else "already near the ceiling: only algorithmic changes will help much."}
+
+
+_COMPUTE_FIXES = (("bf16", "bf16 autocast"), ("fused_optimizer", "fused optimizer"), ("channels_last", "channels_last"),
+                  ("compile", "compile"))
+
+
+def _compute_fixes(applied: set[str], model_checks: dict[str, str]) -> str:
+    """The usual fixes of a compute-bound step that this configuration lacks and this model can take
+    (``model_checks``: speedup -> why it cannot apply to the model, as the run document has them).
+
+    Example:
+        >>> _compute_fixes({"bf16"}, {"channels_last": "model has no Conv2d layers"})
+        'fused optimizer, compile.'
+    """
+    low_precision = any(REGISTRY[n].math_dtype in ("bf16", "fp16") for n in applied if n in REGISTRY)
+    todo = [text for name, text in _COMPUTE_FIXES
+            if name not in applied and name not in model_checks and not (name == "bf16" and low_precision)]
+    if todo:
+        return ", ".join(todo) + "."
+    have = [name for name, _ in _COMPUTE_FIXES if name in applied or (name == "bf16" and low_precision)]
+    cannot = [f"{name}: {model_checks[name]}" for name, _ in _COMPUTE_FIXES if name in model_checks]
+    return ("the usual compute fixes are " + (f"applied ({', '.join(have)})" if have else "not for this model")
+            + (f" or do not apply ({'; '.join(cannot)})" if cannot and have else (f" ({'; '.join(cannot)})" if cannot else ""))
+            + ": profile the step (fastloop run --out DIR shows its GPU profile), or a larger batch (batch_size).")
 
 
 
