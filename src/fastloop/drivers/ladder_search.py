@@ -228,7 +228,9 @@ class StagedSearch:
                 doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)"
                 self.not_tried([f"ablation of {spec}"])
             elif slower:
-                doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']})"
+                why = "" if ci["significant"] and ci["ratio"] < 1 else \
+                    f"; kept as more than {100 * ABLATION_LOSS:.0f}% slower without it at the point estimate"
+                doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']}{why})"
             else:
                 verdict = ci["verdict"] if ci else "no comparison"
                 doc["decision"] = f"removed {spec}: not missed ({verdict})"
