@@ -201,6 +201,24 @@ def test_compute_bound_advice_names_only_fixes_the_run_lacks_and_the_model_can_t
     done = diagnose(cfg("bf16", "fused_optimizer", "compile", checks=no_conv))["recommendation"]
     assert done.startswith("the usual compute fixes are applied (bf16, fused_optimizer, compile)"), done
     assert "channels_last: model has no Conv2d layers" in done and "profile the step" in done
+    user_bf16 = {**cfg(), "trainer_settings": {"used": {"precision": "'bf16-mixed'"}}}  # the target's own Trainer
+    assert diagnose(user_bf16)["recommendation"] == "fused optimizer, channels_last, compile."
+
+
+def test_a_run_in_the_users_own_bf16_is_not_told_its_matmuls_run_in_fp32(monkeypatch):
+    import types
+
+    import torch
+
+    from fastloop.drivers.doctor import diagnose
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU branch, on any machine
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**37))
+    cfg = {"data_wait_frac": 0.05, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30, "mfu": 0.1, "speedups": [],
+           "trainer_settings": {"used": {"precision": "'32-true'"}}}
+    assert diagnose(cfg)["bottleneck"] == "compute-bound (fp32)"
+    bf16 = diagnose({**cfg, "trainer_settings": {"used": {"precision": "'bf16-mixed'"}}})
+    assert bf16["bottleneck"] == "compute-bound" and "bf16" not in bf16["recommendation"], bf16
 
 
 def test_markdown_says_how_much_warmup_drained_the_loader():

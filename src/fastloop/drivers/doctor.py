@@ -200,14 +200,28 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
                 "recommendation": "cuda_graph (whole-step capture) or compile; a larger batch."}
-    if torch.cuda.is_available() and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
+    user_half = _user_half_precision(cfg)
+    if torch.cuda.is_available() and not user_half and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
         return {"bottleneck": "compute-bound (fp32)",
                 "evidence": f"data wait {100 * wait:.0f}%; matmuls run in plain fp32, the slowest path on this GPU.",
                 "recommendation": "tf32, then bf16 autocast: tensor cores run bf16 ~15x faster than fp32 on Hopper."}
     ev = f"data wait {100 * wait:.0f}%" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
     return {"bottleneck": "compute-bound", "evidence": ev + ": the step is busy computing.",
-            "recommendation": _compute_fixes(applied, cfg.get("model_checks") or {}) if (mfu or 0) < 0.4
+            "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), cfg.get("model_checks") or {})
+            if (mfu or 0) < 0.4
             else "already near the ceiling: only algorithmic changes will help much."}
+
+
+def _user_half_precision(cfg: dict) -> bool:
+    """Whether the user's own Trainer settings (the target's) train in 16-bit: bf16-mixed, 16-mixed,
+    bf16-true, ... (the run document keeps each setting as its repr).
+
+    Example:
+        >>> _user_half_precision({"trainer_settings": {"used": {"precision": "'bf16-mixed'"}}})
+        True
+    """
+    used = (cfg.get("trainer_settings") or {}).get("used") or {}
+    return "16" in str(used.get("precision", ""))
 
 
 _COMPUTE_FIXES = (("bf16", "bf16 autocast"), ("fused_optimizer", "fused optimizer"), ("channels_last", "channels_last"),
