@@ -321,4 +321,45 @@ def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
     module = GraphPattern(pattern)
     if pattern == "grad_clip":
         return module, loader, {"gradient_clip_val": 1.0}
+    if pattern == "accumulate":
+        return module, loader, {"accumulate_grad_batches": 2}
     return module, loader
+
+
+class GraphGAN(LightningModule):
+    """A small GAN in manual optimization, as users write one: two optimizers stepped in the
+    training step, the discriminator called three times a step (real, detached fake, fake)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.g = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        self.d = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch, batch_idx):
+        real = batch[0]
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(real.size(0), 8, device=real.device)
+        fake = self.g(z)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits
+        ones, zeros = torch.ones(real.size(0), 1, device=real.device), torch.zeros(real.size(0), 1, device=real.device)
+        d_loss = bce(self.d(real), ones) + bce(self.d(fake.detach()), zeros)
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        g_loss = bce(self.d(fake), ones)
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
+
+    def configure_optimizers(self):
+        return (torch.optim.Adam(self.g.parameters(), lr=2e-4, betas=(0.5, 0.999)),
+                torch.optim.Adam(self.d.parameters(), lr=2e-4, betas=(0.5, 0.999)))
+
+
+def graph_gan(batch_size: int = 32, seed: int = 0):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    return GraphGAN(), DataLoader(TensorDataset(torch.randn(512, 16, generator=g)), batch_size=batch_size,
+                                  drop_last=True, pin_memory=True)

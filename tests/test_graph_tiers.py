@@ -6,7 +6,6 @@ the same run, with the losses of eager training within the stated tolerance."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fastloop.drivers.runner import run_configuration
 
@@ -22,6 +21,20 @@ def test_compile_that_compiled_nothing_is_a_fallback_with_the_reason():
     rec = _record(doc, "compile")
     assert rec["status"] == "fallback", rec
     assert "compiled no graph" in rec["reason"] and "disable" in rec["reason"]
+
+
+def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_before_the_first_step():
+    from fastloop._compat import Trainer
+    from fastloop.adapters.lightning_graph import whole_step_blocker
+    from tests.targets import graph_gan, graph_pattern
+
+    gan, _ = graph_gan()
+    assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), gan).startswith("manual optimization")
+    module, _, kw = graph_pattern("accumulate")
+    blocker = whole_step_blocker(Trainer(accelerator="cpu", logger=False, **kw), module)
+    assert blocker.startswith("accumulate_grad_batches=2")
+    plain, _ = graph_pattern("plain")
+    assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), plain) is None
 
 
 GPU_TOL = 2e-2
@@ -42,6 +55,7 @@ def _losses(fn: str, spec: str, **kw):
     ("grad_clip", "whole step"),
     ("prog_bar", "whole step"),
     ("pageable", "whole step"),
+    ("accumulate", "forward+backward graphed"),
 ])
 def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     eager = _losses("graph_pattern", "bf16", pattern=pattern)
@@ -52,3 +66,22 @@ def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     n = min(len(eager["losses"]), len(graphed["losses"]))
     diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager["losses"][:n], graphed["losses"][:n]))
     assert diff <= GPU_TOL, f"{pattern}: losses differ by {diff:.2e} (> {GPU_TOL}) from eager"
+
+
+@pytest.mark.gpu
+def test_manual_optimization_with_two_optimizers_drops_one_tier():
+    """A GAN (manual optimization, two optimizers, the discriminator called three times a step):
+    not captured whole (the step calls the optimizers itself), forward and backward graphed, the
+    losses of eager training (the sum of both losses each step)."""
+    eager = run_configuration(f"{T}:graph_gan", "bf16", steps=12, warmup=4, device="cuda", steady_warmup=False)
+    graphed = run_configuration(f"{T}:graph_gan", "bf16,cuda_graph", steps=12, warmup=4, device="cuda",
+                                steady_warmup=False)
+    rec = _record(graphed, "cuda_graph")
+    assert rec["status"] == "applied", rec
+    assert graphed["extra"].get("cuda_graph_tier") == "forward+backward graphed", (rec, graphed["extra"])
+    assert "manual optimization" in rec["detail"], rec
+    n = min(len(eager["losses"]), len(graphed["losses"]))
+    assert n >= 10
+    diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager["losses"][:n], graphed["losses"][:n]))
+    assert diff <= GPU_TOL, f"losses differ by {diff:.2e} (> {GPU_TOL}) from eager"
+
