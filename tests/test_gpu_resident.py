@@ -267,3 +267,43 @@ def test_a_list_of_sample_tensors_counts_as_held_and_a_list_of_strings_does_not(
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                for a, b in zip(make_resident(DataLoader(Listed(), batch_size=6), CPU), ref, strict=True))
     assert "holds no tensor, array or list of tensors" in fixed_samples(Lines())
+
+
+class CifarLike(Dataset):
+    """Laid out as torchvision's CIFAR10: HWC uint8 images in an array, labels in a list of ints,
+    a PIL image through ``transform`` (torchvision's), ``target_transform`` None."""
+
+    def __init__(self, transform, n=40):
+        rng = np.random.default_rng(0)
+        self.data = rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)
+        self.targets = [int(t) for t in rng.integers(0, 10, n)]
+        self.transform, self.target_transform = transform, None
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        img, target = Image.fromarray(self.data[i]), self.targets[i]
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, target
+
+
+def test_a_fixed_torchvision_transform_is_read_once_and_a_random_one_is_named():
+    from torchvision import transforms as T
+
+    fixed = CifarLike(T.Compose([T.ToTensor(), T.Normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))]))
+
+    def loader(ds):
+        return DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+
+    for got, want in zip(make_resident(loader(fixed), CPU), loader(fixed), strict=True):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[1].dtype == torch.int64
+    flipped = CifarLike(T.Compose([T.RandomHorizontalFlip(), T.ToTensor()]))
+    with pytest.raises(NotResident, match=r"transform \(RandomHorizontalFlip\)"):
+        make_resident(loader(flipped), CPU)
+    own = CifarLike(lambda img: T.functional.to_tensor(img))  # any other callable may draw: refused
+    with pytest.raises(NotResident, match=r"transform \(<lambda>\)"):
+        make_resident(loader(own), CPU)

@@ -73,6 +73,23 @@ FIXED_MAX_S = 30.0
 _RNG_TYPES: tuple[type, ...] = (torch.Generator, random.Random, np.random.Generator, np.random.RandomState)
 
 
+FIXED_TRANSFORMS = frozenset({"ToTensor", "PILToTensor", "ToImage", "ToDtype", "ToPureTensor", "ConvertImageDtype",
+                              "Normalize", "Resize", "CenterCrop", "Grayscale", "Pad"})
+"""torchvision transforms (v1 and v2) that give the same output for the same input: a dataset
+whose ``transform`` is one of them, or a ``Compose`` of them, is still read once."""
+
+
+def _random_part(transform: Any) -> str | None:
+    """None when ``transform`` is one of :data:`FIXED_TRANSFORMS` or a Compose of them; else the
+    name of the part that may draw anew (any other callable may)."""
+    cls = type(transform)
+    if not cls.__module__.startswith("torchvision.transforms"):
+        return getattr(transform, "__name__", None) or cls.__name__
+    if cls.__name__ == "Compose":
+        return next((part for t in transform.transforms if (part := _random_part(t))), None)
+    return None if cls.__name__ in FIXED_TRANSFORMS else cls.__name__
+
+
 @dataclasses.dataclass(frozen=True)
 class FixedSamples:
     """A map-style dataset whose samples are fixed: what :func:`fixed_samples` found."""
@@ -134,8 +151,8 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
     changes nothing: a :class:`FixedSamples`, or why not (a string).
 
     The test: the dataset holds a tensor or array as long as itself (or a list of that many tensors,
-    arrays or tuples of them), owns no random generator and
-    no transform; :data:`FIXED_PROBES` indices read three times each give equal samples (a random
+    arrays or tuples of them), owns no random generator and no ``transform`` attribute but a fixed
+    one (:data:`FIXED_TRANSFORMS`: ToTensor, Normalize, ...); :data:`FIXED_PROBES` indices read three times each give equal samples (a random
     augmentation applied with probability 0.05 differs in one of them with probability above
     0.9999); every sample is tensors and numbers. The global random states (torch, numpy, random)
     are put back afterwards, so probing changes nothing the training draws.
@@ -175,9 +192,11 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
     rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
     if rngs:
         return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
-    transforms = [k for k, v in attrs.items() if "transform" in k.lower() and v is not None]
+    transforms = [f"{k} ({_random_part(v)})" for k, v in attrs.items()
+                  if "transform" in k.lower() and v is not None and _random_part(v)]
     if transforms:
-        return f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random"
+        return (f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random "
+                f"(fixed: torchvision's {', '.join(sorted(FIXED_TRANSFORMS))} and a Compose of them)")
     probes = sorted({0, n - 1, *np.linspace(0, n - 1, min(n, FIXED_PROBES)).astype(int).tolist()})
     states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     t0 = time.perf_counter()
