@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+import torch
+
 from fastloop.drivers.runner import run_configuration
 
 T = "tests/targets.py"
@@ -35,6 +37,33 @@ def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_b
     assert blocker.startswith("accumulate_grad_batches=2")
     plain, _ = graph_pattern("plain")
     assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), plain) is None
+
+
+def test_gradients_held_across_steps_are_copied_out_of_the_graph_pool_once_per_step():
+    """compile's CUDA graphs leave the backward's outputs in their pool; a gradient kept in .grad
+    across a step (accumulation, manual optimization) would be overwritten by the next replay
+    (pytorch/pytorch#169545): it is copied before the step is marked, and only then."""
+    from fastloop._compat import Trainer
+    from fastloop.adapters.lightning import own_held_gradients
+    from tests.targets import graph_gan, graph_pattern
+
+    plain, _ = graph_pattern("plain")
+    accumulating, _, kw = graph_pattern("accumulate")
+    gan, _ = graph_gan()
+    image = torch.randn(2, 3, 8, 8)
+    for module in (plain, accumulating):
+        module.net(image).sum().backward()
+    gan.d(gan.g(torch.randn(2, 8))).sum().backward()
+    one = Trainer(accelerator="cpu", logger=False)
+    assert not own_held_gradients(one, plain, 0)  # Lightning clears them before the next backward
+    grads = [p.grad for p in accumulating.parameters()]
+    assert own_held_gradients(Trainer(accelerator="cpu", logger=False, **kw), accumulating, 1)
+    assert all(p.grad is not g and torch.equal(p.grad, g) for p, g in zip(accumulating.parameters(), grads))
+    assert not own_held_gradients(Trainer(accelerator="cpu", logger=False, **kw), accumulating, 1)  # once a step
+    assert own_held_gradients(one, gan, 0)  # manual optimization: the step may hold them
+    for p in gan.parameters():
+        p.grad = None
+    assert not own_held_gradients(one, gan, 1)  # nothing held: nothing copied
 
 
 GPU_TOL = 2e-2

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -27,7 +28,45 @@ from fastloop.adapters.lightning_run import LightningRun
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, resolve
 from fastloop.speedups.run import apply_all
 
-__all__ = ["BatchSizeSearch", "SpeedupCallback"]
+__all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
+
+_OWNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""module -> the (global step, batch index) at which its held gradients were last copied."""
+
+
+def own_held_gradients(trainer: Trainer, module: LightningModule, batch_idx: int) -> bool:
+    """Before a new step of compile's CUDA graphs is marked: copy the gradients a step holds over
+    into memory of their own, when it may hold them (accumulate_grad_batches > 1, or manual
+    optimization). The backward graph's outputs live in the graphs' pool, and a gradient left in
+    ``.grad`` keeps that memory (autograd takes the first gradient without copying): the next step's
+    replay overwrites it, and the accumulated sum silently loses the earlier micro-batches
+    (pytorch/pytorch#169545). One process only (under DDP the gradients are the reducer's bucket
+    views). Returns True when it copied; once per step however many callbacks ask.
+
+    Example:
+        >>> from fastloop._compat import Trainer
+        >>> from tests.targets import tiny_mlp
+        >>> module, _ = tiny_mlp()
+        >>> module(torch.randn(2, 16)).sum().backward()
+        >>> before = module.net[0].weight.grad
+        >>> own_held_gradients(Trainer(accelerator="cpu", logger=False, accumulate_grad_batches=2), module, 1)
+        True
+        >>> module.net[0].weight.grad is before, torch.equal(module.net[0].weight.grad, before)
+        (False, True)
+    """
+    if trainer.world_size > 1 or (module.automatic_optimization and trainer.accumulate_grad_batches == 1):
+        return False
+    key = (trainer.global_step, batch_idx)
+    if _OWNED.get(module) == key:
+        return False
+    _OWNED[module] = key
+    copied = False
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad = p.grad.clone()
+                copied = True
+    return copied
 
 
 class SpeedupCallback(Callback):
@@ -134,6 +173,8 @@ class SpeedupCallback(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.speedup.uses_cudagraphs() and self.ctx is not None and self.ctx.applied(self.speedup.name):
+            if (self.run is None or self.run.graph is None) and own_held_gradients(trainer, pl_module, batch_idx):
+                self.ctx.stats["cudagraph_grads_copied"] = self.ctx.stats.get("cudagraph_grads_copied", 0) + 1
             # a new step: outputs of the previous step's graphs may be overwritten from here on
             torch.compiler.cudagraph_mark_step_begin()
         scaler = getattr(trainer.precision_plugin, "scaler", None)
