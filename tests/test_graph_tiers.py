@@ -37,6 +37,59 @@ def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_b
     assert blocker.startswith("accumulate_grad_batches=2")
     plain, _ = graph_pattern("plain")
     assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), plain) is None
+    annealed, _ = graph_pattern("anneal")
+    assert "training_step reads self.global_step" in whole_step_blocker(Trainer(accelerator="cpu", logger=False), annealed)
+
+
+def test_a_step_counter_read_by_the_step_or_a_method_it_calls_is_found(tmp_path):
+    import importlib.util
+
+    from fastloop.adapters.lightning_graph import step_reads_counters
+
+    source = """
+import torch
+from lightning.pytorch import LightningModule
+
+class Base(LightningModule):
+    def shared(self, batch):
+        return batch.sum() * (0.5 if self.trainer.current_epoch < 2 else 1.0)
+
+class ViaMethod(Base):
+    def training_step(self, batch, batch_idx):
+        loss = self.shared(batch)
+        self.log("loss", loss)
+        return loss
+
+class ViaIndex(LightningModule):
+    def training_step(self, batch, i):
+        return batch.sum() * (2.0 if i % 2 else 1.0)
+
+class Neither(LightningModule):
+    def training_step(self, batch, batch_idx):
+        self.log("n", float(len(batch)))
+        return batch.sum()
+
+class PassesItOn(Neither):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) + self.weighted(batch, step=batch_idx)
+
+    def weighted(self, batch, step):
+        return batch.mean()
+
+class PassesItToOneThatReadsIt(PassesItOn):
+    def weighted(self, batch, step):
+        return batch.mean() * (0.1 if step < 10 else 1.0)
+"""
+    path = tmp_path / "user_modules.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("user_modules", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert step_reads_counters(mod.ViaMethod()) == "self.trainer.current_epoch (in shared)"
+    assert step_reads_counters(mod.ViaIndex()) == "i"  # the batch index, whatever its name
+    assert step_reads_counters(mod.Neither()) is None
+    assert step_reads_counters(mod.PassesItOn()) is None  # passing the index along is not reading it
+    assert step_reads_counters(mod.PassesItToOneThatReadsIt()) == "step (in weighted)"
 
 
 def test_gradients_held_across_steps_are_copied_out_of_the_graph_pool_once_per_step():
@@ -85,6 +138,7 @@ def _losses(fn: str, spec: str, **kw):
     ("prog_bar", "whole step"),
     ("pageable", "whole step"),
     ("accumulate", "forward+backward graphed"),
+    ("anneal", "forward+backward graphed"),
 ])
 def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     eager = _losses("graph_pattern", "bf16", pattern=pattern)
