@@ -44,7 +44,7 @@ def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_b
 def test_a_step_counter_read_by_the_step_or_a_method_it_calls_is_found(tmp_path):
     import importlib.util
 
-    from fastloop.adapters.lightning_graph import step_reads_counters
+    from fastloop.adapters.step_source import step_reads_counters
 
     source = """
 import torch

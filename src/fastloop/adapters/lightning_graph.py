@@ -34,8 +34,9 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
 from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
+from fastloop.adapters.step_source import step_reads_counters
 
-__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "step_reads_counters", "whole_step_blocker"]
+__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
 
 HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 """Callback and module hooks that Lightning calls inside the optimizer step."""
@@ -47,127 +48,6 @@ MODULE_STEP_METHODS = HOOKS_IN_STEP + ("backward", "optimizer_step", "optimizer_
 def _overridden(name: str, obj: Any, parent: type) -> bool:
     mine = getattr(type(obj), name, None)
     return mine is not None and mine is not getattr(parent, name, None)
-
-
-COUNTERS = ("global_step", "current_epoch")
-"""Trainer counters a training step may read (a warm-up factor, an annealed weight)."""
-
-
-def _own_classes(cls: type) -> list[type]:
-    """The user's classes in ``cls``'s MRO (not Lightning's, torch's or fastloop's), most derived first."""
-    return [k for k in cls.__mro__
-            if k.__module__.split(".")[0] not in ("lightning", "pytorch_lightning", "torch", "builtins", "fastloop")]
-
-
-def _method(classes: list[type], name: str, after: type | None = None) -> tuple[Any, type] | None:
-    """The user's function ``name`` as ``self.name`` finds it (or ``super().name`` from ``after``)."""
-    seen = after is None
-    for klass in classes:
-        if not seen:
-            seen = klass is after
-            continue
-        fn = vars(klass).get(name)
-        if callable(fn):
-            return fn, klass
-    return None
-
-
-def _parse(fn: Any) -> Any:
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return None
-    node = tree.body[0] if tree.body else None
-    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-
-
-def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: int) -> str | None:
-    """What ``fn`` (defined on ``klass``) reads of the counters or of its argument ``index``;
-    a call of ``self.m(...)`` or ``super().m(...)`` is followed ``depth`` levels, the index into
-    the parameter it is passed as (passing it along is not reading it)."""
-    import ast
-
-    node = _parse(fn)
-    if node is None:
-        return None
-    passed: set[int] = set()
-    calls: list[tuple[str, bool, int | str | None]] = []  # (method, via super(), where the index is passed)
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            for k, arg in enumerate(sub.args):
-                if index and isinstance(arg, ast.Name) and arg.id == index:
-                    passed.add(id(arg))
-                    at: int | str | None = k
-                    break
-            else:
-                at = None
-            for kw in sub.keywords:
-                if index and isinstance(kw.value, ast.Name) and kw.value.id == index:
-                    passed.add(id(kw.value))
-                    at = kw.arg  # passed by keyword: the callee's parameter of that name
-            f = sub.func
-            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
-                calls.append((f.attr, False, at))
-            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and \
-                    isinstance(f.value.func, ast.Name) and f.value.func.id == "super":
-                calls.append((f.attr, True, at))
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Attribute) and sub.attr in COUNTERS:
-            base = sub.value
-            if isinstance(base, ast.Name) and base.id == "self":
-                return f"self.{sub.attr}"
-            if isinstance(base, ast.Attribute) and base.attr == "trainer" and isinstance(base.value, ast.Name) \
-                    and base.value.id == "self":
-                return f"self.trainer.{sub.attr}"
-        if index and isinstance(sub, ast.Name) and sub.id == index and isinstance(sub.ctx, ast.Load) \
-                and id(sub) not in passed:
-            return index
-    if depth <= 0:
-        return None
-    for name, via_super, at in calls:
-        if name in ("log", "log_dict"):
-            continue
-        found = _method(classes, name, after=klass if via_super else None)
-        if found is None:
-            continue
-        callee, owner = found
-        callee_node = _parse(callee)
-        params = [a.arg for a in callee_node.args.args] if callee_node is not None else []
-        inner = at if isinstance(at, str) else params[at + 1] if at is not None and at + 1 < len(params) else None
-        what = _reads(callee, owner, classes, inner, depth - 1)
-        if what:
-            return f"{what} (in {name})"
-    return None
-
-
-def step_reads_counters(pl_module: LightningModule) -> str | None:
-    """What ``training_step`` (and the module's own methods it calls, two levels down) reads that
-    a captured step would freeze at its capture-time value: ``self.global_step``,
-    ``self.current_epoch`` (also through ``self.trainer``), or its ``batch_idx`` argument (passing
-    it on to another call is not reading it; the callee is followed). None when it reads none of
-    them, or when the source cannot be read (then nothing is claimed).
-
-    Example:
-        >>> from tests.targets import graph_pattern
-        >>> step_reads_counters(graph_pattern("anneal")[0])  # weight = min(1.0, (self.global_step + 1) / 8)
-        'self.global_step'
-        >>> print(step_reads_counters(graph_pattern("plain")[0]))
-        None
-    """
-    classes = _own_classes(type(pl_module))
-    found = _method(classes, "training_step")
-    if found is None:
-        return None
-    fn, owner = found
-    node = _parse(fn)
-    if node is None:
-        return None
-    params = [a.arg for a in node.args.args]
-    return _reads(fn, owner, classes, params[2] if len(params) > 2 else None, depth=2)  # (self, batch, batch_idx)
 
 
 def _ours(fn: Any) -> bool:
