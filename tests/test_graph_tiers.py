@@ -69,6 +69,21 @@ class Neither(LightningModule):
         self.log("n", float(len(batch)))
         return batch.sum()
 
+class OwnCounter(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.seen, self.total = 0, torch.zeros(())
+
+    def training_step(self, batch, batch_idx):
+        self.seen += 1
+        self.total += batch.sum().detach()  # a tensor's += is captured with the step
+        return batch.sum() / self.seen
+
+class TensorCounter(OwnCounter):
+    def training_step(self, batch, batch_idx):
+        self.total += batch.sum().detach()
+        return batch.sum()
+
 class PassesItOn(Neither):
     def training_step(self, batch, batch_idx):
         return super().training_step(batch, batch_idx) + self.weighted(batch, step=batch_idx)
@@ -88,6 +103,8 @@ class PassesItToOneThatReadsIt(PassesItOn):
     assert step_reads_counters(mod.ViaMethod()) == "self.trainer.current_epoch (in shared)"
     assert step_reads_counters(mod.ViaIndex()) == "i"  # the batch index, whatever its name
     assert step_reads_counters(mod.Neither()) is None
+    assert step_reads_counters(mod.OwnCounter()) == "self.seen (a Python number it updates every step)"
+    assert step_reads_counters(mod.TensorCounter()) is None
     assert step_reads_counters(mod.PassesItOn()) is None  # passing the index along is not reading it
     assert step_reads_counters(mod.PassesItToOneThatReadsIt()) == "step (in weighted)"
 

@@ -51,7 +51,7 @@ def _parse(fn: Any) -> Any:
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: int) -> str | None:
+def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: int, module: Any = None) -> str | None:
     """What ``fn`` (defined on ``klass``) reads of the counters or of its argument ``index``;
     a call of ``self.m(...)`` or ``super().m(...)`` is followed ``depth`` levels, the index into
     the parameter it is passed as (passing it along is not reading it)."""
@@ -90,6 +90,11 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
         if index and isinstance(sub, ast.Name) and sub.id == index and isinstance(sub.ctx, ast.Load) \
                 and id(sub) not in passed:
             return index
+        target = sub.target if isinstance(sub, ast.AugAssign) else None
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            value = getattr(module, target.attr, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # a tensor's += is captured
+                return f"self.{target.attr} (a Python number it updates every step)"
     if depth <= 0:
         return None
     for name, via_super, at in calls:
@@ -102,7 +107,7 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
         callee_node = _parse(callee)
         params = [a.arg for a in callee_node.args.args] if callee_node is not None else []
         inner = at if isinstance(at, str) else params[at + 1] if at is not None and at + 1 < len(params) else None
-        what = _reads(callee, owner, classes, inner, depth - 1)
+        what = _reads(callee, owner, classes, inner, depth - 1, module)
         if what:
             return f"{what} (in {name})"
     return None
@@ -111,8 +116,9 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
 def step_reads_counters(pl_module: LightningModule) -> str | None:
     """What ``training_step`` (and the module's own methods it calls, two levels down) reads that
     a captured step would freeze at its capture-time value: ``self.global_step``,
-    ``self.current_epoch`` (also through ``self.trainer``), or its ``batch_idx`` argument (passing
-    it on to another call is not reading it; the callee is followed). None when it reads none of
+    ``self.current_epoch`` (also through ``self.trainer``), its ``batch_idx`` argument (passing
+    it on to another call is not reading it; the callee is followed), or a Python number of its
+    own that it updates (``self.seen += 1``: the replay would not count). None when it reads none of
     them, or when the source cannot be read (then nothing is claimed).
 
     Example:
@@ -131,4 +137,4 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     if node is None:
         return None
     params = [a.arg for a in node.args.args]
-    return _reads(fn, owner, classes, params[2] if len(params) > 2 else None, depth=2)  # (self, batch, batch_idx)
+    return _reads(fn, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module)  # (self, batch, batch_idx)
