@@ -38,7 +38,7 @@ def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_b
     plain, _ = graph_pattern("plain")
     assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), plain) is None
     annealed, _ = graph_pattern("anneal")
-    assert "training_step reads self.global_step" in whole_step_blocker(Trainer(accelerator="cpu", logger=False), annealed)
+    assert "training_step uses self.global_step: the graph would replay" in whole_step_blocker(Trainer(accelerator="cpu", logger=False), annealed)
 
 
 def test_a_step_counter_read_by_the_step_or_a_method_it_calls_is_found(tmp_path):
@@ -47,6 +47,7 @@ def test_a_step_counter_read_by_the_step_or_a_method_it_calls_is_found(tmp_path)
     from fastloop.adapters.step_source import step_reads_counters
 
     source = """
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 
@@ -84,6 +85,16 @@ class TensorCounter(OwnCounter):
         self.total += batch.sum().detach()
         return batch.sum()
 
+class Mixup(LightningModule):
+    def training_step(self, batch, batch_idx):
+        lam = float(np.random.beta(0.4, 0.4))
+        return lam * batch.sum() + (1 - lam) * batch.flip(0).sum()
+
+class StepsItsScheduler(LightningModule):
+    def training_step(self, batch, batch_idx):
+        self.lr_schedulers().step()
+        return batch.sum()
+
 class PassesItOn(Neither):
     def training_step(self, batch, batch_idx):
         return super().training_step(batch, batch_idx) + self.weighted(batch, step=batch_idx)
@@ -105,6 +116,8 @@ class PassesItToOneThatReadsIt(PassesItOn):
     assert step_reads_counters(mod.Neither()) is None
     assert step_reads_counters(mod.OwnCounter()) == "self.seen (a Python number it updates every step)"
     assert step_reads_counters(mod.TensorCounter()) is None
+    assert step_reads_counters(mod.Mixup()).startswith("np.random.beta() (a draw on the host")
+    assert step_reads_counters(mod.StepsItsScheduler()).startswith("self.lr_schedulers()")
     assert step_reads_counters(mod.PassesItOn()) is None  # passing the index along is not reading it
     assert step_reads_counters(mod.PassesItToOneThatReadsIt()) == "step (in weighted)"
 

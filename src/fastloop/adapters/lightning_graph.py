@@ -86,10 +86,12 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
                if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))]
     if foreign:
         return f"callback hooks run inside the step ({', '.join(foreign)}): in a graph their Python would run once"
-    counter = step_reads_counters(pl_module)
-    if counter:
-        return (f"training_step reads {counter}: the graph would replay the step with the value it had at "
-                f"capture (a warm-up or an annealed weight would stop changing)")
+    what = step_reads_counters(pl_module)
+    if what:
+        explained = "(a " in what
+        return f"training_step uses {what}" + ("" if explained else (
+            ": the graph would replay the step with the value it had at capture (a warm-up or an annealed "
+            "weight would stop changing)"))
     return None
 
 

@@ -42,6 +42,17 @@ def _method(classes: list[type], name: str, after: type | None = None) -> tuple[
     return None
 
 
+def _chain(node: Any) -> list[str]:
+    """``np.random.beta`` -> ["np", "random", "beta"]; [] for anything but names and attributes."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return []
+    return [node.id, *reversed(parts)]
+
+
 def _parse(fn: Any) -> Any:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
@@ -90,6 +101,12 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
         if index and isinstance(sub, ast.Name) and sub.id == index and isinstance(sub.ctx, ast.Load) \
                 and id(sub) not in passed:
             return index
+        if isinstance(sub, ast.Call):
+            chain = _chain(sub.func)
+            if chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"]):
+                return f"{'.'.join(chain)}() (a draw on the host: the replay would reuse the value drawn at capture)"
+            if chain == ["self", "lr_schedulers"]:
+                return "self.lr_schedulers() (a scheduler stepped in the step would step once, at capture)"
         target = sub.target if isinstance(sub, ast.AugAssign) else None
         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             value = getattr(module, target.attr, None)
@@ -117,8 +134,9 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     """What ``training_step`` (and the module's own methods it calls, two levels down) reads that
     a captured step would freeze at its capture-time value: ``self.global_step``,
     ``self.current_epoch`` (also through ``self.trainer``), its ``batch_idx`` argument (passing
-    it on to another call is not reading it; the callee is followed), or a Python number of its
-    own that it updates (``self.seen += 1``: the replay would not count). None when it reads none of
+    it on to another call is not reading it; the callee is followed), a Python number of its
+    own that it updates (``self.seen += 1``: the replay would not count), a draw from Python's or
+    numpy's generator (a mixup weight), or its scheduler stepped by hand (``self.lr_schedulers()``). None when it reads none of
     them, or when the source cannot be read (then nothing is claimed).
 
     Example:
