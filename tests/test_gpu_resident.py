@@ -307,3 +307,43 @@ def test_a_fixed_torchvision_transform_is_read_once_and_a_random_one_is_named():
     own = CifarLike(lambda img: T.functional.to_tensor(img))  # any other callable may draw: refused
     with pytest.raises(NotResident, match=r"transform \(<lambda>\)"):
         make_resident(loader(own), CPU)
+
+
+class Encoded(Dataset):
+    """As Hugging Face's fine-tuning tutorials write it: a tokenizer's encodings (a dict of lists
+    of token ids) and a list of labels, a dict of tensors per sample."""
+
+    def __init__(self, n=30):
+        rng = np.random.default_rng(1)
+        self.encodings = {"input_ids": [[int(t) for t in rng.integers(1, 100, 12)] for _ in range(n)],
+                          "attention_mask": [[1] * 12 for _ in range(n)]}
+        self.labels = [int(t) for t in rng.integers(0, 2, n)]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, idx):
+        item = {key: torch.tensor(val[idx]) for key, val in self.encodings.items()}
+        item["labels"] = torch.tensor(self.labels[idx])
+        return item
+
+
+def test_dict_samples_of_a_tokenized_dataset_are_served_as_the_loaders_dict_batches():
+    def loader(ds):
+        return DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(4))
+
+    ds = Encoded()
+    resident = make_resident(loader(ds), CPU)
+    n = 0
+    for got, want in zip(resident, loader(ds), strict=True):
+        assert isinstance(got, dict) and list(got) == ["input_ids", "attention_mask", "labels"] == list(want)
+        assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+        n += 1
+    assert n == 4
+
+    class Nested(Encoded):
+        def __getitem__(self, idx):
+            return {"inputs": super().__getitem__(idx), "idx": idx}
+
+    with pytest.raises(NotResident, match="does not stack into tensors alone"):
+        make_resident(loader(Nested()), CPU)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
 
-__all__ = ["CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "rebuild_loader",
+__all__ = ["CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
            "tensor_dataset_parts", "to_channels_last", "to_device"]
 
 
@@ -108,18 +108,23 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and a.dtype == b.dtype and bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
 
 
 def _leaves_ok(item: Any) -> bool:
     """A sample default_collate stacks into tensors only: a tensor, an array, a number, or a
-    tuple/list of those (not dicts, strings or None: the resident loader yields a list of tensors)."""
+    tuple/list or a dict (string keys) of those (not strings or None, nothing nested)."""
     if torch.is_tensor(item) or isinstance(item, (bool, int, float)):
         return True
     if isinstance(item, (np.ndarray, np.generic)):  # arrays and numpy scalars (a label read from an array)
         return item.dtype.kind in "biuf"
     if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
-        return len(item) > 0 and all(_leaves_ok(x) and not isinstance(x, (list, tuple)) for x in item)
+        return len(item) > 0 and all(_leaves_ok(x) and not isinstance(x, (list, tuple, dict)) for x in item)
+    if type(item) is dict:
+        return len(item) > 0 and all(isinstance(k, str) and _leaves_ok(v) and not isinstance(v, (list, tuple, dict))
+                                     for k, v in item.items())
     return False
 
 
@@ -130,17 +135,23 @@ def _item_bytes(item: Any) -> int:
         return int(item.nbytes)
     if isinstance(item, (list, tuple)):
         return sum(_item_bytes(x) for x in item)
+    if isinstance(item, dict):
+        return sum(_item_bytes(x) for x in item.values())
     return 8
 
 
 def _holds_samples(value: Any, n: int) -> bool:
-    """A tensor or array of ``n`` rows, or a list/tuple of ``n`` tensors, arrays or tuples of them."""
+    """A tensor or array of ``n`` rows; a list/tuple of ``n`` tensors, arrays, tuples of them, or
+    sequences of numbers (token ids); or a dict of such (a tokenizer's encodings)."""
     if torch.is_tensor(value) or isinstance(value, np.ndarray):
         return value.ndim > 0 and value.shape[0] == n
+    if isinstance(value, dict) and not torch.is_tensor(value):
+        return any(_holds_samples(v, n) for v in list(value.values())[:16])
     if isinstance(value, (list, tuple)) and len(value) == n:
         first = value[0]
         if isinstance(first, (list, tuple)) and first:
-            return all(torch.is_tensor(x) or isinstance(x, np.ndarray) for x in first)
+            return all(torch.is_tensor(x) or isinstance(x, np.ndarray) for x in first) or \
+                all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in first)
         return torch.is_tensor(first) or isinstance(first, np.ndarray)
     return False
 
@@ -204,8 +215,9 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
         for i in probes:
             first = dataset[i]
             if not _leaves_ok(first):
-                return (f"{name}[{i}] is a {type(first).__name__} of something other than tensors and numbers; "
-                        f"gpu_resident serves lists of tensors")
+                return (f"{name}[{i}] is a {type(first).__name__} that default_collate does not stack into tensors "
+                        f"alone; gpu_resident serves a tensor, a list or a dict of tensors (from samples of tensors "
+                        f"and numbers, nothing nested)")
             if not (_same(first, dataset[i]) and _same(first, dataset[i])):
                 return f"{name}[i] gave different values when read again (random per-sample work)"
             if i == probes[0] and (time.perf_counter() - t0) / 3 * n > FIXED_MAX_S:
@@ -226,12 +238,21 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
 def materialize(dataset: Any, indices: list[int] | None = None) -> tuple[torch.Tensor, ...]:
     """Every sample of a dataset :func:`fixed_samples` accepted, read once and stacked as the
     DataLoader's ``default_collate`` stacks a batch: indexing the result by a batch's indices gives
-    that batch exactly (values, dtypes, structure: a list of tensors)."""
+    that batch exactly (values, dtypes; a dict sample's tensors in its key order, see
+    :func:`sample_keys`)."""
     from torch.utils.data import default_collate
 
     order = range(len(dataset)) if indices is None else indices
     stacked = default_collate([dataset[i] for i in order])
+    if isinstance(stacked, dict):  # in the sample's key order (sample_keys gives the keys)
+        return tuple(stacked.values())
     return (stacked,) if torch.is_tensor(stacked) else tuple(stacked)
+
+
+def sample_keys(dataset: Any) -> tuple[str, ...] | None:
+    """The keys of a dataset's dict samples, in order (None when a sample is not a dict)."""
+    first = dataset[0]
+    return tuple(first) if isinstance(first, dict) else None
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

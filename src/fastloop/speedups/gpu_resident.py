@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Subset, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
-from fastloop.data import fixed_samples, materialize, tensor_dataset_parts
+from fastloop.data import fixed_samples, materialize, sample_keys, tensor_dataset_parts
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
 from fastloop.speedups.run import Run
@@ -49,10 +49,13 @@ class GPUResidentLoader:
     left to do).
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader, *, single: bool = False) -> None:
+    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader, *, single: bool = False,
+                 keys: tuple[str, ...] | None = None) -> None:
         self.tensors = tensors
         self.single = single
         """A sample is one tensor (or number): each batch is that tensor, as the loader yields it."""
+        self.keys = keys
+        """A sample is a dict with these keys: each batch is a dict of tensors, as the loader yields it."""
         self.loader = loader
         self.batch_size = loader.batch_size
         self.drop_last = loader.drop_last
@@ -70,29 +73,29 @@ class GPUResidentLoader:
         for i in range(0, stop, self.batch_size):
             yield order[i:i + self.batch_size]
 
-    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         for idx in self._batches():
             index = torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True)
             batch = [t.index_select(0, index) for t in self.tensors]
-            yield batch[0] if self.single else batch
+            yield batch[0] if self.single else dict(zip(self.keys, batch)) if self.keys else batch
 
     def __len__(self) -> int:
         return len(self.loader)
 
 
-def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]], int, bool]:
+def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]], int, bool, tuple[str, ...] | None]:
     """How to get the dataset's tensors (deferred: a dataset read sample by sample is read only
-    once the size check passed), their size in bytes, and whether a sample is one bare tensor or
-    number (the loader then yields a tensor, not a list)."""
+    once the size check passed), their size in bytes, whether a sample is one bare tensor or
+    number (the loader then yields a tensor, not a list), and a dict sample's keys."""
     parts = tensor_dataset_parts(dataset)
     if parts is not None:
         tensors, indices = parts
         n = len(tensors[0]) if indices is None else len(indices)
         size = n * sum(t[0].numel() * t.element_size() for t in tensors) if len(tensors[0]) else 0
         if indices is None:
-            return (lambda: tensors), size, False
+            return (lambda: tensors), size, False, None
         index = torch.as_tensor(indices, dtype=torch.long)
-        return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False
+        return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False, None
     inner, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) else (dataset, None)
     found = fixed_samples(inner)
     if isinstance(found, str):
@@ -101,8 +104,9 @@ def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]
                           f"(or a Subset of one) or a Dataset holding its samples as tensors that gives the same "
                           f"values for the same index")
     n = found.n if indices is None else len(indices)
-    single = not isinstance(inner[0], (list, tuple))
-    return (lambda: materialize(inner, indices)), n * found.item_bytes, single
+    keys = sample_keys(inner)
+    single = keys is None and not isinstance(inner[0], (list, tuple))
+    return (lambda: materialize(inner, indices)), n * found.item_bytes, single, keys
 
 
 def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.5) -> GPUResidentLoader:
@@ -116,13 +120,13 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
         raise NotResident(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
     if loader.collate_fn is not default_collate:
         raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
-    get, size, single = _resident_parts(loader.dataset)
+    get, size, single, keys = _resident_parts(loader.dataset)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if size > share * free:
             raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
                               f"{free / 2**30:.1f} GiB of free GPU memory")
-    return GPUResidentLoader(tuple(t.to(device) for t in get()), loader, single=single)
+    return GPUResidentLoader(tuple(t.to(device) for t in get()), loader, single=single, keys=keys)
 
 
 @dataclass(frozen=True)
