@@ -375,3 +375,16 @@ def graph_gan(batch_size: int = 32, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return GraphGAN(), DataLoader(TensorDataset(torch.randn(512, 16, generator=g)), batch_size=batch_size,
                                   drop_last=True, pin_memory=True)
+
+
+def mixup_step(model, batch):
+    """A plain loop's step with a mixup weight drawn on the host (np.random): a captured step
+    would reuse the first draw."""
+    import numpy as np
+
+    x, y = batch
+    lam = float(np.random.beta(0.4, 0.4))
+    mixed = lam * x + (1 - lam) * x.flip(0)
+    out = model(mixed)
+    return lam * torch.nn.functional.cross_entropy(out, y) + (1 - lam) * torch.nn.functional.cross_entropy(out, y.flip(0))
+

@@ -198,3 +198,37 @@ def test_manual_optimization_with_two_optimizers_drops_one_tier():
     diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager["losses"][:n], graphed["losses"][:n]))
     assert diff <= GPU_TOL, f"losses differ by {diff:.2e} (> {GPU_TOL}) from eager"
 
+
+
+def test_a_plain_step_function_without_host_draws_is_not_flagged():
+    from fastloop.adapters.step_source import host_draws
+    from tests.targets import mixup_step
+
+    def step(model, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x * torch.rand((), device=x.device)), y)  # a device draw
+
+    assert host_draws(step) is None
+    assert host_draws(mixup_step).startswith("np.random.beta() (a draw on the host")
+
+
+@pytest.mark.gpu
+def test_the_plain_loops_whole_step_is_not_captured_over_a_host_draw():
+    import numpy as np
+
+    from fastloop.loop import FastLoop
+    from tests.targets import mixup_step, tiny_conv
+
+    losses = {}
+    for spec in ("none", "cuda_graph"):
+        module, loader = tiny_conv()
+        model = module.net.cuda()
+        np.random.seed(0)
+        loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader, step_fn=mixup_step,
+                        speedups=spec, device="cuda")
+        result = loop.train(steps=8, warmup=2)
+        losses[spec] = result.losses
+        if spec == "cuda_graph":
+            rec = {r.name: r for r in result.records}["cuda_graph"]
+            assert rec.status == "fallback" and "np.random.beta()" in rec.reason, rec
+    assert losses["none"] == pytest.approx(losses["cuda_graph"], rel=1e-5)  # the same draws, eagerly

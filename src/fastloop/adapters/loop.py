@@ -30,6 +30,7 @@ from fastloop._torch_private import found_inf
 from fastloop.data import to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
+from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, resolve
@@ -216,6 +217,9 @@ class FastLoop:
             owner = self.run.graph_owner
             assert owner is not None
             try:
+                drawn = host_draws(self.step_fn)
+                if drawn:
+                    raise GraphIneligible(f"the step function uses {drawn}")
                 self.ctx.stats[f"{owner}_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
                 self.ctx.stats[f"{owner}_tier"] = "whole step"
                 self.graphed = graphed

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastloop._compat import LightningModule
 
-__all__ = ["COUNTERS", "step_reads_counters"]
+__all__ = ["COUNTERS", "host_draws", "step_reads_counters"]
 
 COUNTERS = ("global_step", "current_epoch")
 """Trainer counters a training step may read (a warm-up factor, an annealed weight)."""
@@ -62,6 +62,29 @@ def _parse(fn: Any) -> Any:
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
+def _host_draw(call: ast.Call) -> str | None:
+    chain = _chain(call.func)
+    if chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"]):
+        return f"{'.'.join(chain)}() (a draw on the host: the replay would reuse the value drawn at capture)"
+    return None
+
+
+def host_draws(fn: Any) -> str | None:
+    """A draw from Python's or numpy's generator in a plain step function's source (the plain
+    loop's ``step_fn``), which a captured step would freeze; None if none is found or the source
+    cannot be read.
+
+    Example:
+        >>> from tests.targets import mixup_step
+        >>> host_draws(mixup_step)[:16]
+        'np.random.beta()'
+    """
+    node = _parse(fn)
+    if node is None:
+        return None
+    return next((why for sub in ast.walk(node) if isinstance(sub, ast.Call) and (why := _host_draw(sub))), None)
+
+
 def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: int, module: Any = None) -> str | None:
     """What ``fn`` (defined on ``klass``) reads of the counters or of its argument ``index``;
     a call of ``self.m(...)`` or ``super().m(...)`` is followed ``depth`` levels, the index into
@@ -102,10 +125,10 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
                 and id(sub) not in passed:
             return index
         if isinstance(sub, ast.Call):
-            chain = _chain(sub.func)
-            if chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"]):
-                return f"{'.'.join(chain)}() (a draw on the host: the replay would reuse the value drawn at capture)"
-            if chain == ["self", "lr_schedulers"]:
+            drawn = _host_draw(sub)
+            if drawn:
+                return drawn
+            if _chain(sub.func) == ["self", "lr_schedulers"]:
                 return "self.lr_schedulers() (a scheduler stepped in the step would step once, at capture)"
         target = sub.target if isinstance(sub, ast.AugAssign) else None
         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
