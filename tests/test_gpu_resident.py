@@ -347,3 +347,20 @@ def test_dict_samples_of_a_tokenized_dataset_are_served_as_the_loaders_dict_batc
 
     with pytest.raises(NotResident, match="does not stack into tensors alone"):
         make_resident(loader(Nested()), CPU)
+
+
+def test_a_concatenation_of_in_memory_datasets_is_read_once_and_one_random_part_refuses_it():
+    from torch.utils.data import ConcatDataset
+
+    both = ConcatDataset([_ds(20), InMemory(n=12)])  # a TensorDataset and a dataset of one's own
+    with pytest.raises(NotResident, match="could not be stacked"):  # tensor labels beside numpy ones: no stacking
+        make_resident(DataLoader(both, batch_size=4), CPU)
+    same = ConcatDataset([InMemory(n=12), InMemory(n=8)])
+
+    def loader(ds):
+        return DataLoader(ds, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(1))
+
+    for got, want in zip(make_resident(loader(same), CPU), loader(same), strict=True):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(NotResident, match="gave different values when read again"):
+        make_resident(loader(ConcatDataset([InMemory(n=12), RarelyFlipped()])), CPU)

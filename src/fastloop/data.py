@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
@@ -196,8 +196,14 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
     if n <= 0:
         return f"the dataset ({name}) is empty"
     attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
+    wrapper = isinstance(dataset, (ConcatDataset, Subset))
+    if wrapper:  # torch's own wrappers read their parts: the parts decide
+        for part in dataset.datasets if isinstance(dataset, ConcatDataset) else [dataset.dataset]:
+            if not isinstance(part, TensorDataset) and isinstance(why := fixed_samples(part), str):
+                return why
+        attrs = {}
     held = [k for k, v in attrs.items() if _holds_samples(v, n)]
-    if not held:
+    if not held and not wrapper:
         return (f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
                 f"are not in memory")
     rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]

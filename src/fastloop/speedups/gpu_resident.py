@@ -126,7 +126,12 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
         if size > share * free:
             raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
                               f"{free / 2**30:.1f} GiB of free GPU memory")
-    return GPUResidentLoader(tuple(t.to(device) for t in get()), loader, single=single, keys=keys)
+    try:
+        tensors = get()
+    except (TypeError, RuntimeError, ValueError) as err:  # samples default_collate cannot stack together
+        raise NotResident(f"the dataset's samples could not be stacked as default_collate stacks a batch "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+    return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader, single=single, keys=keys)
 
 
 @dataclass(frozen=True)
