@@ -90,6 +90,15 @@ class Mixup(LightningModule):
         lam = float(np.random.beta(0.4, 0.4))
         return lam * batch.sum() + (1 - lam) * batch.flip(0).sum()
 
+class CpuCoinFlip(LightningModule):
+    def training_step(self, batch, batch_idx):
+        flip = torch.rand(()) < 0.5  # a CPU draw: the captured step keeps the first flip
+        return (batch.flip(0) if flip else batch).sum() * torch.rand((), device=batch.device)
+
+class DeviceDraws(LightningModule):
+    def training_step(self, batch, batch_idx):
+        return (batch * torch.rand_like(batch)).sum() + torch.randn(3, device=batch.device).sum()
+
 class StepsItsScheduler(LightningModule):
     def training_step(self, batch, batch_idx):
         self.lr_schedulers().step()
@@ -118,6 +127,8 @@ class PassesItToOneThatReadsIt(PassesItOn):
     assert step_reads_counters(mod.TensorCounter()) is None
     assert step_reads_counters(mod.Mixup()).startswith("np.random.beta() (a draw on the host")
     assert step_reads_counters(mod.StepsItsScheduler()).startswith("self.lr_schedulers()")
+    assert step_reads_counters(mod.CpuCoinFlip()).startswith("torch.rand() (a draw on the host")
+    assert step_reads_counters(mod.DeviceDraws()) is None  # draws on the GPU are replayed by the graph
     assert step_reads_counters(mod.PassesItOn()) is None  # passing the index along is not reading it
     assert step_reads_counters(mod.PassesItToOneThatReadsIt()) == "step (in weighted)"
 

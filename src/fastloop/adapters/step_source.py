@@ -62,9 +62,17 @@ def _parse(fn: Any) -> Any:
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
+_TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "multinomial")
+
+
 def _host_draw(call: ast.Call) -> str | None:
+    """A draw on the host: Python's or numpy's generator, or a torch draw that names no device (a
+    CPU tensor; ``torch.rand_like(x)`` and ``device=x.device`` draw on the GPU, which a graph replays)."""
     chain = _chain(call.func)
-    if chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"]):
+    host = chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"])
+    if len(chain) == 2 and chain[0] == "torch" and chain[1] in _TORCH_DRAWS[:4]:
+        host = not any(kw.arg == "device" for kw in call.keywords)
+    if host:
         return f"{'.'.join(chain)}() (a draw on the host: the replay would reuse the value drawn at capture)"
     return None
 
