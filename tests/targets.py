@@ -326,11 +326,27 @@ class AnnealedPattern(GraphPattern):
         return loss
 
 
+def _jitter(x):
+    """A helper outside the module (as a library's transform is): a coin flip on the host."""
+    return x.flip(-1) if torch.rand(()) < 0.5 else x
+
+
+class HiddenDrawPattern(GraphPattern):
+    """A host draw that the source check cannot see (in a function outside the module): found
+    when the step before capture moves the host's generator."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(_jitter(x)), y)
+        self.log("train_loss", loss)
+        return loss
+
+
 def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
     torch.manual_seed(seed)
     loader = DataLoader(_data(True, n=512), batch_size=batch_size, shuffle=False, drop_last=True,
                         pin_memory=pattern != "pageable")
-    module = AnnealedPattern(pattern) if pattern == "anneal" else GraphPattern(pattern)
+    module = {"anneal": AnnealedPattern, "hidden_draw": HiddenDrawPattern}.get(pattern, GraphPattern)(pattern)
     if pattern == "grad_clip":
         return module, loader, {"gradient_clip_val": 1.0}
     if pattern == "accumulate":

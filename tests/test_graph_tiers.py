@@ -180,6 +180,7 @@ def _losses(fn: str, spec: str, **kw):
     ("pageable", "whole step"),
     ("accumulate", "forward+backward graphed"),
     ("anneal", "forward+backward graphed"),
+    ("hidden_draw", "forward+backward graphed"),
 ])
 def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     eager = _losses("graph_pattern", "bf16", pattern=pattern)
@@ -243,3 +244,25 @@ def test_the_plain_loops_whole_step_is_not_captured_over_a_host_draw():
             rec = {r.name: r for r in result.records}["cuda_graph"]
             assert rec.status == "fallback" and "np.random.beta()" in rec.reason, rec
     assert losses["none"] == pytest.approx(losses["cuda_graph"], rel=1e-5)  # the same draws, eagerly
+
+
+def test_a_draw_on_any_host_generator_is_seen_whatever_code_drew_it():
+    import random
+
+    import numpy as np
+
+    from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
+    from tests.targets import graph_pattern
+
+    hidden, _ = graph_pattern("hidden_draw")
+    assert step_reads_counters(hidden) is None  # the draw is in a helper outside the module: only the run sees it
+    for draw, which in ((lambda: hidden.training_step((torch.randn(2, 3, 8, 8), torch.tensor([0, 1])), 0),
+                         "torch's CPU generator"),
+                        (lambda: random.random(), "Python's random"), (lambda: np.random.beta(0.4, 0.4), "numpy's")):
+        snap = host_rng_snapshot()
+        draw()
+        assert which in host_rng_changed(snap)
+    snap = host_rng_snapshot()
+    hidden.net(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)))  # an own generator: not global
+    assert host_rng_changed(snap) is None
+

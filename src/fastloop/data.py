@@ -156,6 +156,29 @@ def _holds_samples(value: Any, n: int) -> bool:
     return False
 
 
+def _why_not_held(dataset: Any, name: str, n: int) -> str | None:
+    """Why ``dataset``'s attributes say its samples are not fixed in memory (None: they may be;
+    the probe reads decide). torch's Subset and ConcatDataset read their parts: the parts decide."""
+    if isinstance(dataset, (ConcatDataset, Subset)):
+        for part in dataset.datasets if isinstance(dataset, ConcatDataset) else [dataset.dataset]:
+            if not isinstance(part, TensorDataset) and isinstance(why := fixed_samples(part), str):
+                return why
+        return None
+    attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
+    if not any(_holds_samples(v, n) for v in attrs.values()):
+        return (f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
+                f"are not in memory")
+    rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
+    if rngs:
+        return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
+    transforms = [f"{k} ({_random_part(v)})" for k, v in attrs.items()
+                  if "transform" in k.lower() and v is not None and _random_part(v)]
+    if transforms:
+        return (f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random "
+                f"(fixed: torchvision's {', '.join(sorted(FIXED_TRANSFORMS))} and a Compose of them)")
+    return None
+
+
 def fixed_samples(dataset: Any) -> FixedSamples | str:
     """Whether ``dataset`` (map-style, not a TensorDataset) holds its samples in memory and gives
     the same values for the same index every time, so that reading it once and keeping the result
@@ -195,25 +218,9 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
         return f"len() of the dataset ({name}) raised {type(err).__name__}"
     if n <= 0:
         return f"the dataset ({name}) is empty"
-    attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
-    wrapper = isinstance(dataset, (ConcatDataset, Subset))
-    if wrapper:  # torch's own wrappers read their parts: the parts decide
-        for part in dataset.datasets if isinstance(dataset, ConcatDataset) else [dataset.dataset]:
-            if not isinstance(part, TensorDataset) and isinstance(why := fixed_samples(part), str):
-                return why
-        attrs = {}
-    held = [k for k, v in attrs.items() if _holds_samples(v, n)]
-    if not held and not wrapper:
-        return (f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
-                f"are not in memory")
-    rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
-    if rngs:
-        return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
-    transforms = [f"{k} ({_random_part(v)})" for k, v in attrs.items()
-                  if "transform" in k.lower() and v is not None and _random_part(v)]
-    if transforms:
-        return (f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random "
-                f"(fixed: torchvision's {', '.join(sorted(FIXED_TRANSFORMS))} and a Compose of them)")
+    why_not = _why_not_held(dataset, name, n)
+    if why_not:
+        return why_not
     probes = sorted({0, n - 1, *np.linspace(0, n - 1, min(n, FIXED_PROBES)).astype(int).tolist()})
     states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot
 from fastloop.data import map_tensors
 
 __all__ = ["GraphIneligible", "GraphedStep", "make_capturable", "sync_lr"]
@@ -137,11 +138,16 @@ class GraphedStep:
         prev_mode = torch.cuda.get_sync_debug_mode()
         try:
             torch.cuda.set_sync_debug_mode("error")  # a host sync in the step now raises
+            rng = host_rng_snapshot()
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.optimizer.zero_grad(set_to_none=True)
                     self._one(self.static_batch)
             torch.cuda.current_stream().wait_stream(side)
+            drew = host_rng_changed(rng)
+            if drew:
+                raise GraphIneligible(f"the step draws random numbers on the host ({drew}): a graph would replay "
+                                      f"the first draw")
             torch.cuda.set_sync_debug_mode(prev_mode)
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
@@ -152,6 +158,8 @@ class GraphedStep:
             torch.cuda.set_sync_debug_mode(prev_mode)
             torch.cuda.synchronize()
             self.graph = None
+            if isinstance(err, GraphIneligible):
+                raise
             msg = str(err).splitlines()[0]
             if "synchroniz" in msg or "capturing" in msg or "not permitted" in msg:
                 raise GraphIneligible(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}") from None

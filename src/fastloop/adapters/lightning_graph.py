@@ -34,7 +34,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
 from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
-from fastloop.adapters.step_source import step_reads_counters
+from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
 
@@ -246,6 +246,7 @@ class WholeStepGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         prev = torch.cuda.get_sync_debug_mode()
+        rng = host_rng_snapshot()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -255,6 +256,10 @@ class WholeStepGraph:
             finally:
                 torch.cuda.set_sync_debug_mode(prev)
         torch.cuda.current_stream().wait_stream(side)
+        drew = host_rng_changed(rng)
+        if drew:  # in code the source check cannot see (a library's transform): the replay would freeze it
+            self.fail(f"the step draws random numbers on the host ({drew}): a graph would replay the first draw")
+            return out
         syncs = [w for w in seen if "synchroniz" in str(w.message)]
         for w in seen:
             if w not in syncs:
