@@ -266,3 +266,18 @@ def test_a_draw_on_any_host_generator_is_seen_whatever_code_drew_it():
     hidden.net(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)))  # an own generator: not global
     assert host_rng_changed(snap) is None
 
+
+def test_under_ddp_held_gradients_keep_compiles_graphs_out():
+    """Several processes with accumulation or manual optimization: the gradients between steps are
+    DDP's and cannot be copied out of the graph pool, so the tier below runs (compiled, no graphs)."""
+    from fastloop._compat import Trainer
+    from fastloop.adapters.lightning_run import graphs_unsafe
+    from tests.targets import graph_gan, graph_pattern
+
+    gan, _ = graph_gan()
+    plain, _ = graph_pattern("plain")
+    ddp = dict(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    assert graphs_unsafe(Trainer(**ddp), gan).startswith("2 processes with manual optimization")
+    assert graphs_unsafe(Trainer(**ddp), plain) is None  # DDP alone: the second tier is safe
+    assert graphs_unsafe(Trainer(accelerator="cpu", logger=False), gan) is None  # one process: copied out instead
+

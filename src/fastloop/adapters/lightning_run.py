@@ -34,11 +34,39 @@ from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.run import Run
 
-__all__ = ["LightningRun"]
+__all__ = ["LightningRun", "graphs_unsafe"]
 
 _COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The torch.compile mode a LightningModule's children were compiled with during this fit (so
 that compile and cuda_graph compile once); emptied when the fit is torn down."""
+
+
+def graphs_unsafe(trainer: Trainer, module: LightningModule) -> str | None:
+    """Why compile's CUDA graphs (the second tier) would train wrong here, or None. Gradients held
+    between steps (accumulation, manual optimization) stay in the graphs' pool, where the next
+    replay overwrites them (pytorch/pytorch#169545); in one process they are copied out before
+    each step (:func:`fastloop.adapters.lightning.own_held_gradients`), under DDP they are the
+    reducer's and are left alone, so there the tier below runs: compiled, without graphs.
+
+    Example:
+        >>> from fastloop._compat import Trainer
+        >>> from tests.targets import tiny_mlp
+        >>> module, _ = tiny_mlp()
+        >>> print(graphs_unsafe(Trainer(accelerator="cpu", devices=2, strategy="ddp", accumulate_grad_batches=2,
+        ...                             logger=False), module))
+        2 processes with accumulate_grad_batches=2: the gradients held between steps would be overwritten by the next replay
+        >>> print(graphs_unsafe(Trainer(accelerator="cpu", accumulate_grad_batches=2, logger=False), module))
+        None
+    """
+    if trainer.world_size <= 1:
+        return None
+    if not module.automatic_optimization:
+        held = "manual optimization"
+    elif trainer.accumulate_grad_batches > 1:
+        held = f"accumulate_grad_batches={trainer.accumulate_grad_batches}"
+    else:
+        return None
+    return f"{trainer.world_size} processes with {held}: the gradients held between steps would be overwritten by the next replay"
 
 
 class LightningRun(Run):
@@ -204,6 +232,10 @@ class LightningRun(Run):
         assert self.speedup is not None
         name, module = self.speedup.name, self.model
         already = _COMPILE_MODE.get(module)
+        unsafe = graphs_unsafe(self.trainer, module) if already not in CUDAGRAPH_MODES else None
+        if unsafe:
+            self._compiled_only(why_not_whole, unsafe)
+            return
         self.tier, self.tier_why = "forward+backward graphed", why_not_whole
         if already in CUDAGRAPH_MODES:
             self.ctx.stats[name] = f"captured by compile:{already}"
@@ -221,6 +253,23 @@ class LightningRun(Run):
             _COMPILE_MODE[module] = "reduce-overhead"
             self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         self.ctx.describe(name, f"{self.tier}; whole step: {why_not_whole}")
+
+    def _compiled_only(self, why_not_whole: str, why_no_graphs: str) -> None:
+        """The third tier: the children compiled without CUDA graphs (or as the compile speedup
+        compiled them); ``fallback``, with why neither graphed tier runs."""
+        assert self.speedup is not None
+        name, module = self.speedup.name, self.model
+        children = [] if _COMPILE_MODE.get(module) is not None else compilable_children(module)
+        for _, child in children:
+            self._compile(child, "default")
+        if children:
+            _COMPILE_MODE[module] = "default"
+            self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
+        compiled = bool(children) or _COMPILE_MODE.get(module) is not None
+        self.tier, self.tier_why = ("compiled, no graphs" if compiled else "eager"), why_not_whole
+        self.ctx.stats[f"{name}_tier"] = self.tier
+        self._fail("fallback", f"whole step: {why_not_whole}; compile's CUDA graphs: {why_no_graphs}; "
+                               + ("compiled without graphs" if compiled else "the steps run eagerly"))
 
     def _graph_fallback(self, reason: str) -> None:
         """The whole step cannot be replayed (found while the run is under way): drop one tier, to
