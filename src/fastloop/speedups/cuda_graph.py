@@ -1,5 +1,6 @@
 """``cuda_graph``: the train step captured as a CUDA graph and replayed, in tiers (the whole
-step; forward and backward through compile's CUDA graphs; eager with the cause).
+step; forward and backward through compile's CUDA graphs; compiled without graphs where those
+would train wrong; eager with the cause).
 
 The card, with when it helps, when it hurts, what each tier costs and which patterns of ordinary
 Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. The Lightning capture is in
