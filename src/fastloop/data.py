@@ -248,15 +248,14 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
     return FixedSamples(n=n, item_bytes=_item_bytes(dataset[0]), read_s=read_s)
 
 
-def materialize(dataset: Any, indices: list[int] | None = None) -> tuple[torch.Tensor, ...]:
+def materialize(dataset: Any) -> tuple[torch.Tensor, ...]:
     """Every sample of a dataset :func:`fixed_samples` accepted, read once and stacked as the
     DataLoader's ``default_collate`` stacks a batch: indexing the result by a batch's indices gives
     that batch exactly (values, dtypes; a dict sample's tensors in its key order, see
     :func:`sample_keys`)."""
     from torch.utils.data import default_collate
 
-    order = range(len(dataset)) if indices is None else indices
-    stacked = default_collate([dataset[i] for i in order])
+    stacked = default_collate([dataset[i] for i in range(len(dataset))])
     if isinstance(stacked, dict):  # in the sample's key order (sample_keys gives the keys)
         return tuple(stacked.values())
     return (stacked,) if torch.is_tensor(stacked) else tuple(stacked)

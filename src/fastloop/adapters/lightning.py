@@ -24,7 +24,7 @@ from fastloop.adapters._lightning_private import ddp_kwargs
 from fastloop._torch_private import compiled_graph_count, first_graph_break, scaler_scale, shutdown_workers
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
-from fastloop.adapters.lightning_run import LightningRun
+from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, resolve
 from fastloop.speedups.run import apply_all
 
@@ -54,7 +54,7 @@ def own_held_gradients(trainer: Trainer, module: LightningModule, batch_idx: int
         >>> module.net[0].weight.grad is before, torch.equal(module.net[0].weight.grad, before)
         (False, True)
     """
-    if trainer.world_size > 1 or (module.automatic_optimization and trainer.accumulate_grad_batches == 1):
+    if trainer.world_size > 1 or held_gradients(trainer, module) is None:
         return False
     key = (trainer.global_step, batch_idx)
     if _OWNED.get(module) == key:

@@ -34,7 +34,7 @@ from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.run import Run
 
-__all__ = ["LightningRun", "graphs_unsafe"]
+__all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
 
 _COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The torch.compile mode a LightningModule's children were compiled with during this fit (so
@@ -58,15 +58,20 @@ def graphs_unsafe(trainer: Trainer, module: LightningModule) -> str | None:
         >>> print(graphs_unsafe(Trainer(accelerator="cpu", accumulate_grad_batches=2, logger=False), module))
         None
     """
-    if trainer.world_size <= 1:
-        return None
-    if not module.automatic_optimization:
-        held = "manual optimization"
-    elif trainer.accumulate_grad_batches > 1:
-        held = f"accumulate_grad_batches={trainer.accumulate_grad_batches}"
-    else:
+    held = held_gradients(trainer, module)
+    if trainer.world_size <= 1 or held is None:
         return None
     return f"{trainer.world_size} processes with {held}: the gradients held between steps would be overwritten by the next replay"
+
+
+def held_gradients(trainer: Trainer, module: LightningModule) -> str | None:
+    """What makes a step hold its gradients over to the next (manual optimization, or
+    ``accumulate_grad_batches`` > 1), or None: Lightning clears them before the next backward."""
+    if not module.automatic_optimization:
+        return "manual optimization"
+    if trainer.accumulate_grad_batches > 1:
+        return f"accumulate_grad_batches={trainer.accumulate_grad_batches}"
+    return None
 
 
 class LightningRun(Run):

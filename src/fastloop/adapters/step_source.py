@@ -66,7 +66,7 @@ def _parse(fn: Any) -> Any:
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-_TORCH_DRAWS = ("rand", "randn", "randint", "randperm", "bernoulli", "normal", "multinomial")
+_TORCH_DRAWS = ("rand", "randn", "randint", "randperm")
 
 
 def _host_draw(call: ast.Call) -> str | None:
@@ -74,7 +74,7 @@ def _host_draw(call: ast.Call) -> str | None:
     CPU tensor; ``torch.rand_like(x)`` and ``device=x.device`` draw on the GPU, which a graph replays)."""
     chain = _chain(call.func)
     host = chain[:1] == ["random"] or chain[:2] in (["np", "random"], ["numpy", "random"])
-    if len(chain) == 2 and chain[0] == "torch" and chain[1] in _TORCH_DRAWS[:4]:
+    if len(chain) == 2 and chain[0] == "torch" and chain[1] in _TORCH_DRAWS:
         host = not any(kw.arg == "device" for kw in call.keywords)
     if host:
         return f"{'.'.join(chain)}() (a draw on the host: the replay would reuse the value drawn at capture)"
@@ -82,8 +82,8 @@ def _host_draw(call: ast.Call) -> str | None:
 
 
 def host_draws(fn: Any) -> str | None:
-    """A draw from Python's or numpy's generator in a plain step function's source (the plain
-    loop's ``step_fn``), which a captured step would freeze; None if none is found or the source
+    """A draw on the host (Python's or numpy's generator, a torch draw with no device) in a plain
+    step function's source (the plain loop's ``step_fn``), which a captured step would freeze; None if none is found or the source
     cannot be read.
 
     Example:
@@ -97,13 +97,10 @@ def host_draws(fn: Any) -> str | None:
     return next((why for sub in ast.walk(node) if isinstance(sub, ast.Call) and (why := _host_draw(sub))), None)
 
 
-def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: int, module: Any = None) -> str | None:
-    """What ``fn`` (defined on ``klass``) reads of the counters or of its argument ``index``;
-    a call of ``self.m(...)`` or ``super().m(...)`` is followed ``depth`` levels, the index into
-    the parameter it is passed as (passing it along is not reading it)."""
-    node = _parse(fn)
-    if node is None:
-        return None
+def _reads(node: Any, klass: type, classes: list[type], index: str | None, depth: int, module: Any) -> str | None:
+    """What the parsed method ``node`` (defined on ``klass``) reads of the counters or of its
+    argument ``index``; a call of ``self.m(...)`` or ``super().m(...)`` is followed ``depth``
+    levels, the index into the parameter it is passed as (passing it along is not reading it)."""
     passed: set[int] = set()
     calls: list[tuple[str, bool, int | str | None]] = []  # (method, via super(), where the index is passed)
     for sub in ast.walk(node):
@@ -157,9 +154,11 @@ def _reads(fn: Any, klass: type, classes: list[type], index: str | None, depth: 
             continue
         callee, owner = found
         callee_node = _parse(callee)
-        params = [a.arg for a in callee_node.args.args] if callee_node is not None else []
+        if callee_node is None:
+            continue
+        params = [a.arg for a in callee_node.args.args]
         inner = at if isinstance(at, str) else params[at + 1] if at is not None and at + 1 < len(params) else None
-        what = _reads(callee, owner, classes, inner, depth - 1, module)
+        what = _reads(callee_node, owner, classes, inner, depth - 1, module)
         if what:
             return f"{what} (in {name})"
     return None
@@ -190,7 +189,7 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     if node is None:
         return None
     params = [a.arg for a in node.args.args]
-    return _reads(fn, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module)  # (self, batch, batch_idx)
+    return _reads(node, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module)  # (self, batch, batch_idx)
 
 
 def host_rng_snapshot() -> tuple:

@@ -10,7 +10,6 @@ import os
 from typing import Any
 
 import torch
-from torch.utils.data import Subset
 
 from fastloop.data import fixed_samples, tensor_dataset_parts
 from fastloop.measure.callback import MeasureCallback
@@ -81,12 +80,10 @@ def describe_dataset(loader: Any) -> dict | None:
         return None
     parts = tensor_dataset_parts(dataset)
     if parts is None:
-        inner = dataset.dataset if isinstance(dataset, Subset) else dataset
-        found = fixed_samples(inner)
+        found = fixed_samples(dataset)
         if isinstance(found, str):
             return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None, "why_not": found}
-        n = len(dataset)
-        return {"type": type(dataset).__name__, "in_memory_tensors": True, "bytes": n * found.item_bytes,
+        return {"type": type(dataset).__name__, "in_memory_tensors": True, "bytes": found.n * found.item_bytes,
                 "read_once": True}
     tensors, indices = parts
     n = len(indices) if indices is not None else len(tensors[0])

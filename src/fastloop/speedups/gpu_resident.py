@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Subset, default_collate
+from torch.utils.data import DataLoader, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import fixed_samples, materialize, sample_keys, tensor_dataset_parts
@@ -96,17 +96,15 @@ def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]
             return (lambda: tensors), size, False, None
         index = torch.as_tensor(indices, dtype=torch.long)
         return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False, None
-    inner, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) else (dataset, None)
-    found = fixed_samples(inner)
+    found = fixed_samples(dataset)  # a Subset or ConcatDataset: its parts decide, its own indices are read
     if isinstance(found, str):
         raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
                           f"(random augmentations would be frozen), and {found}; gpu_resident takes a TensorDataset "
                           f"(or a Subset of one) or a Dataset holding its samples as tensors that gives the same "
                           f"values for the same index")
-    n = found.n if indices is None else len(indices)
-    keys = sample_keys(inner)
-    single = keys is None and not isinstance(inner[0], (list, tuple))
-    return (lambda: materialize(inner, indices)), n * found.item_bytes, single, keys
+    keys = sample_keys(dataset)
+    single = keys is None and not isinstance(dataset[0], (list, tuple))
+    return (lambda: materialize(dataset)), found.n * found.item_bytes, single, keys
 
 
 def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.5) -> GPUResidentLoader:
