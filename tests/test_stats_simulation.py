@@ -155,3 +155,64 @@ def test_run_ab_records_the_counterbalanced_order():
 
     doc = run_ab("x", "none", "none", repeats=4, measure=fake)
     assert doc["run_order"] == ["A", "B", "B", "A", "A", "B", "B", "A"]
+
+
+# One A vs A trial on the H200 (2026-12-03, round 19: `noise --aa unet=...compile,cuda_graph`,
+# trial 3; benchmarks/results/round19/noise_unet/aa_unet_2.json): run mean step times, in the
+# order the pairs ran. fastloop called it "A is 1.00x faster (97% CI 1.000-1.002)".
+_UNET_A = [0.003572243838840061, 0.0035688224149144385, 0.0035690087755682015, 0.003572296510696411,
+           0.0035649644313764965]
+_UNET_B = [0.0035749170305344044, 0.003570202389849892, 0.003573341143300519, 0.003573123557832506,
+           0.003569733262300969]
+
+
+def test_a_difference_under_one_percent_is_no_meaningful_difference_even_when_the_interval_excludes_one():
+    from fastloop.measure.stats import verdict
+
+    ci = run_ratio_ci([[t] * 5 for t in _UNET_A], [[t] * 5 for t in _UNET_B], confidence=VERDICT_CONFIDENCE)
+    assert ci.ci_high < 1 and abs(ci.ratio - 1) < 0.001  # statistically apart, by 0.08%
+    assert ci.negligible and not ci.significant
+    assert verdict(ci).startswith("no meaningful difference (0.999x") and "less than 1%" in verdict(ci)
+    # the same quiet machine still calls a real 2% difference
+    faster = run_ratio_ci([[t] * 5 for t in _UNET_A], [[t / 1.02] * 5 for t in _UNET_B], confidence=VERDICT_CONFIDENCE)
+    assert faster.significant and not faster.negligible and verdict(faster).startswith("B is 1.02x faster")
+    with pytest.raises(ValueError, match="min_effect"):
+        run_ratio_ci([[t] * 5 for t in _UNET_A], [[t] * 5 for t in _UNET_B], min_effect=1.5)
+
+
+def test_on_a_quiet_gpu_a_vs_a_with_a_small_drift_is_no_longer_called_significant():
+    """The unet's measured spread (0.09% a process) and a systematic 0.15% between the sides:
+    without the 1% floor over a third of the trials are "significant" (113 of 300); with it, none."""
+    rng = np.random.default_rng(7)
+    old = new = 0
+    for _ in range(300):
+        a = [[0.00357 * (1 + 0.0009 * rng.standard_normal())] * 30 for _ in range(DEFAULT_REPEATS)]
+        b = [[0.00357 * 1.0015 * (1 + 0.0009 * rng.standard_normal())] * 30 for _ in range(DEFAULT_REPEATS)]
+        old += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE, min_effect=0.0).significant
+        new += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE).significant
+    print(f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, {new / 3:.1f}% with it")
+    assert old > 60 and new == 0
+
+
+def test_the_ladder_on_a_quiet_machine_does_not_keep_a_speedup_for_half_a_percent():
+    """fused_optimizer buys 0.5%, measured with 0.05% noise: significant, but under 1%; the
+    ladder keeps the simpler set and says that the two are apart by less than 1%."""
+    from fastloop.drivers.ladder import run_ladder
+    from fastloop.report.markdown import search_story
+
+    rng = np.random.default_rng(3)
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else spec.split(",")
+        mean = 0.010 / (1.005 if "fused_optimizer" in names else 1.0) * (1 + 0.0005 * rng.standard_normal())
+        return {"step_s_all": [mean] * 60, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.0, "step_s": {"mean": mean}, "loss": {"first": 1.0, "last": 0.5},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names], "steps": 60,
+                "warmup_steps": 5}
+
+    doc = run_ladder("x", ["fused_optimizer"], device="cpu", measure=measure)
+    assert doc["selected"] == [], doc["rungs"][1]["decision"]
+    tie = doc["ties"][0]
+    assert tie["negligible"] and tie["ci_low"] > 1 and 1.004 < tie["ratio"] < 1.006
+    assert "are apart by less than 1%: the simpler, none, is kept" in doc["rungs"][1]["decision"]
+    assert any("apart by under 1%" in line for line in search_story(doc))

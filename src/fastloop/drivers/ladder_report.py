@@ -79,7 +79,8 @@ def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
         span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
                 and ci.get("ci_high") is not None else "")
         what = "without it " if r.get("ablation") else ""
-        sig = ("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else "no significant difference"
+        sig = (("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else
+               "less than 1%, no meaningful difference" if ci.get("negligible") else "no significant difference")
         for name in names:
             out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
     return out

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
+from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
 if TYPE_CHECKING:
@@ -244,13 +245,16 @@ class StagedSearch:
             L._update()
 
     def _tie(self, doc: dict, kept: str, other: str, ci: dict | None) -> None:
-        """Two configurations the comparison could not tell apart (an interval straddling 1, not
-        cut by the budget): the simpler one is kept, and the report says they tie."""
+        """Two configurations the comparison could not tell apart (an interval straddling 1, or
+        apart by less than ``MIN_EFFECT``; not cut by the budget): the simpler one is kept, and the
+        report says they tie."""
         if not ci or ci.get("significant") or ci.get("budget") or ci.get("ratio") is None:
             return
         self.L.ties.append({"kept": kept, "other": other, "ratio": ci["ratio"], "ci_low": ci.get("ci_low"),
-                            "ci_high": ci.get("ci_high"), "why": "the simpler (fewer speedups, less to go wrong)"})
-        doc["decision"] += f"; {kept} and {other} tie within the noise: the simpler, {kept}, is kept"
+                            "ci_high": ci.get("ci_high"), "why": "the simpler (fewer speedups, less to go wrong)",
+                            "negligible": bool(ci.get("negligible"))})
+        how = f"are apart by less than {100 * MIN_EFFECT:g}%" if ci.get("negligible") else "tie within the noise"
+        doc["decision"] += f"; {kept} and {other} {how}: the simpler, {kept}, is kept"
 
     # -- the stages ------------------------------------------------------------------------------
     def feed(self, feed: list, stage: str, *, defer_ablation: bool = False) -> None:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "is_steady", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
+__all__ = ["MIN_EFFECT", "MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "is_steady", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
            "summarize", "t_quantile", "verdict"]
 
 
@@ -82,6 +82,11 @@ MIN_RUNS = 3
 """Fewer runs per side than this: no verdict ("too few runs to tell")."""
 MIN_STEPS = 3
 """Fewer measured steps per run than this: no verdict."""
+MIN_EFFECT = 0.01
+"""The smallest difference a comparison of runs calls a difference: 1%. On a quiet GPU whole-step
+graph (H200, U-Net, 0.09% run-to-run spread) two sides of the same configuration came out 0.08%
+apart with an interval that excluded 1; a verdict "A is 1.00x faster" helps no one, and a ladder
+would keep a speedup for a 0.2% gain. Below this the verdict is "no meaningful difference"."""
 
 
 def summarize(samples: Sequence[float]) -> dict:
@@ -110,6 +115,9 @@ class RatioCI:
     too_few: bool = False
     """True when there were too few runs or steps for any verdict (then never significant)."""
     method: str = "bootstrap"
+    negligible: bool = False
+    """True when the interval excludes 1 but the ratio is within ``MIN_EFFECT`` of it (then not
+    significant): apart, but by too little to matter."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -162,13 +170,14 @@ def t_quantile(p: float, df: int) -> float:
 
 def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], *,
                  confidence: float = 0.95, min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS,
-                 paired: bool = True) -> RatioCI:
+                 paired: bool = True, min_effect: float = MIN_EFFECT) -> RatioCI:
     """CI for ``mean step time of A / mean step time of B`` with the run as the unit.
 
     ``groups_a``/``groups_b``: one list of step times (seconds) per run. Runs given in the same
     order on both sides (A1 B1 A2 B2 ...) with equal counts are paired, so slow drift of the
     machine cancels; otherwise (or with ``paired=False``: runs that were not interleaved) a Welch
-    interval on the logs is used. ``ratio > 1``: B is faster.
+    interval on the logs is used. ``ratio > 1``: B is faster. A ratio within ``min_effect`` of 1
+    is never significant, even when the interval excludes 1 (``negligible``).
 
     Example:
         >>> a = [[0.010, 0.011, 0.010]] * 2 + [[0.012, 0.011, 0.012]] * 2
@@ -178,9 +187,14 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
         (2.18, True, 4)
         >>> run_ratio_ci(a[:1], b[:1]).too_few
         True
+        >>> tiny = run_ratio_ci([[0.01000] * 3] * 3 + [[0.01001] * 3] * 3, [[0.00999] * 3] * 3 + [[0.01000] * 3] * 3)
+        >>> tiny.significant, tiny.negligible
+        (False, True)
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if not 0 <= min_effect < 1:
+        raise ValueError(f"min_effect must be a fraction in [0, 1), got {min_effect!r}")
     ga, gb = check_times(groups_a, "groups_a"), check_times(groups_b, "groups_b")
     if not ga or not gb:
         raise ValueError("run_ratio_ci needs at least one run with step times on each side")
@@ -206,9 +220,11 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
     else:
         half = t_quantile(0.5 + confidence / 2, df) * se
         lo, hi = math.exp(centre - half), math.exp(centre + half)
-    significant = (not too_few) and (lo > 1.0 or hi < 1.0)
+    apart = (not too_few) and (lo > 1.0 or hi < 1.0)
+    negligible = apart and abs(centre) < math.log1p(min_effect)
     return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
-                   significant=significant, confidence=confidence, runs=runs, too_few=too_few, method=method)
+                   significant=apart and not negligible, confidence=confidence, runs=runs, too_few=too_few,
+                   method=method, negligible=negligible)
 
 
 def one_run_ci(groups_a: Sequence[Sequence[float]], run_b: Sequence[float], *, confidence: float = 0.95,
@@ -303,6 +319,9 @@ def verdict(ci: RatioCI, *, label_a: str = "A", label_b: str = "B") -> str:
     if ci.ci_high is None:
         return f"no interval ({ci.ratio:.3f}x)"
     pct = f"{100 * ci.confidence:g}%"
+    if ci.negligible:
+        return (f"no meaningful difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f}: "
+                f"apart, but by less than {100 * MIN_EFFECT:g}%)")
     if not ci.significant:
         return f"no significant difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
     if ci.ratio > 1:

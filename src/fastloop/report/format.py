@@ -20,7 +20,7 @@ def fmt_ratio(r: dict | None) -> str:
         return f"{r['ratio']:.2f}x (too few runs to tell)"
     if r.get("ci_high") is None:
         return f"{r['ratio']:.2f}x (no interval)"
-    mark = "" if r["significant"] else " (n.s.)"
+    mark = "" if r["significant"] else " (under 1%)" if r.get("negligible") else " (n.s.)"
     return f"{r['ratio']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]{mark}"
 
 

@@ -24,7 +24,8 @@ def search_story(doc: dict) -> list[str]:
         out += ["", "**Not tried:** " + "; ".join(f"{t['name']} ({t['why']}, at {t['stage']})" for t in doc["not_tried"])]
     if doc.get("ties"):
         out += ["", "**Ties within the noise** (the simpler kept): " + "; ".join(
-            f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}])"
+            f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
+            f"{', apart by under 1%' if t.get('negligible') else ''})"
             for t in doc["ties"] if t.get("ci_low") is not None and t.get("ci_high") is not None)]
     return out
 
