@@ -104,8 +104,9 @@ def make(batch_size: int = 64, n: int = 64 * 100, seed: int = 0):
 
 
 def expert(batch_size: int = 64, n: int = 64 * 100, seed: int = 0):
-    """By hand: the data on the GPU, bf16-mixed, TF32, a fused AdamW, compile (default mode)."""
-    from benchmarks.zoo._expert import GpuData, tf32
+    """By hand: the data on the GPU, bf16-mixed, TF32, a fused AdamW, and
+    ``torch.compile(mode="reduce-overhead")`` (compile's CUDA graphs, each step marked)."""
+    from benchmarks.zoo._expert import GpuData, MarkStep, tf32
 
     tf32()
     torch.manual_seed(seed)
@@ -118,6 +119,6 @@ def expert(batch_size: int = 64, n: int = 64 * 100, seed: int = 0):
             return conf
 
     module = Fused()
-    module.model.compile()
+    module.model.compile(mode="reduce-overhead")
     return module, GpuData(*_tokens(n, 256, 8192, seed), batch_size=batch_size, seed=seed), \
-        {"gradient_clip_val": 1.0, "precision": "bf16-mixed"}
+        {"gradient_clip_val": 1.0, "precision": "bf16-mixed", "callbacks": [MarkStep()]}

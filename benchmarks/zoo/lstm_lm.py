@@ -57,7 +57,9 @@ def expert(batch_size: int = 64, seq: int = 35, vocab: int = 10_000, n: int = 64
     """By hand: the data on the GPU, bf16-mixed (cuDNN's LSTM in bf16), TF32, a foreach SGD.
 
     Not fused: Lightning refuses gradient clipping with an optimizer that unscales its gradients
-    itself ("does not allow for gradient clipping"), and this module clips at 0.25.
+    itself ("does not allow for gradient clipping"), and this module clips at 0.25. Not compiled:
+    torch.compile does not trace ``nn.LSTM`` by default (``torch._dynamo.config.allow_rnn``), so
+    compile's CUDA graphs would not cover it; capturing the step by hand is beyond this expert.
     """
     from benchmarks.zoo._expert import GpuData, tf32
 

@@ -73,15 +73,16 @@ def make(batch_size: int = 32, size: int = 128, n: int = 1024, seed: int = 0):
 
 
 def expert(batch_size: int = 32, size: int = 128, n: int = 1024, seed: int = 0):
-    """By hand: the data on the GPU, bf16-mixed, channels_last, TF32, cuDNN benchmark, compile."""
-    from benchmarks.zoo._expert import GpuData, tf32
+    """By hand: the data on the GPU, bf16-mixed, channels_last, TF32, cuDNN benchmark, and
+    ``torch.compile(mode="reduce-overhead")`` (compile's CUDA graphs, each step marked)."""
+    from benchmarks.zoo._expert import GpuData, MarkStep, tf32
 
     tf32()
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(seed)
     module = LitUNet()
     module.net = module.net.to(memory_format=torch.channels_last)
-    module.net.compile()
+    module.net.compile(mode="reduce-overhead")
     x, mask = _data(n, size, seed)
     return module, GpuData(x.contiguous(memory_format=torch.channels_last), mask, batch_size=batch_size, seed=seed), \
-        {"precision": "bf16-mixed"}
+        {"precision": "bf16-mixed", "callbacks": [MarkStep()]}
