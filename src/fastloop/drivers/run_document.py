@@ -139,8 +139,8 @@ def steadiness_warning(step_s: list[float], reached: bool | None = None, measure
     steady warm-up off), with what was measured: nothing for the user to redo.
 
     Example:
-        >>> steadiness_warning([0.01] * 10 + [0.02] * 10, reached=False, measured_on=40)[:60]
-        'not steady: after measuring on for 40 more steps, the second '
+        >>> steadiness_warning([0.01] * 10 + [0.02] * 10, reached=False, measured_on=40)[:59]
+        'not steady: after measuring on for 40 more steps, the secon'
     """
     ratio = half_ratio(step_s)
     if reached is True or ratio is None or is_steady(ratio):
