@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
-from fastloop.data import first_tensor, rebuild_loader
+from fastloop.data import first_tensor, rebuild_loader, splits_between_workers
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, parse_number, register, valid_step_rate
 from fastloop.speedups.run import Run
@@ -230,6 +230,9 @@ class Workers(Speedup):
             raise Fallback(f"loader is a {type(loader).__name__}, not a torch DataLoader")
         if loader.num_workers >= default_num_workers():
             raise Skip(f"loader already has {loader.num_workers} workers")
+        repeats = splits_between_workers(loader)
+        if repeats:
+            raise Skip(repeats)
         n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
