@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastloop.data import rebuild_loader, splits_between_workers
+from fastloop.data import rebuild_loader
+from fastloop.streams import splits_between_workers
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.workers import Workers
 

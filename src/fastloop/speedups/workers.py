@@ -30,7 +30,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
-from fastloop.data import first_tensor, rebuild_loader, splits_between_workers
+from fastloop.data import first_tensor, rebuild_loader
+from fastloop.streams import splits_between_workers
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, parse_number, register, valid_step_rate
 from fastloop.speedups.run import Run
