@@ -125,9 +125,10 @@ def test_whole_step_graph_trains_as_the_eager_step():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("module,cause", [
-    (Lit(sync=True), "synchronizes with the host"),
+    (Lit(sync=True), "synchronizes with the host at test_lightning_graph.py:32 in training_step"),
     # Lightning turns a logged Python number into a device tensor: a host-to-device copy, a sync
-    (Lit(log_value="float"), "synchronizes with the host")])
+    # (the site: the self.log line of training_step, inside Lightning)
+    (Lit(log_value="float"), "synchronizes with the host at test_lightning_graph.py:")])
 def test_whole_step_graph_falls_back_with_the_cause(module, cause):
     """Found while the run is under way: the steps drop one tier (compile's CUDA graphs of forward
     and backward), not to eager; the record names the tier and why the whole step did not run."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -162,7 +163,10 @@ class GraphedStep:
                 raise
             msg = str(err).splitlines()[0]
             if "synchroniz" in msg or "capturing" in msg or "not permitted" in msg:
-                raise GraphIneligible(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}") from None
+                site = user_site(traceback.extract_tb(err.__traceback__))
+                where = f" at {site}" if site else ""
+                raise GraphIneligible(f"the step synchronizes with the host{where} (e.g. .item(), .cpu(), printing a "
+                                      f"tensor): {msg}") from None
             raise GraphIneligible(f"capture failed: {msg}") from None
         finally:
             with torch.no_grad():

@@ -34,7 +34,8 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
 from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
-from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
+from fastloop.adapters.step_source import (host_rng_changed, host_rng_snapshot, step_reads_counters, user_site,
+                                           warnings_with_stacks)
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
 
@@ -247,8 +248,7 @@ class WholeStepGraph:
         side.wait_stream(torch.cuda.current_stream())
         prev = torch.cuda.get_sync_debug_mode()
         rng = host_rng_snapshot()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
+        with warnings_with_stacks() as seen:
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 with torch.cuda.stream(side):
@@ -260,16 +260,18 @@ class WholeStepGraph:
         if drew:  # in code the source check cannot see (a library's transform): the replay would freeze it
             self.fail(f"the step draws random numbers on the host ({drew}): a graph would replay the first draw")
             return out
-        syncs = [w for w in seen if "synchroniz" in str(w.message)]
-        for w in seen:
-            if w not in syncs:
+        syncs = [(w, stack) for w, stack in seen if "synchroniz" in str(w.message)]
+        for w, _ in seen:
+            if "synchroniz" not in str(w.message):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self._clean = not syncs
         if syncs:
             self._sync_checks -= 1
             if self._sync_checks <= 0:
-                msg = str(syncs[0].message).splitlines()[0]
-                self.fail(f"the step synchronizes with the host (e.g. .item(), .cpu(), printing a tensor): {msg}")
+                msg = str(syncs[0][0].message).splitlines()[0]
+                site = user_site(syncs[0][1])
+                where = f" at {site}" if site else ""
+                self.fail(f"the step synchronizes with the host{where} (e.g. .item(), .cpu(), printing a tensor): {msg}")
         return out
 
     def _capture(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
