@@ -103,6 +103,16 @@ def test_the_budget_bounds_the_whole_ladder_and_lists_what_was_not_tried():
     assert doc["rungs"][-1].get("final")  # the final comparison still fits
 
 
+def test_a_ladder_the_budget_cut_short_does_not_say_that_nothing_helps():
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "compile"], device="cpu", budget=1.0,
+                     measure=_fake(lambda n: 1.0, lambda n: 0.02, sleep=0.15))
+    assert doc["selected"] == [] and doc["not_tried"]
+    assert doc["callbacks_line"].startswith("# no speedup helped measurably in the budget;")
+    assert "a larger --budget" in doc["callbacks_line"]
+    full = run_ladder("x", ["bf16"], device="cpu", measure=_fake(lambda n: 1.0, lambda n: 0.02))
+    assert not full["not_tried"] and full["callbacks_line"] == "# no speedup helped measurably on this model and machine"
+
+
 def test_log_lines_one_per_finished_run(capsys):
     lines = _RunLines()
     log = [{"spec": "none", "s": 2.5, "elapsed_s": 2.5, "throughput": {"value": 1000.0, "unit": "samples/s"}}]

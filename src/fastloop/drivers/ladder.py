@@ -282,6 +282,9 @@ class _Ladder:
             out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{self._spec()}")'
         elif self.selected:
             out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
+        elif out.get("not_tried"):
+            out["callbacks_line"] = (f"# no speedup helped measurably in the budget; {len(out['not_tried'])} not tried "
+                                     f"or not finished (see 'Not tried'; a larger --budget measures them)")
         else:
             out["callbacks_line"] = "# no speedup helped measurably on this model and machine"
         _filter_advice(rungs)
