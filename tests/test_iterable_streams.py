@@ -1,6 +1,8 @@
-"""Loaders over an IterableDataset (a stream): rebuilt without the sampler DataLoader refuses to
-be given back, and given workers only when the stream is split between them (otherwise each
-worker would yield the whole stream, every sample once per worker)."""
+"""Loaders users write that are not map-style-with-batch_size: over an IterableDataset (a stream),
+rebuilt without the sampler DataLoader refuses to be given back, and given workers only when the
+stream is split between them (otherwise each worker would yield the whole stream, every sample
+once per worker); with ``batch_size=None`` (the dataset's items are batches), rebuilt with its
+sampler and whole batches, and never given another batch size."""
 
 from __future__ import annotations
 
@@ -63,3 +65,39 @@ def test_a_stream_split_by_worker_takes_workers_and_sees_each_sample_once():
 
 def test_a_worker_init_fn_counts_as_the_users_split():
     assert splits_between_workers(DataLoader(Whole(), batch_size=4, worker_init_fn=lambda i: None)) is None
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Each item is a whole batch (the loader has batch_size=None)."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.full((4, 2), float(i)), torch.full((4,), i)
+
+
+def test_a_loader_that_does_not_batch_keeps_its_sampler_and_its_whole_batches():
+    loader = DataLoader(_Batches(), batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(3))
+    again = rebuild_loader(loader, num_workers=2, persistent_workers=False)
+    got = [x[:, 0].tolist() for x, _ in again]
+    assert all(len(set(b)) == 1 and len(b) == 4 for b in got)  # whole batches, not batches of batches
+    assert sorted(b[0] for b in got) == list(range(6)) and again.batch_size is None
+    assert isinstance(again.sampler, torch.utils.data.RandomSampler)  # still shuffled
+
+
+def test_batch_size_on_a_loader_that_does_not_batch_is_skipped_with_the_reason():
+    from fastloop.errors import FastloopError
+    from fastloop.speedups.batch_size import BatchSize
+    from tests.targets import tiny_mlp
+
+    loader = DataLoader(_Batches(), batch_size=None)
+    try:
+        rebuild_loader(loader, batch_size=8)
+    except FastloopError as err:
+        assert "does not batch (batch_size=None" in str(err)
+    else:
+        raise AssertionError("a batch size was forced on a loader whose items are batches")
+    module = tiny_mlp()[0]
+    data, record, stats = BatchSize().prepare_run(module, loader, [], torch.device("cpu"))
+    assert data is loader and record.status == "skipped" and "batch_size=None" in record.reason and stats == {}

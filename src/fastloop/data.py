@@ -315,6 +315,14 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         # its sampler is DataLoader's own stand-in, which DataLoader refuses to be given back
         kw.pop("sampler", None)
         kw.pop("batch_sampler", None)
+    elif loader.batch_sampler is None and loader.batch_size is None:
+        # batch_size=None: the dataset's items are whole batches; its sampler deals them out
+        kw.pop("batch_sampler", None)
+        kw.pop("drop_last", None)
+        if "batch_size" in overrides:
+            raise FastloopError("the loader does not batch (batch_size=None: its dataset yields whole batches), so "
+                                "fastloop cannot set its batch size; make the batches in the DataLoader "
+                                "(batch_size=N) or leave batch_size out")
     elif loader.batch_sampler is not None and loader_auto_collation(loader) and kw.get("batch_size") is not None:
         # a default BatchSampler: pass its parts, not the object (keeps batch_size editable)
         kw.pop("batch_sampler")

@@ -286,6 +286,9 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         data.prepare_data()
         data.setup("fit")
     current = _current(_holders(module, data))
+    if isinstance(data, DataLoader) and data.batch_size is None and data.batch_sampler is None:
+        raise FastloopError("cannot change the batch size: the loader does not batch (batch_size=None: its dataset "
+                            "yields whole batches); make the batches in the DataLoader (batch_size=N) to search it")
     if current is None and isinstance(data, DataLoader):
         current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
     if not _holders(module, data) and not isinstance(data, DataLoader):
@@ -355,9 +358,13 @@ class BatchSize(Speedup):
     def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device, *,
                     precision: str | None = None) -> tuple[Any, Record, dict]:
         """Search with the other speedups on, then train at the size found (a DataLoader, fixed
-        at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``)."""
+        at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``). Where the
+        size cannot be changed, the run goes on at the user's size and the record says why (skipped)."""
 
-        search = search_batch_size(module, data, speedups=others, device=str(device), trainer_precision=precision)
+        try:
+            search = search_batch_size(module, data, speedups=others, device=str(device), trainer_precision=precision)
+        except FastloopError as err:  # not the user's code failing (UserCodeError is no FastloopError)
+            return data, Record(self.name, "skipped", str(err)), {}
         if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:
             data = rebuild_loader(data, batch_size=search["batch_size"])
         record = Record(self.name, "applied", detail=f"batch size {search['batch_size']} (largest fitting "
