@@ -30,7 +30,7 @@ from fastloop._torch_private import compiled_call, set_compiled_call
 from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
 from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
-from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile
+from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
 from fastloop.speedups.run import Run
 
@@ -114,13 +114,18 @@ class LightningRun(Run):
         if not children:
             raise Skip(f"{type(module).__name__} has no child module with parameters to compile (its parameters "
                        f"are used directly in training_step, which Lightning calls outside any compiled region)")
+        theirs = [n for n, c in children if compiled_by_user(c)]
+        children = [(n, c) for n, c in children if not compiled_by_user(c)]
+        if not children:
+            raise Skip(f"your code already compiles {', '.join(theirs)} (torch.compile returned it): left as it is")
         for _, child in children:
             self._compile(child, mode)
         _COMPILE_MODE[module] = mode
         self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         assert self.speedup is not None
         self.ctx.describe(self.speedup.name, "compiled " + ", ".join(f"{n} ({type(c).__name__})" for n, c in children)
-                          + (f" in mode {mode}" if mode != "default" else ""))
+                          + (f" in mode {mode}" if mode != "default" else "")
+                          + (f"; {', '.join(theirs)} left as your code compiled it" if theirs else ""))
 
     def _compile(self, child: torch.nn.Module, mode: str) -> None:
         before = compiled_call(child)

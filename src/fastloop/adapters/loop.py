@@ -33,8 +33,8 @@ from fastloop.errors import FastloopError
 from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
-from fastloop.speedups.base import Context, Record, resolve
-from fastloop.speedups.compile import apply_compile
+from fastloop.speedups.base import Context, Record, Skip, resolve
+from fastloop.speedups.compile import apply_compile, compiled_by_user
 from fastloop.speedups.run import Run, apply_all
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
@@ -77,7 +77,10 @@ class LoopRun(Run):
         self.model = fn(self._need(self.model, "model"))
 
     def compile_step(self, mode: str) -> None:
-        self.model = apply_compile(self._need(self.model, "model"), mode)
+        model = self._need(self.model, "model")
+        if compiled_by_user(model):
+            raise Skip("the model is already compiled by your code (torch.compile returned it): left as it is")
+        self.model = apply_compile(model, mode)
 
     def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
         fn(self._need(self.optimizer, "optimizer"))

@@ -17,7 +17,7 @@ from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters"]
+__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters", "compiled_by_user"]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -30,6 +30,13 @@ def apply_compile(model: torch.nn.Module, mode: str = "default") -> torch.nn.Mod
         raise ValueError(f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}")
     model.compile(mode=None if mode == "default" else mode)
     return model
+
+
+def compiled_by_user(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is the wrapper ``torch.compile(module)`` returns (the user's own compile;
+    fastloop compiles in place and never makes one). Compiling it again would compile the
+    compiled module, in fastloop's mode instead of the user's."""
+    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
 
 
 def compile_counters() -> dict:

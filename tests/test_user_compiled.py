@@ -1,0 +1,51 @@
+"""A model the user already compiled (``torch.compile`` returned a wrapper): the compile speedup
+leaves it as the user compiled it, and says so, in both adapters; children the user did not
+compile are still compiled."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from fastloop._compat import Trainer
+from fastloop.lightning import callbacks, records_of
+from fastloop.loop import FastLoop
+from fastloop.speedups.compile import compiled_by_user
+from tests.targets import tiny_mlp
+
+
+def _data():
+    return DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16)
+
+
+def test_the_plain_loop_leaves_a_model_the_user_compiled():
+    model = torch.compile(torch.nn.Linear(8, 2))
+    assert compiled_by_user(model) and not compiled_by_user(torch.nn.Linear(8, 2))
+    result = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(),
+                      loss_fn=torch.nn.functional.cross_entropy, speedups="compile").train(steps=2, warmup=1)
+    (rec,) = result.records
+    assert rec.status == "skipped" and "already compiled by your code" in rec.reason
+
+
+def test_lightning_compiles_only_the_children_the_user_did_not():
+    module, loader = tiny_mlp()
+    names = [n for n, c in module.named_children() if any(True for _ in c.parameters())]
+    assert names, "tiny_mlp has a child with parameters"
+    first = names[0]
+    setattr(module, first, torch.compile(getattr(module, first)))
+    module.extra = torch.nn.Linear(2, 2)  # a child of the user's that is not compiled (unused in the step)
+    trainer = Trainer(callbacks=callbacks("compile"), max_steps=2, logger=False, accelerator="cpu",
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, loader)
+    (rec,) = records_of(trainer)
+    assert rec.status == "applied", rec
+    assert f"{first} left as your code compiled it" in rec.detail and "extra (Linear)" in rec.detail, rec.detail
+
+    only, loader = tiny_mlp()
+    for n in names:
+        setattr(only, n, torch.compile(getattr(only, n)))
+    trainer = Trainer(callbacks=callbacks("compile"), max_steps=2, logger=False, accelerator="cpu",
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(only, loader)
+    (rec,) = records_of(trainer)
+    assert rec.status == "skipped" and "your code already compiles" in rec.reason, rec
