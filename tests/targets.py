@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fastloop._compat import LightningDataModule, LightningModule
+from fastloop._compat import Callback, LightningDataModule, LightningModule
 
 
 class Classifier(LightningModule):
@@ -254,6 +254,34 @@ def with_trainer_settings(clip: float = 1e-3, precision: str | None = None, extr
     if extra:
         kwargs[extra] = 1
     return module, loader, kwargs
+
+
+class CountSteps(Callback):
+    """A callback of the user's own: counts the training batches it saw, written at the end of
+    training to the file ``FASTLOOP_TEST_COUNT_FILE`` names."""
+
+    seen = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seen += 1
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import os
+
+        with open(os.environ["FASTLOOP_TEST_COUNT_FILE"], "w") as f:
+            f.write(str(self.seen))
+
+
+def with_callbacks():
+    """tiny_mlp with the Trainer callbacks users carry: a logger's LearningRateMonitor, a
+    ModelCheckpoint and an EarlyStopping on a validation metric (each needs what a measured run
+    turns off) and one of their own (runs)."""
+    from fastloop._compat import pl
+
+    module, loader = tiny_mlp()
+    return module, loader, {"callbacks": [pl.callbacks.LearningRateMonitor(), pl.callbacks.ModelCheckpoint(),
+                                          pl.callbacks.EarlyStopping("val_loss"), CountSteps()],
+                            "logger": True}
 
 
 def trainer_settings_not_a_dict():

@@ -29,6 +29,21 @@ def test_the_targets_trainer_settings_are_used_and_owned_ones_left_out():
     assert plain["trainer_settings"]["used"] == {}
 
 
+def test_callbacks_that_need_what_a_run_turns_off_are_left_out_with_the_reason_and_the_users_own_run(tmp_path,
+                                                                                                    monkeypatch):
+    """A LearningRateMonitor with the logger left out failed the run as 'an error in your code'."""
+    monkeypatch.setenv("FASTLOOP_TEST_COUNT_FILE", str(tmp_path / "count"))
+    doc = _run("with_callbacks")
+    assert int((tmp_path / "count").read_text()) >= doc["steps"] + doc["warmup_steps"]  # the user's own callback ran
+    settings = doc["trainer_settings"]
+    assert settings["callbacks"] == ["CountSteps"]
+    left = settings["left_out"]
+    assert left["callbacks: LearningRateMonitor"] == "fastloop's runs write no logs"
+    assert "no checkpoints" in left["callbacks: ModelCheckpoint"] and "do not validate" in left["callbacks: EarlyStopping"]
+    assert "logger" in left
+    assert doc["steps"] == 6
+
+
 def test_a_precision_the_user_chose_wins_over_the_bf16_speedup():
     doc = _run("with_trainer_settings", "bf16", precision="bf16-mixed")
     rec = next(r for r in doc["speedups"] if r["name"] == "bf16")

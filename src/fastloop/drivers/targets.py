@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
-__all__ = ["OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "check_trainer_kwargs",
+__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "check_trainer_kwargs",
            "load_target"]
 
 OWNED_TRAINER_KWARGS: dict[str, str] = {
@@ -46,6 +46,44 @@ OWNED_TRAINER_KWARGS: dict[str, str] = {
 """Trainer settings a target may not carry, and why: fastloop's measurement owns them (they are
 left out of the run, and the report says so). Everything else (gradient_clip_val,
 accumulate_grad_batches, precision, deterministic, benchmark, callbacks, ...) is the user's."""
+
+OWNED_CALLBACKS: dict[str, str] = {
+    "ModelCheckpoint": "fastloop's runs write no checkpoints",
+    "EarlyStopping": "fastloop's runs do not validate, and fastloop sets how long a measured run trains",
+    "Timer": "fastloop sets how long a measured run trains",
+    "LearningRateMonitor": "fastloop's runs write no logs",
+    "DeviceStatsMonitor": "fastloop's runs write no logs",
+    "ProgressBar": "fastloop's runs show no progress bars (their cost is not the training's)",
+    "ModelSummary": "fastloop's runs print no model summary",
+    "BatchSizeFinder": "a search before fit is not the training's step (`fastloop batch-size` searches batch sizes)",
+    "LearningRateFinder": "a search before fit is not the training's step",
+}
+"""Lightning's callbacks a target's Trainer settings may not carry into a measured run, by the
+class (or base class) name, and why: each needs what fastloop's runs turn off (a logger,
+checkpointing, validation, a progress bar) or changes how long the run trains. The rest of the
+user's callbacks run."""
+
+
+def split_callbacks(callbacks: list) -> tuple[list, dict[str, str]]:
+    """(the user's callbacks a run keeps, ``{"callbacks: Name": why}`` for those it leaves out).
+
+    Example:
+        >>> from fastloop._compat import pl
+        >>> kept, left = split_callbacks([pl.callbacks.LearningRateMonitor(), pl.callbacks.GradientAccumulationScheduler({0: 2})])
+        >>> [type(c).__name__ for c in kept], left
+        (['GradientAccumulationScheduler'], {'callbacks: LearningRateMonitor': "fastloop's runs write no logs"})
+    """
+    kept, left = [], {}
+    for cb in callbacks:
+        why = next((OWNED_CALLBACKS[k.__name__] for k in type(cb).__mro__
+                    if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning") and k.__name__ in OWNED_CALLBACKS),
+                   None)
+        if why is None:
+            kept.append(cb)
+        else:
+            left[f"callbacks: {type(cb).__name__}"] = why
+    return kept, left
+
 
 RECIPES: dict[str, str] = {
     "gpt": "fastloop.recipes.gpt.target:make",
