@@ -101,3 +101,47 @@ def test_batch_size_on_a_loader_that_does_not_batch_is_skipped_with_the_reason()
     module = tiny_mlp()[0]
     data, record, stats = BatchSize().prepare_run(module, loader, [], torch.device("cpu"))
     assert data is loader and record.status == "skipped" and "batch_size=None" in record.reason and stats == {}
+
+
+def test_a_dict_of_training_loaders_gets_each_loader_changed_alike_and_trains_the_same():
+    """train_dataloader returning {"a": loader, "b": loader} (Lightning combines them): workers
+    rebuilds both (it fell back on 'a dict, not a DataLoader'), and the losses are the eager ones."""
+    from fastloop._compat import LightningModule, Trainer
+    from fastloop.lightning import callbacks, records_of
+
+    class TwoTasks(LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.trunk, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+            self.losses, self.loaders = [], None
+
+        def train_dataloader(self):
+            g = torch.Generator().manual_seed(1)
+            make = lambda: torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+            return {"a": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)),
+                    "b": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))}
+
+        def training_step(self, batch, batch_idx):
+            self.loaders = self.trainer.train_dataloader
+            loss = sum(torch.nn.functional.mse_loss(self.head(self.trunk(x)), y) for x, y in batch.values())
+            self.losses.append(float(loss))
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(cbs):
+        module = TwoTasks()
+        trainer = Trainer(callbacks=cbs, max_steps=6, logger=False, accelerator="cpu", enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module)
+        return module, trainer
+
+    eager, _ = fit([])
+    fast, trainer = fit(callbacks("workers:2"))
+    (rec,) = records_of(trainer)
+    assert rec.status == "applied", rec
+    assert fast.losses == eager.losses and len(fast.losses) == 6
+    loaders = fast.loaders.iterables if hasattr(fast.loaders, "iterables") else fast.loaders  # a CombinedLoader
+    assert {k: v.num_workers for k, v in loaders.items()} == {"a": 2, "b": 2}

@@ -74,6 +74,18 @@ def held_gradients(trainer: Trainer, module: LightningModule) -> str | None:
     return None
 
 
+def _loader_members(loader: Any) -> dict | None:
+    """The DataLoaders of a dict, list or tuple of them (what ``train_dataloader`` may return for
+    Lightning to combine), by key or position; None for anything else."""
+    if isinstance(loader, dict):
+        items = dict(loader)
+    elif isinstance(loader, (list, tuple)):
+        items = dict(enumerate(loader))
+    else:
+        return None
+    return items if items and all(isinstance(v, DataLoader) for v in items.values()) else None
+
+
 class LightningRun(Run):
     """One speedup callback's run on one fit.
 
@@ -146,13 +158,21 @@ class LightningRun(Run):
         inst = train_source(self.trainer)
 
         def wrapped(loader: Any) -> Any:
+            members = _loader_members(loader)
             try:
-                new = fn(loader)
+                if members is None:
+                    new = fn(loader)
+                else:  # several loaders at once (Lightning's CombinedLoader): each changed alike
+                    changed = {k: fn(v) for k, v in members.items()}
+                    new = changed if isinstance(loader, dict) else type(loader)(changed.values())
             except Skip as why:  # asked for when the fit starts: the loader stays as it was
                 self._fail(why.status, why.reason)
                 return loader
-            if new is not loader:
-                self.loaders.append(new)
+            if members is None:
+                if new is not loader:
+                    self.loaders.append(new)
+            else:
+                self.loaders.extend(v for k, v in changed.items() if v is not members[k])
             return new
 
         if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
