@@ -297,3 +297,7 @@ def test_gpu_profile_splits_the_step_and_counts_host_syncs():
     # a tiny MLP keeps the H200 busy for a sliver of each Lightning step: host-bound, syncs named
     d = diagnose(synced)
     assert d["bottleneck"] == "host-bound" and "waits for the GPU" in d["evidence"], d
+    # and where: the .item() line of the user's training_step (round 19, CUDA's sync debug mode)
+    assert any(x["site"].startswith("targets.py:218 in training_step") and x["per_step"] >= 1
+               for x in sp["sync_sites"]), sp["sync_sites"]
+    assert "synchronizes at targets.py:218 in training_step" in d["evidence"], d

@@ -52,6 +52,17 @@ def test_ladder_breakdown_and_html_split_the_step_three_ways():
     assert 'id="plot-breakdown"' in render_html(doc)
 
 
+def test_doctor_names_the_line_that_synchronizes_when_the_profile_found_it():
+    cfg = _cfg(0.4, syncs=2.0)
+    cfg["gpu_profile"]["sync_sites"] = [{"site": "model.py:41 in forward (inside torch/nn/modules/transformer.py:380 "
+                                                 "_detect_is_causal_mask)", "per_step": 1.0},
+                                        {"site": "outside your code", "per_step": 1.0}]
+    evidence = diagnose(cfg)["evidence"]
+    assert ("it synchronizes at model.py:41 in forward (inside torch/nn/modules/transformer.py:380 "
+            "_detect_is_causal_mask) (1 a step)") in evidence and "outside your code" not in evidence
+    assert "synchronizes at" not in diagnose(_cfg(0.4, syncs=2.0))["evidence"]  # no sites: nothing claimed
+
+
 def test_doctor_names_prog_bar_logging_as_a_sync():
     cfg = _cfg(0.5, syncs=1.0)
     cfg["extra"] = {"prog_bar_keys": ["train_loss"]}

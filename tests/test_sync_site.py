@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from fastloop.adapters.step_source import user_site, warnings_with_stacks
+from fastloop.measure.sync_site import user_site, warnings_with_stacks
 
 
 def _users_step(x):

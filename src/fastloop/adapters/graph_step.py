@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot
+from fastloop.measure.sync_site import user_site
 from fastloop.data import map_tensors
 
 __all__ = ["GraphIneligible", "GraphedStep", "make_capturable", "sync_lr"]

@@ -34,8 +34,8 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
 from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
-from fastloop.adapters.step_source import (host_rng_changed, host_rng_snapshot, step_reads_counters, user_site,
-                                           warnings_with_stacks)
+from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
+from fastloop.measure.sync_site import user_site, warnings_with_stacks
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
 

@@ -11,15 +11,9 @@ Example:
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
-import os
 import random
-import sysconfig
 import textwrap
-import traceback
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,8 +21,7 @@ import torch
 
 from fastloop._compat import LightningModule
 
-__all__ = ["COUNTERS", "host_draws", "host_rng_changed", "host_rng_snapshot", "step_reads_counters", "user_site",
-           "warnings_with_stacks"]
+__all__ = ["COUNTERS", "host_draws", "host_rng_changed", "host_rng_snapshot", "step_reads_counters"]
 
 COUNTERS = ("global_step", "current_epoch")
 """Trainer counters a training step may read (a warm-up factor, an annealed weight)."""
@@ -229,62 +222,3 @@ def host_rng_changed(before: tuple) -> str | None:
     return ", ".join(moved) or None
 
 
-
-def _library(filename: str) -> bool:
-    """A file of torch, Lightning, fastloop, an installed package or Python itself."""
-    import fastloop
-
-    path = os.path.abspath(filename)
-    roots = (os.path.dirname(os.path.abspath(fastloop.__file__)), sysconfig.get_paths()["stdlib"])
-    return (filename.startswith("<") or any(part in path for part in ("site-packages", "dist-packages"))
-            or any(path.startswith(root + os.sep) for root in roots))
-
-
-def user_site(frames: list[traceback.FrameSummary]) -> str | None:
-    """Where in the user's code a stack (outermost frame first) was: ``file.py:LINE in func``
-    of the innermost frame outside libraries, with the library frame it led to, if any.
-
-    Example:
-        >>> from traceback import FrameSummary as Frame
-        >>> user_site([Frame("/home/me/train.py", 41, "forward", lookup_line=False),
-        ...            Frame("/venv/lib/python3.12/site-packages/torch/nn/modules/transformer.py", 380,
-        ...                  "_detect_is_causal_mask", lookup_line=False)])
-        'train.py:41 in forward (inside torch/nn/modules/transformer.py:380 _detect_is_causal_mask)'
-    """
-    inner = frames[-1] if frames else None
-    for frame in reversed(frames):
-        if not _library(frame.filename):
-            where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
-            if inner is not None and inner is not frame:
-                lib = inner.filename.replace(os.sep, "/")
-                short = lib[lib.rfind("site-packages/") + 14:] if "site-packages/" in lib else os.path.basename(lib)
-                where += f" (inside {short}:{inner.lineno} {inner.name})"
-            return where
-    return None
-
-
-@contextlib.contextmanager
-def warnings_with_stacks() -> Iterator[list[tuple[warnings.WarningMessage, list[traceback.FrameSummary]]]]:
-    """Record every warning raised inside (none shown) with the Python stack it was raised
-    from: CUDA's sync debug mode warns from C++ at the Python frame that called into it, so the
-    stack names the user's line that synchronized (:func:`user_site`).
-
-    Example:
-        >>> import warnings
-        >>> with warnings_with_stacks() as seen:
-        ...     warnings.warn("called a synchronizing CUDA operation")
-        >>> str(seen[0][0].message), seen[0][1][-1].name
-        ('called a synchronizing CUDA operation', '<module>')
-    """
-    seen: list[tuple[warnings.WarningMessage, list[traceback.FrameSummary]]] = []
-
-    def keep(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        stack = traceback.extract_stack()[:-1]
-        while stack and stack[-1].filename == warnings.__file__:
-            stack.pop()
-        seen.append((warnings.WarningMessage(message, category, filename, lineno, file, line), stack))
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = keep
-        yield seen

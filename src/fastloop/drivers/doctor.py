@@ -185,6 +185,9 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         syncs = prof.get("host_syncs_per_step") or 0.0
         sync_note = (f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
                      f".item(), .cpu(), print of a tensor, a copy from pageable memory)") if syncs >= 0.5 else ""
+        sites = [s for s in prof.get("sync_sites") or [] if s.get("site") != "outside your code"]
+        if sync_note and sites:
+            sync_note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
         pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
         fix = (("remove the per-step host syncs first (" + (f"self.log of {', '.join(pbar)} with prog_bar=True is one: "
                                                               "Lightning calls .item() on it every step; " if pbar else "")

@@ -20,7 +20,10 @@ Example (the interval arithmetic, which needs no GPU):
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
+
+from fastloop.measure.sync_site import SYNC_WARNING, sync_sites, warnings_with_stacks
 
 __all__ = ["SYNC_CALLS", "GpuProfile", "busy_span", "per_measured_step", "summarize_trace"]
 
@@ -103,6 +106,9 @@ class GpuProfile:
         self._prof: Any = None
         self.error: str | None = None
         self._t0 = 0.0
+        self._warned: Any = None
+        self._seen: list = []
+        self._sync_mode: Any = None
 
     def start(self) -> None:
         import torch
@@ -114,6 +120,25 @@ class GpuProfile:
             self._prof.__enter__()
         except Exception as err:  # noqa: BLE001 - the profile is optional evidence
             self._prof, self.error = None, f"{type(err).__name__}: {err}"
+            return
+        # where the host waits: each synchronizing call warns, with the user's line on its stack
+        self._warned = warnings_with_stacks()
+        self._seen = self._warned.__enter__()
+        self._sync_mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _stop_sync_sites(self, steps: int) -> list[dict]:
+        import torch
+
+        if self._warned is None:
+            return []
+        torch.cuda.set_sync_debug_mode(self._sync_mode)
+        self._warned.__exit__(None, None, None)
+        self._warned, seen, self._seen = None, self._seen, []
+        for w, _ in seen:  # the user's own warnings are theirs to see
+            if SYNC_WARNING not in str(w.message) and "Synchronization debug mode" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return sync_sites(seen, steps)
 
     def stop(self, steps: int) -> dict:
         import torch
@@ -122,6 +147,7 @@ class GpuProfile:
             return {"error": self.error or "the profiler did not start"}
         try:
             torch.cuda.synchronize()
+            sites = self._stop_sync_sites(steps)
             self._prof.__exit__(None, None, None)
             gpu, host = [], []
             for ev in self._prof.events():
@@ -131,9 +157,11 @@ class GpuProfile:
                 else:
                     host.append(ev.name)
             out = summarize_trace(gpu, host, steps)
+            out["sync_sites"] = sites  # CUDA's sync debug mode: "does not yet detect all synchronizing operations"
             out["profile_s"] = time.perf_counter() - self._t0  # the profiled steps and reading the trace: a ladder's cost
             return out
         except Exception as err:  # noqa: BLE001
             return {"error": f"{type(err).__name__}: {err}"}
         finally:
+            self._stop_sync_sites(steps)  # restored on every path (a no-op once done)
             self._prof = None
