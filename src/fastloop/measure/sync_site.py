@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import sysconfig
 import traceback
 import warnings
@@ -69,7 +70,11 @@ def warnings_with_stacks() -> Iterator[list[tuple[warnings.WarningMessage, list[
     seen: list[tuple[warnings.WarningMessage, list[traceback.FrameSummary]]] = []
 
     def keep(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        stack = traceback.extract_stack()[:-1]
+        # from the frame that called this hook outward (explicit: walk_stack(None) skips a different
+        # number of frames across Python versions); no source lines read, as a step may sync many
+        # times; outermost frame first, as extract_stack gives it
+        caller = sys._getframe(1)
+        stack = list(reversed(traceback.StackSummary.extract(traceback.walk_stack(caller), lookup_lines=False)))
         while stack and stack[-1].filename == warnings.__file__:
             stack.pop()
         seen.append((warnings.WarningMessage(message, category, filename, lineno, file, line), stack))
