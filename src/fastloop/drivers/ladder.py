@@ -32,7 +32,7 @@ import torch
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.errors import FastloopError
-from fastloop.drivers.ladder_report import (_filter_advice, _join, _own_record, baseline_failed, note_run_order,
+from fastloop.drivers.ladder_report import (_filter_advice, _join, answer_lines, _own_record, baseline_failed, note_run_order,
                                             pooled_final, rung_doc)
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
@@ -277,16 +277,7 @@ class _Ladder:
                          "faster: not worth keeping)"}
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
-        if self.selected and measured:
-            out["callbacks_line"] = f'Trainer(..., callbacks=fastloop.lightning.callbacks("{self._spec()}"))'
-            out["loop_line"] = f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{self._spec()}")'
-        elif self.selected:
-            out["callbacks_line"] = "# the selected set was not measured against the baseline (interrupted or failed)"
-        elif out.get("not_tried"):
-            out["callbacks_line"] = (f"# no speedup helped measurably in the budget; {len(out['not_tried'])} not tried "
-                                     f"or not finished (see 'Not tried'; a larger --budget measures them)")
-        else:
-            out["callbacks_line"] = "# no speedup helped measurably on this model and machine"
+        out.update(answer_lines(self._spec(), bool(self.selected), measured, len(self.not_tried)))
         _filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out

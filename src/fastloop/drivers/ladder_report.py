@@ -86,6 +86,25 @@ def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
     return out
 
 
+def answer_lines(spec: str, selected: bool, measured: bool, not_tried: int) -> dict[str, str]:
+    """The ladder's answer as the lines a user pastes: the callbacks and the plain-loop line for a
+    set measured against the baseline, else a comment that says why there is none.
+
+    Example:
+        >>> answer_lines("", False, False, 3)["callbacks_line"][:47]
+        '# no speedup helped measurably in the budget; 3'
+    """
+    if selected and measured:
+        return {"callbacks_line": f'Trainer(..., callbacks=fastloop.lightning.callbacks("{spec}"))',
+                "loop_line": f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{spec}")'}
+    if selected:
+        return {"callbacks_line": "# the selected set was not measured against the baseline (interrupted or failed)"}
+    if not_tried:
+        return {"callbacks_line": f"# no speedup helped measurably in the budget; {not_tried} not tried or not finished "
+                                  f"(see 'Not tried'; a larger --budget measures them)"}
+    return {"callbacks_line": "# no speedup helped measurably on this model and machine"}
+
+
 def _filter_advice(rungs: list[dict]) -> None:
     """No rung's advice recommends a speedup that this ladder measured as not faster."""
     measured = _measured_not_faster(rungs)

@@ -44,7 +44,7 @@ from fastloop.drivers.run_document import (
     weights_digest,
 )
 from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
-from fastloop.drivers.targets import build_target, check_trainer_kwargs, split_callbacks
+from fastloop.drivers.targets import build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
 
@@ -306,8 +306,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None
-    user_callbacks, left_callbacks = split_callbacks(list(user_trainer.pop("callbacks", None) or []))
-    left_out = {**left_out, **left_callbacks}
+    user_callbacks = list(user_trainer.pop("callbacks", None) or [])
     trainer = Trainer(
         **user_trainer,  # the user's own settings (gradient clipping, accumulation, precision, ...)
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,

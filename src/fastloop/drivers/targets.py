@@ -168,6 +168,11 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
                             f"{shorten(', '.join(unknown))}")
     used = {k: v for k, v in kwargs.items() if k not in OWNED_TRAINER_KWARGS}
     left = {k: OWNED_TRAINER_KWARGS[k] for k in kwargs if k in OWNED_TRAINER_KWARGS}
+    if used.get("callbacks"):  # those that need what a run turns off stay out too (OWNED_CALLBACKS)
+        cbs = used["callbacks"]
+        kept, left_cbs = split_callbacks(list(cbs) if isinstance(cbs, (list, tuple)) else [cbs])
+        used["callbacks"] = kept
+        left.update(left_cbs)
     return used, left
 
 
