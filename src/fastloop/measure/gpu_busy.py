@@ -146,8 +146,8 @@ class GpuProfile:
         if self._prof is None:
             return {"error": self.error or "the profiler did not start"}
         try:
+            sites = self._stop_sync_sites(steps)  # before fastloop's own synchronize, which would count
             torch.cuda.synchronize()
-            sites = self._stop_sync_sites(steps)
             self._prof.__exit__(None, None, None)
             gpu, host = [], []
             for ev in self._prof.events():
