@@ -63,6 +63,7 @@ class Augmented(Dataset):
     (DataLoader(Augmented(), batch_size=2), "its __getitem__ may transform each sample"),
     (DataLoader(_ds(), batch_size=2, collate_fn=lambda b: b), "custom collate_fn"),
     ([1, 2, 3], "not a torch DataLoader"),
+    (DataLoader(_ds(), batch_size=None), r"does not batch \(batch_size=None"),
 ])
 def test_refusals_say_why(loader, why):
     with pytest.raises(NotResident, match=why):

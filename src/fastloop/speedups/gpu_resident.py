@@ -116,6 +116,8 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
     stacked as ``default_collate`` stacks a batch, and moved."""
     if not isinstance(loader, DataLoader):
         raise NotResident(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise NotResident("the loader does not batch (batch_size=None: its dataset yields whole batches)")
     if loader.collate_fn is not default_collate:
         raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
     get, size, single, keys = _resident_parts(loader.dataset)
