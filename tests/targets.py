@@ -432,3 +432,27 @@ def mixup_step(model, batch):
     out = model(mixed)
     return lam * torch.nn.functional.cross_entropy(out, y) + (1 - lam) * torch.nn.functional.cross_entropy(out, y.flip(0))
 
+
+
+class TwoLoaders(LightningModule):
+    """Two training loaders in a dict (Lightning combines them): each step trains on 8 + 8 samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        sets = [TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)) for _ in range(2)]
+        return {"a": DataLoader(sets[0], batch_size=8), "b": DataLoader(sets[1], batch_size=8)}
+
+    def training_step(self, batch, batch_idx):
+        return sum(torch.nn.functional.mse_loss(self.head(self.trunk(x)), y) for x, y in batch.values())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def two_loaders():
+    torch.manual_seed(0)
+    return TwoLoaders(), None

@@ -145,3 +145,10 @@ def test_a_dict_of_training_loaders_gets_each_loader_changed_alike_and_trains_th
     assert fast.losses == eager.losses and len(fast.losses) == 6
     loaders = fast.loaders.iterables if hasattr(fast.loaders, "iterables") else fast.loaders  # a CombinedLoader
     assert {k: v.num_workers for k, v in loaders.items()} == {"a": 2, "b": 2}
+
+
+def test_throughput_counts_the_samples_of_every_combined_loader():
+    from fastloop.drivers.runner import run_configuration
+
+    doc = run_configuration("tests/targets.py:two_loaders", "none", steps=4, warmup=1, device="cpu", steady_warmup=False)
+    assert doc["items_per_step"] == 16  # 8 from each loader, not the first loader's 8 alone

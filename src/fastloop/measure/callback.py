@@ -54,6 +54,21 @@ def prefetch_buffer(loader: Any) -> int:
     return 0
 
 
+def _batch_items(batch: Any, trainer: Trainer) -> int:
+    """Samples in a step's batch: the leading size of its first tensor, summed over the loaders
+    when the Trainer combines several (``train_dataloader`` returned a dict or list of them)."""
+    def first(b: Any) -> int:
+        t = first_tensor(b)
+        return int(t.shape[0]) if t is not None and t.dim() else 1
+
+    loaders = getattr(trainer, "train_dataloader", None)  # the dict or list itself in Lightning 2
+    several = loaders if isinstance(loaders, (dict, list, tuple)) else getattr(loaders, "iterables", None)
+    if isinstance(several, (dict, list, tuple)) and len(several) > 1 and isinstance(batch, (dict, list, tuple)) \
+            and len(batch) == len(several):
+        return sum(first(b) for b in (batch.values() if isinstance(batch, dict) else batch))
+    return first(batch)
+
+
 class MeasureCallback(Callback):
     """Time steps, record data wait, losses, items per step, peak memory and FLOPs.
 
@@ -165,8 +180,7 @@ class MeasureCallback(Callback):
         self._pending_fetch = False
         if self.items_per_step is None:
             items = getattr(pl_module, "items_per_batch", None)
-            t = first_tensor(batch)
-            self.items_per_step = int(items(batch)) if callable(items) else (int(t.shape[0]) if t is not None and t.dim() else 1)
+            self.items_per_step = int(items(batch)) if callable(items) else _batch_items(batch, trainer)
             fpb = getattr(pl_module, "flops_per_batch", None)
             if callable(fpb):
                 self.flops_per_step = float(fpb(batch))
