@@ -10,7 +10,7 @@ import torch
 
 from fastloop._compat import Trainer
 
-__all__ = ["compilable_children", "patch_attr", "trainer_precision_conflict"]
+__all__ = ["compilable_children", "describe_children", "patch_attr", "trainer_precision_conflict"]
 
 
 _ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
@@ -56,5 +56,47 @@ def trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) 
     return None
 
 
-def compilable_children(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    return [(n, c) for n, c in module.named_children() if any(True for _ in c.parameters())]
+def compilable_children(module: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.nn.Module]]:
+    """The children of ``module`` with parameters that its code calls: a ``ModuleList`` or
+    ``ModuleDict`` has no forward of its own (the step iterates it and calls each member), so
+    its members stand in for it, recursively.
+
+    Example:
+        >>> net = torch.nn.Module()
+        >>> net.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+        >>> net.head = torch.nn.Linear(2, 1)
+        >>> [n for n, _ in compilable_children(net)]
+        ['blocks.0', 'blocks.1', 'head']
+    """
+    out: list[tuple[str, torch.nn.Module]] = []
+    for n, c in module.named_children():
+        if not any(True for _ in c.parameters()):
+            continue
+        if isinstance(c, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            out += compilable_children(c, f"{prefix}{n}.")
+        else:
+            out.append((f"{prefix}{n}", c))
+    return out
+
+
+def describe_children(children: list[tuple[str, torch.nn.Module]]) -> str:
+    """The children's names for a record, the members of one list of the same type in one range.
+
+    Example:
+        >>> blocks = [(f"blocks.{i}", torch.nn.Linear(2, 2)) for i in range(12)]
+        >>> describe_children(blocks + [("head", torch.nn.Linear(2, 1))])
+        'blocks.0-11 (Linear), head (Linear)'
+    """
+    groups: list[tuple[str, str, list[str]]] = []  # (parent, type, member names)
+    for name, child in children:
+        parent, _, last = name.rpartition(".")
+        kind = type(child).__name__
+        if parent and last.isdigit() and groups and groups[-1][:2] == (parent, kind):
+            groups[-1][2].append(last)
+        else:
+            groups.append((parent, kind, [last] if parent and last.isdigit() else [name]))
+    out = []
+    for parent, kind, names in groups:
+        label = f"{parent}.{names[0]}-{names[-1]}" if len(names) > 1 else (f"{parent}.{names[0]}" if parent else names[0])
+        out.append(f"{label} ({kind})")
+    return ", ".join(out)

@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningModule, Trainer
 from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop._torch_private import compiled_call, set_compiled_call
-from fastloop.adapters.lightning_changes import compilable_children, patch_attr, trainer_precision_conflict
+from fastloop.adapters.lightning_changes import (compilable_children, describe_children, patch_attr,
+                                                 trainer_precision_conflict)
 from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
@@ -135,7 +136,7 @@ class LightningRun(Run):
         _COMPILE_MODE[module] = mode
         self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         assert self.speedup is not None
-        self.ctx.describe(self.speedup.name, "compiled " + ", ".join(f"{n} ({type(c).__name__})" for n, c in children)
+        self.ctx.describe(self.speedup.name, "compiled " + describe_children(children)
                           + (f" in mode {mode}" if mode != "default" else "")
                           + (f"; {', '.join(theirs)} left as your code compiled it" if theirs else ""))
 
