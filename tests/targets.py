@@ -456,3 +456,9 @@ class TwoLoaders(LightningModule):
 def two_loaders():
     torch.manual_seed(0)
     return TwoLoaders(), None
+
+
+def compiled_module():
+    """The target compiled its LightningModule itself: torch.compile returns a wrapper, not one."""
+    module, loader = tiny_mlp()
+    return torch.compile(module), loader

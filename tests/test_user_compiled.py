@@ -92,3 +92,14 @@ def test_blocks_the_step_iterates_in_a_module_list_are_compiled_one_by_one():
     assert compiled.compiled_seen[0] == [True, True, True] and eager.compiled_seen[0] == [False, False, False]
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(eager.losses, compiled.losses)), (eager.losses, compiled.losses)
     assert [compiled_call(b) for b in compiled.blocks] == [None, None, None]  # put back after the fit
+
+
+def test_a_target_that_returns_a_compiled_lightning_module_is_told_what_to_return():
+    import pytest
+
+    from fastloop.drivers.targets import build_target
+    from fastloop.errors import FastloopError
+
+    with pytest.raises(FastloopError, match="returned OptimizedModule where a LightningModule was expected; "
+                                            "torch.compile wraps the module it is given"):
+        build_target("tests/targets.py:compiled_module")

@@ -202,7 +202,11 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     if not isinstance(trainer_kwargs, dict):
         check_trainer_kwargs(spec, trainer_kwargs)  # raises with the reason
     if not isinstance(module, LightningModule):
-        raise FastloopError(f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was expected")
+        hint = ("; torch.compile wraps the module it is given: return the LightningModule itself and compile its "
+                "children (or use the compile speedup)") if isinstance(getattr(module, "_orig_mod", None),
+                                                                        LightningModule) else ""
+        raise FastloopError(f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was "
+                            f"expected{hint}")
     if data is None and type(module).train_dataloader is LightningModule.train_dataloader:
         raise FastloopError(f"target {shorten(spec)} returned (module, None) but {type(module).__name__} defines no "
                             f"train_dataloader(): return a DataModule or a DataLoader, or define train_dataloader()")
