@@ -24,8 +24,8 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
 
-__all__ = ["CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
-           "tensor_dataset_parts", "to_channels_last", "to_device"]
+__all__ = ["WHOLE_BATCHES", "CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
+           "tensor_dataset_parts", "to_channels_last", "to_device", "yields_whole_batches"]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -298,6 +298,15 @@ def _resized_batch_sampler(batch_sampler: Any, size: int) -> Any:
                             f"raised {err}") from None
 
 
+WHOLE_BATCHES = "the loader does not batch (batch_size=None: its dataset yields whole batches)"
+"""Why a loader's batch size (and gpu_resident the loader) is left alone: :func:`yields_whole_batches`."""
+
+
+def yields_whole_batches(loader: DataLoader) -> bool:
+    """A loader made with ``batch_size=None``: each item of its dataset is a whole batch."""
+    return loader.batch_sampler is None and loader.batch_size is None
+
+
 def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     """A new DataLoader over the same dataset, sampler and collate function, with ``overrides``.
 
@@ -315,14 +324,12 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         # its sampler is DataLoader's own stand-in, which DataLoader refuses to be given back
         kw.pop("sampler", None)
         kw.pop("batch_sampler", None)
-    elif loader.batch_sampler is None and loader.batch_size is None:
-        # batch_size=None: the dataset's items are whole batches; its sampler deals them out
+    elif yields_whole_batches(loader):  # its sampler deals the dataset's whole batches out
         kw.pop("batch_sampler", None)
         kw.pop("drop_last", None)
         if "batch_size" in overrides:
-            raise FastloopError("the loader does not batch (batch_size=None: its dataset yields whole batches), so "
-                                "fastloop cannot set its batch size; make the batches in the DataLoader "
-                                "(batch_size=N) or leave batch_size out")
+            raise FastloopError(f"{WHOLE_BATCHES}, so fastloop cannot set its batch size; make the batches in the "
+                                f"DataLoader (batch_size=N) or leave batch_size out")
     elif loader.batch_sampler is not None and loader_auto_collation(loader) and kw.get("batch_size") is not None:
         # a default BatchSampler: pass its parts, not the object (keeps batch_size editable)
         kw.pop("batch_sampler")

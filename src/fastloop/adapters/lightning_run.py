@@ -159,22 +159,17 @@ class LightningRun(Run):
         inst = train_source(self.trainer)
 
         def wrapped(loader: Any) -> Any:
-            members = _loader_members(loader)
+            members = _loader_members(loader)  # several loaders (Lightning combines them): each changed alike
+            parts = members or {None: loader}
             try:
-                if members is None:
-                    new = fn(loader)
-                else:  # several loaders at once (Lightning's CombinedLoader): each changed alike
-                    changed = {k: fn(v) for k, v in members.items()}
-                    new = changed if isinstance(loader, dict) else type(loader)(changed.values())
+                changed = {k: fn(v) for k, v in parts.items()}
             except Skip as why:  # asked for when the fit starts: the loader stays as it was
                 self._fail(why.status, why.reason)
                 return loader
+            self.loaders.extend(v for k, v in changed.items() if v is not parts[k])
             if members is None:
-                if new is not loader:
-                    self.loaders.append(new)
-            else:
-                self.loaders.extend(v for k, v in changed.items() if v is not members[k])
-            return new
+                return changed[None]
+            return changed if isinstance(loader, dict) else type(loader)(changed.values())
 
         if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
             set_train_source(self.trainer, wrapped(inst))

@@ -12,6 +12,7 @@ from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, merge_runs, unst
 from fastloop.drivers.doctor import diagnose, without_measured
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
+from fastloop.measure.stats import MIN_EFFECT
 
 __all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record", "baseline_failed",
            "note_run_order", "rung_doc"]
@@ -80,7 +81,8 @@ def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
                 and ci.get("ci_high") is not None else "")
         what = "without it " if r.get("ablation") else ""
         sig = (("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else
-               "less than 1%, no meaningful difference" if ci.get("negligible") else "no significant difference")
+               f"less than {100 * MIN_EFFECT:g}%, no meaningful difference" if ci.get("negligible") else
+               "no significant difference")
         for name in names:
             out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
     return out

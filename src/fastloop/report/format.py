@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from fastloop.measure.stats import MIN_EFFECT
+
 __all__ = ["config_label", "fmt_ratio", "fmt_s", "rows", "selected_line", "warning_lines"]
 
 
@@ -20,7 +22,7 @@ def fmt_ratio(r: dict | None) -> str:
         return f"{r['ratio']:.2f}x (too few runs to tell)"
     if r.get("ci_high") is None:
         return f"{r['ratio']:.2f}x (no interval)"
-    mark = "" if r["significant"] else " (under 1%)" if r.get("negligible") else " (n.s.)"
+    mark = "" if r["significant"] else f" (under {100 * MIN_EFFECT:g}%)" if r.get("negligible") else " (n.s.)"
     return f"{r['ratio']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]{mark}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastloop.compare import loss_line
+from fastloop.measure.stats import MIN_EFFECT
 from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 
 __all__ = ["render_markdown"]
@@ -25,7 +26,7 @@ def search_story(doc: dict) -> list[str]:
     if doc.get("ties"):
         out += ["", "**Ties within the noise** (the simpler kept): " + "; ".join(
             f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
-            f"{', apart by under 1%' if t.get('negligible') else ''})"
+            f"{f', apart by under {100 * MIN_EFFECT:g}%' if t.get('negligible') else ''})"
             for t in doc["ties"] if t.get("ci_low") is not None and t.get("ci_high") is not None)]
     return out
 

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningDataModule, LightningModule
-from fastloop.data import first_tensor, rebuild_loader, to_device
+from fastloop.data import WHOLE_BATCHES, first_tensor, rebuild_loader, to_device, yields_whole_batches
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Skip, Speedup, register, resolve
@@ -286,9 +286,9 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         data.prepare_data()
         data.setup("fit")
     current = _current(_holders(module, data))
-    if isinstance(data, DataLoader) and data.batch_size is None and data.batch_sampler is None:
-        raise FastloopError("cannot change the batch size: the loader does not batch (batch_size=None: its dataset "
-                            "yields whole batches); make the batches in the DataLoader (batch_size=N) to search it")
+    if isinstance(data, DataLoader) and yields_whole_batches(data):
+        raise FastloopError(f"cannot change the batch size: {WHOLE_BATCHES}; make the batches in the DataLoader "
+                            f"(batch_size=N) to search it")
     if current is None and isinstance(data, DataLoader):
         current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
     if not _holders(module, data) and not isinstance(data, DataLoader):

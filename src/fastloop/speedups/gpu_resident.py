@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from fastloop._torch_private import draw_loader_base_seed
-from fastloop.data import fixed_samples, materialize, sample_keys, tensor_dataset_parts
+from fastloop.data import WHOLE_BATCHES, fixed_samples, materialize, sample_keys, tensor_dataset_parts, yields_whole_batches
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
 from fastloop.speedups.run import Run
@@ -116,8 +116,8 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
     stacked as ``default_collate`` stacks a batch, and moved."""
     if not isinstance(loader, DataLoader):
         raise NotResident(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
-    if loader.batch_size is None and loader.batch_sampler is None:
-        raise NotResident("the loader does not batch (batch_size=None: its dataset yields whole batches)")
+    if yields_whole_batches(loader):
+        raise NotResident(WHOLE_BATCHES)
     if loader.collate_fn is not default_collate:
         raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
     get, size, single, keys = _resident_parts(loader.dataset)
