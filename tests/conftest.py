@@ -19,3 +19,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles with an empty dynamo cache, as each of fastloop's runs is a fresh process.
+    Without it, enough tests compiling ``nn.Sequential`` in one pytest process reach dynamo's
+    recompile limit (8 per code object), and a later test's compile silently runs eagerly
+    ("compiled no graph"): test_zoo's bn_net failed that way depending on which tests ran first."""
+    torch._dynamo.reset()
+    yield
