@@ -281,7 +281,9 @@ def ladders_part(module: str, pick_a: str | None, rounds: int, out: Path, deadli
                                    order=order)
         ci = compare(runs[keys[0]], runs[keys[1]])
         tp = [(merge_runs(runs[k]).get("throughput") or {}).get("value") for k in keys]
+        per_run = {k: [statistics.median(d["step_s_all"]) for d in runs[k].docs if d.get("step_s_all")] for k in keys}
         result["interleaved"] = {"throughput": tp, "run_order": order, "rounds": rounds,
+                                 "median_step_s_per_run": per_run,
                                  "ratio_2_over_1": {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant",
                                                                            "verdict")} if ci else None}
     (out / f"ladders_{module}.json").write_text(json.dumps(result, indent=2, default=str))

@@ -462,3 +462,39 @@ def compiled_module():
     """The target compiled its LightningModule itself: torch.compile returns a wrapper, not one."""
     module, loader = tiny_mlp()
     return torch.compile(module), loader
+
+
+class PaddedText(LightningModule):
+    """Token lists of 4-40 tokens, padded to the longest of each batch by the collate function
+    (the usual text pipeline): nearly every batch has another shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(100, 16, padding_idx=0), torch.nn.Linear(16, 2)
+
+    def training_step(self, batch, batch_idx):
+        tokens, labels = batch
+        keep = (tokens != 0).unsqueeze(-1)
+        pooled = (self.emb(tokens) * keep).sum(1) / keep.sum(1)
+        return torch.nn.functional.cross_entropy(self.out(pooled), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def _pad(batch):
+    seqs, labels = zip(*batch)
+    return torch.nn.utils.rnn.pad_sequence(list(seqs), batch_first=True), torch.stack(labels)
+
+
+def padded_text(batch_size: int = 8, fixed: int = 0):
+    """``fixed``: pad every batch to this length instead (one shape: graphs can replay it)."""
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randint(1, 100, (int(n),), generator=g), torch.tensor(int(n) % 2))
+             for n in torch.randint(4, 41, (512,), generator=g)]
+
+    def to_fixed(batch):
+        tokens, labels = _pad(batch)
+        return torch.nn.functional.pad(tokens, (0, fixed - tokens.shape[1])), labels
+
+    return PaddedText(), DataLoader(items, batch_size=batch_size, collate_fn=to_fixed if fixed else _pad)

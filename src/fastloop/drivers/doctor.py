@@ -197,12 +197,11 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                              f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
                              f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
                              f"{prof.get('profiled_steps')} steps)."),
-                "recommendation": fix + "cuda_graph (whole-step capture) or compile (fewer launches); a larger batch "
-                                        "(more GPU work per host step)."}
+                "recommendation": fix + _launch_fix(cfg) + "; a larger batch (more GPU work per host step)."}
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1):
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
-                "recommendation": "cuda_graph (whole-step capture) or compile; a larger batch."}
+                "recommendation": _launch_fix(cfg) + "; a larger batch."}
     user_half = _user_half_precision(cfg)
     if torch.cuda.is_available() and not user_half and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
         return {"bottleneck": "compute-bound (fp32)",
@@ -213,6 +212,21 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
             "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), cfg.get("model_checks") or {})
             if (mfu or 0) < 0.4
             else "already near the ceiling: only algorithmic changes will help much."}
+
+
+def _launch_fix(cfg: dict) -> str:
+    """Fewer launches: a whole-step graph, unless the run's batches (or model) rule graphs out.
+
+    Example:
+        >>> _launch_fix({})
+        'cuda_graph (whole-step capture) or compile (fewer launches)'
+        >>> _launch_fix({"model_checks": {"cuda_graph": "the batches change shape (...)"}})
+        'compile (fewer launches; a CUDA graph cannot help here: the batches change shape (...))'
+    """
+    why = (cfg.get("model_checks") or {}).get("cuda_graph")
+    # no "cuda_graph" in the text: advice filtering reads speedup names (without_measured)
+    return f"compile (fewer launches; a CUDA graph cannot help here: {why})" if why else \
+        "cuda_graph (whole-step capture) or compile (fewer launches)"
 
 
 def _user_half_precision(cfg: dict) -> bool:

@@ -15,11 +15,12 @@ from fastloop.data import fixed_samples, tensor_dataset_parts
 from fastloop.measure.callback import MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
+from fastloop.measure.shapes import graph_shape_check
 from fastloop.measure.stats import half_ratio, is_steady
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import REGISTRY
 
-__all__ = ["describe_dataset", "measured_configuration", "model_checks_of", "steadiness_warning", "weights_digest"]
+__all__ = ["data_checks", "describe_dataset", "measured_configuration", "model_checks_of", "steadiness_warning", "weights_digest"]
 
 
 def model_checks_of(module: Any) -> dict[str, str]:
@@ -34,6 +35,14 @@ def model_checks_of(module: Any) -> dict[str, str]:
         if reason:
             out[name] = reason
     return out
+
+
+def data_checks(batch_shapes: dict | None) -> dict[str, str]:
+    """Speedups the run's batches rule out, with the reason, as :func:`model_checks_of` has them:
+    ``cuda_graph`` where the batches change shape too often to replay one graph
+    (:func:`~fastloop.measure.shapes.graph_shape_check`)."""
+    reason = graph_shape_check(batch_shapes)
+    return {"cuda_graph": reason} if reason else {}
 
 
 def profile_steps() -> int:
@@ -187,6 +196,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
         "warmup_steady": measure.warmup_steady,
         "warmup_gc_s": measure.warmup_gc_s,  # the full garbage collection that ends the warm-up
+        "batch_shapes": measure.shapes.summary(),  # how often the batches changed shape (CUDA graphs need one)
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,

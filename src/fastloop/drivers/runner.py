@@ -37,6 +37,7 @@ from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.drivers.run_document import (
     describe_dataset,
     measured_configuration,
+    data_checks,
     model_checks_of,
     profile_steps,
     prog_bar_warning,
@@ -343,7 +344,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                       "train_s": (measure.train_end_t - measure.train_start_t)
                       if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
-    doc["model_checks"] = model_checks
+    doc["model_checks"] = {**data_checks(doc.get("batch_shapes")), **model_checks}
     doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}

@@ -28,6 +28,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
 from fastloop.data import first_tensor
 from fastloop.measure.feed_clock import FeedClock
+from fastloop.measure.shapes import ShapeTally
 from fastloop.measure.stats import change_point, half_ratio, is_steady
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
@@ -143,6 +144,8 @@ class MeasureCallback(Callback):
         self.wall_s = 0.0
         self._pending_fetch = False
         self._clock: FeedClock | None = None
+        self.shapes = ShapeTally()
+        """The batch shapes of every step (a CUDA graph replays one)."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.world_size > 1:
@@ -178,6 +181,7 @@ class MeasureCallback(Callback):
         else:
             self.timer.fetch_end()
         self._pending_fetch = False
+        self.shapes.add(batch)
         if self.items_per_step is None:
             items = getattr(pl_module, "items_per_batch", None)
             self.items_per_step = int(items(batch)) if callable(items) else _batch_items(batch, trainer)
