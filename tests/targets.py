@@ -498,3 +498,26 @@ def padded_text(batch_size: int = 8, fixed: int = 0):
         return torch.nn.functional.pad(tokens, (0, fixed - tokens.shape[1])), labels
 
     return PaddedText(), DataLoader(items, batch_size=batch_size, collate_fn=to_fixed if fixed else _pad)
+
+
+class OneCycleFromEstimate(Classifier):
+    """The Lightning docs' OneCycleLR: its length is ``trainer.estimated_stepping_batches``."""
+
+    def __init__(self, record: str = "") -> None:
+        super().__init__()
+        self.record = record
+
+    def configure_optimizers(self):
+        total = self.trainer.estimated_stepping_batches
+        if self.record:
+            with open(self.record, "w") as f:
+                f.write(str(total))
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def onecycle_from_estimate(record: str = "", max_epochs: int | None = None, max_steps: int | None = None):
+    module, loader = tiny_mlp()  # 256 samples, 16 a batch: 16 batches an epoch
+    lengths = {k: v for k, v in (("max_epochs", max_epochs), ("max_steps", max_steps)) if v is not None}
+    return OneCycleFromEstimate(record), loader, lengths

@@ -45,7 +45,7 @@ from fastloop.drivers.run_document import (
     weights_digest,
 )
 from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
-from fastloop.drivers.targets import build_target, check_trainer_kwargs
+from fastloop.drivers.targets import TrainingLength, build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
 
@@ -222,6 +222,22 @@ def _leave_after_a_failed_rank() -> None:
     leave_now(1)
 
 
+def _trainer(user_trainer: dict, callbacks: list, dev: torch.device, devices: int, strategy: str | None) -> Trainer:
+    """The run's Trainer: the user's own settings (gradient clipping, accumulation, precision, ...)
+    and fastloop's measurement: no end of its own (the measurement stops the fit), no validation,
+    logs, checkpoints or progress bar."""
+    distributed = devices > 1 or strategy is not None
+    return Trainer(
+        **user_trainer,
+        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
+        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=callbacks, profiler=FeedClock(),
+        **({"strategy": _strategy(strategy, dev)} if distributed
+           else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
+    )
+
+
 def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool, *,
          distributed: bool = False) -> None:
     """``trainer.fit``, its failures sorted: Ctrl-C, fastloop's own errors, a speedup that claims the
@@ -286,6 +302,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
 
     t_build = time.perf_counter()
     module, data, user_trainer = build_target(target, **(target_kwargs or {}))
+    length = TrainingLength.asked(user_trainer)  # what configure_optimizers sees (estimated_stepping_batches)
     user_trainer, left_out = check_trainer_kwargs(target, user_trainer)
     build_s = time.perf_counter() - t_build
     model_checks = model_checks_of(module)
@@ -308,15 +325,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None
     user_callbacks = list(user_trainer.pop("callbacks", None) or [])
-    trainer = Trainer(
-        **user_trainer,  # the user's own settings (gradient clipping, accumulation, precision, ...)
-        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
-        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[*user_callbacks, *cbs, measure, monitored, gather], profiler=FeedClock(),
-        **({"strategy": _strategy(strategy, dev)} if distributed
-           else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
-    )
+    trainer = _trainer(user_trainer, [length, *user_callbacks, *cbs, measure, monitored, gather], dev, devices,
+                       strategy)
     t_fit = time.perf_counter()
     _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
     fit_s = time.perf_counter() - t_fit
@@ -324,8 +334,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     if pbar:
         extra["prog_bar_keys"] = pbar
     if not measure.measured_steps:
-        raise UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
-                            f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)")
+        raise (UserCodeError(f"no step was measured: {length.notes()[0]}; the warm-up alone needs more") if length.stopped
+               else UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
+                                  f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)"))
     described = describe_dataset(getattr(trainer, "train_dataloader", None))
     if described:
         extra["dataset"] = described
@@ -348,7 +359,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}
-    _warn(doc, measure, monitored.notes(trainer), pbar)
+    _warn(doc, measure, monitored.notes(trainer) + length.notes(), pbar)
     doc["global_rank"] = trainer.global_rank
     doc["world_size"] = trainer.world_size
     if gather.ranks:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,15 +26,18 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from fastloop._compat import LightningDataModule, LightningModule
+from fastloop._compat import Callback, LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
-__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "build_target", "check_trainer_kwargs",
+__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "TrainingLength", "build_target",
+           "check_trainer_kwargs",
            "load_target"]
 
 OWNED_TRAINER_KWARGS: dict[str, str] = {
+    **{k: "fastloop sets how long a measured run trains (configure_optimizers still sees this length: "
+          "trainer.estimated_stepping_batches, trainer.max_epochs)" for k in ("max_steps", "max_epochs")},
     **{k: "fastloop sets how long a measured run trains" for k in
-       ("max_steps", "max_epochs", "min_steps", "min_epochs", "max_time", "limit_train_batches")},
+       ("min_steps", "min_epochs", "max_time", "limit_train_batches")},
     **{k: "fastloop's runs do not validate" for k in
        ("limit_val_batches", "num_sanity_val_steps", "val_check_interval", "check_val_every_n_epoch")},
     **{k: "fastloop chooses the device (--device) and the number of devices (--devices, --strategy)" for k in
@@ -143,6 +147,74 @@ def load_target(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise FastloopError(f"{shorten(where)}:{func} is not callable")
     return fn
+
+
+class TrainingLength(Callback):
+    """The length of the user's training, shown to their code while the Trainer sets up.
+
+    A measured run has no end of its own (the measurement stops it), so its Trainer says
+    ``max_epochs=-1``: ``trainer.estimated_stepping_batches`` would be infinite, and the schedule
+    the Lightning docs build from it (``OneCycleLR(total_steps=self.trainer.estimated_stepping_batches)``,
+    a warm-up cosine over it) would fail or differ from the user's. From ``setup`` until
+    ``on_fit_start`` (``configure_optimizers`` runs in between) the run's Trainer says the user's
+    ``max_epochs``/``max_steps`` (the target's Trainer settings), or Lightning's defaults where they
+    gave none (1000 epochs); then the run is unbounded again.
+
+    Example:
+        >>> TrainingLength.asked({"max_epochs": 30}).lengths(), TrainingLength.asked({}).lengths()
+        ((30, -1), (1000, -1))
+        >>> TrainingLength.asked({"max_steps": 5000}).lengths()
+        (-1, 5000)
+    """
+
+    def __init__(self, max_epochs: int | None = None, max_steps: int | None = None) -> None:
+        self.max_epochs, self.max_steps = max_epochs, max_steps
+        self._run_limits: tuple[Any, int] | None = None
+        self.batch_limit: int | None = None
+        """Batches the user's own settings train (None: Lightning's default length, or unbounded);
+        a run that reaches it stops there, as their training would: their schedule ends there."""
+        self.stopped = False
+
+    @classmethod
+    def asked(cls, kwargs: object) -> TrainingLength:
+        """From a target's Trainer settings (anything else: Lightning's defaults)."""
+        given = kwargs if isinstance(kwargs, dict) else {}
+        return cls(given.get("max_epochs"), given.get("max_steps"))
+
+    def lengths(self) -> tuple[int, int]:
+        """(max_epochs, max_steps) as the user's Trainer would have them (Lightning's defaults)."""
+        steps = -1 if self.max_steps is None else int(self.max_steps)
+        return (int(self.max_epochs) if self.max_epochs is not None else 1000 if steps == -1 else -1), steps
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            loop = trainer.fit_loop
+            self._run_limits = (loop.max_epochs, loop.epoch_loop.max_steps)
+            loop.max_epochs, loop.epoch_loop.max_steps = self.lengths()
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._run_limits is None:
+            return
+        if self.max_epochs is not None or self.max_steps is not None:
+            total = trainer.estimated_stepping_batches  # optimizer steps, with the user's lengths
+            if math.isfinite(total):
+                self.batch_limit = max(1, int(total)) * max(1, int(trainer.accumulate_grad_batches))
+        trainer.fit_loop.max_epochs, trainer.fit_loop.epoch_loop.max_steps = self._run_limits
+        self._run_limits = None
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.batch_limit is not None and trainer.fit_loop.total_batch_idx + 1 >= self.batch_limit:
+            trainer.should_stop, self.stopped = True, True
+
+    def notes(self) -> list[str]:
+        """What the run reports when the user's length ended it before the measurement did."""
+        if not self.stopped:
+            return []
+        said = ", ".join(f"{k}={v}" for k, v in (("max_epochs", self.max_epochs), ("max_steps", self.max_steps))
+                         if v is not None)
+        return [f"the target's Trainer settings ({said}) train {self.batch_limit} batches: the run stopped there, as "
+                f"the training would (its schedule ends there), before the measurement's planned end; give a longer "
+                f"training for a longer measurement"]
 
 
 def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dict[str, str]]:
