@@ -34,3 +34,18 @@ def test_a_training_too_short_for_the_warm_up_says_so():
                                             r"train 3 batches"):
         run_configuration(TARGET, "none", steps=20, warmup=5, device="cpu", steady_warmup=False,
                           target_kwargs={"max_steps": 3})
+
+
+def test_the_batch_size_trials_build_a_schedule_sized_from_the_trainer(tmp_path):
+    """The trials run without a Trainer: configure_optimizers sees a stand-in of Lightning's
+    default length instead of 'M is not attached to a `Trainer`'."""
+    from fastloop.drivers.batch_size import search_batch_size
+    from fastloop.drivers.targets import build_target
+
+    record = tmp_path / "total.txt"
+    module, loader, _ = build_target(TARGET, record=str(record))
+    doc = search_batch_size(module, loader, device="cpu", max_size=64, init=16, objective="max")
+    total = int(record.read_text())  # the last trial's: 1000 epochs of its loader (256 samples at its size)
+    assert doc["batch_size"] >= 16 and total % 1000 == 0 and 1000 <= total <= 1000 * len(loader)
+    with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
+        module.trainer  # noqa: B018 - the stand-in is gone after the trials

@@ -50,6 +50,7 @@ from fastloop.speedups.base import Context, Record, Skip, Speedup, register, res
 from fastloop.speedups.run import Run
 from fastloop.speedups.batch_size_rule import _check_search, _choose, largest_fitting
 from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
+    trial_optimizer_conf,
     _NOWHERE,
     _digest,
     _snapshot,
@@ -160,7 +161,7 @@ def _trial(module: LightningModule, data: Any, size: int, device: torch.device, 
     the largest batch the data yielded: a dataset's last partial batch is not its limit)."""
     loader = _loader_for(module, data, size)
     it = iter(loader)
-    opt_conf = module.configure_optimizers()
+    opt_conf = trial_optimizer_conf(module, loader)
     opts = _optimizers_from(opt_conf)
     ctx = torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext()
     with_idx = _takes_batch_idx(module)

@@ -22,7 +22,7 @@ import torch
 
 from fastloop._compat import LightningDataModule, LightningModule
 
-__all__ = ["set_batch_size"]
+__all__ = ["set_batch_size", "trial_optimizer_conf"]
 
 
 def _bytes(v: Any) -> bytes:
@@ -160,3 +160,55 @@ def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
 _NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
             "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
             "build train_dataloader() from it, or pass a DataLoader to train on")
+
+
+class _TrialTrainer:
+    """What ``configure_optimizers`` may read from ``self.trainer`` during a trial, which runs
+    without a Trainer: a training of Lightning's default length (1000 epochs) on one device."""
+
+    def __init__(self, batches_per_epoch: int) -> None:
+        self.max_epochs, self.max_steps, self.accumulate_grad_batches = 1000, -1, 1
+        self.estimated_stepping_batches = 1000 * batches_per_epoch
+        self.num_training_batches = batches_per_epoch
+        self.world_size = self.num_devices = self.num_nodes = 1
+        self.global_rank = self.local_rank = self.node_rank = self.current_epoch = self.global_step = 0
+        self.is_global_zero = True
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the batch-size search's trials run without a Trainer: self.trainer.{name} is not "
+                             f"available to configure_optimizers there (max_epochs, max_steps, "
+                             f"estimated_stepping_batches, accumulate_grad_batches, world_size and the ranks are)")
+
+
+def trial_optimizer_conf(module: LightningModule, loader: Any) -> Any:
+    """``module.configure_optimizers()`` for a trial. A module that sizes its schedule from
+    ``self.trainer`` (``OneCycleLR(total_steps=self.trainer.estimated_stepping_batches)``, as the
+    Lightning docs do) sees a stand-in Trainer of Lightning's default length while it runs.
+
+    Example:
+        >>> import torch
+        >>> class M(LightningModule):
+        ...     def __init__(self):
+        ...         super().__init__(); self.w = torch.nn.Linear(2, 2)
+        ...     def configure_optimizers(self):
+        ...         opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        ...         return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=self.trainer.estimated_stepping_batches)]
+        >>> conf = trial_optimizer_conf(M(), range(8))
+        >>> conf[1][0].total_steps
+        8000
+    """
+    try:
+        module.trainer  # noqa: B018 - raises RuntimeError when the module is attached to no Trainer
+    except RuntimeError:
+        pass
+    else:  # inside a Trainer (the BatchSizeSearch callback): the real one
+        return module.configure_optimizers()
+    try:
+        batches = len(loader)
+    except TypeError:  # an iterable without a length
+        batches = 1000
+    module.trainer = _TrialTrainer(batches)  # type: ignore[assignment]
+    try:
+        return module.configure_optimizers()
+    finally:
+        module.trainer = None  # type: ignore[assignment]
