@@ -521,3 +521,17 @@ def onecycle_from_estimate(record: str = "", max_epochs: int | None = None, max_
     module, loader = tiny_mlp()  # 256 samples, 16 a batch: 16 batches an epoch
     lengths = {k: v for k, v in (("max_epochs", max_epochs), ("max_steps", max_steps)) if v is not None}
     return OneCycleFromEstimate(record), loader, lengths
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """Samples without end and without a length (a stream)."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(16, generator=g), torch.randint(0, 4, (), generator=g)
+
+
+def stream_with_epochs():
+    """A stream with ``max_epochs`` set: Lightning cannot count its steps (max_steps stays -1)."""
+    return Classifier(), DataLoader(_Stream(), batch_size=16), {"max_epochs": 3}

@@ -49,3 +49,9 @@ def test_the_batch_size_trials_build_a_schedule_sized_from_the_trainer(tmp_path)
     assert doc["batch_size"] >= 16 and total % 1000 == 0 and 1000 <= total <= 1000 * len(loader)
     with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
         module.trainer  # noqa: B018 - the stand-in is gone after the trials
+
+
+def test_a_stream_whose_length_lightning_cannot_count_is_not_cut_short():
+    doc = run_configuration("tests/targets.py:stream_with_epochs", "none", steps=20, warmup=2, device="cpu",
+                            steady_warmup=False)
+    assert doc["steps"] == 20 and not any("the run stopped there" in w for w in doc["warnings"])

@@ -196,9 +196,12 @@ class TrainingLength(Callback):
         if self._run_limits is None:
             return
         if self.max_epochs is not None or self.max_steps is not None:
-            total = trainer.estimated_stepping_batches  # optimizer steps, with the user's lengths
-            if math.isfinite(total):
-                self.batch_limit = max(1, int(total)) * max(1, int(trainer.accumulate_grad_batches))
+            try:
+                total = trainer.estimated_stepping_batches  # optimizer steps, with the user's lengths
+            except Exception:  # noqa: BLE001 - Lightning cannot estimate it (a changing accumulation): no limit
+                total = math.inf
+            if math.isfinite(total) and total > 0:  # an iterable with max_epochs only says max_steps (-1)
+                self.batch_limit = int(total) * max(1, int(trainer.accumulate_grad_batches))
         trainer.fit_loop.max_epochs, trainer.fit_loop.epoch_loop.max_steps = self._run_limits
         self._run_limits = None
 
