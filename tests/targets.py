@@ -535,3 +535,22 @@ class _Stream(torch.utils.data.IterableDataset):
 def stream_with_epochs():
     """A stream with ``max_epochs`` set: Lightning cannot count its steps (max_steps stays -1)."""
     return Classifier(), DataLoader(_Stream(), batch_size=16), {"max_epochs": 3}
+
+
+class UsesItsLogger(Classifier):
+    """Logs hyperparameters when training starts and a histogram to its logger's experiment every
+    few steps, and reads ``trainer.log_dir``, as modules that log to TensorBoard or W&B do."""
+
+    def on_train_start(self):
+        self.logger.log_hyperparams({"width": 64})
+        self.sample_dir = self.trainer.log_dir
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step % 4 == 0:
+            self.logger.experiment.add_histogram("w", self.net[0].weight, self.global_step)
+            self.loggers[0].experiment.log({"step": self.global_step})
+        return super().training_step(batch, batch_idx)
+
+
+def uses_its_logger():
+    return UsesItsLogger(), tiny_mlp()[1]

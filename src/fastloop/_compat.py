@@ -14,6 +14,7 @@ try:  # pragma: no cover - which branch runs depends on the machine
         LightningModule,
         Trainer,
     )
+    from lightning.pytorch.loggers import Logger
     from lightning.pytorch.profilers import PassThroughProfiler
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 except ImportError:  # pragma: no cover
@@ -24,8 +25,9 @@ except ImportError:  # pragma: no cover
         LightningModule,
         Trainer,
     )
+    from pytorch_lightning.loggers import Logger  # type: ignore[no-redef]
     from pytorch_lightning.profilers import PassThroughProfiler  # type: ignore[no-redef]
     from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy  # type: ignore[no-redef]
 
-__all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "PassThroughProfiler",
+__all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "Logger", "PassThroughProfiler",
            "SingleDeviceStrategy", "Trainer", "pl"]

@@ -45,6 +45,7 @@ from fastloop.drivers.run_document import (
     weights_digest,
 )
 from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
+from fastloop.drivers.silent_logger import SilentLogger
 from fastloop.drivers.targets import TrainingLength, build_target, check_trainer_kwargs
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
@@ -230,7 +231,7 @@ def _trainer(user_trainer: dict, callbacks: list, dev: torch.device, devices: in
     return Trainer(
         **user_trainer,
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
-        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=SilentLogger(),
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=callbacks, profiler=FeedClock(),
         **({"strategy": _strategy(strategy, dev)} if distributed
