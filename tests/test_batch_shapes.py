@@ -74,3 +74,20 @@ def test_the_doctor_advises_compile_not_graphs_for_a_launch_bound_step_whose_bat
     d = without_measured({"recommendation": text}, {"compile": "0.99x"})
     assert "cuda_graph" not in d["recommendation"] and d["advice_filtered"] == ["compile"]
     assert _launch_fix({}).startswith("cuda_graph (whole-step capture)")
+
+
+def test_shapes_are_read_from_any_batch_without_rebuilding_it():
+    from collections import UserDict
+
+    class Encoding(UserDict):  # as a tokenizer returns: a mapping that is not a dict
+        pass
+
+    class Pair(dict):  # a dict subclass whose constructor takes other arguments
+        def __init__(self, a, b):
+            super().__init__(a=a, b=b)
+
+    assert shape_key(Encoding(input_ids=torch.zeros(2, 5), mask=torch.zeros(2, 5))) == ((2, 5), (2, 5))
+    assert shape_key(Pair(torch.zeros(3), torch.zeros(3, 4))) == ((3,), (3, 4))
+    tally = ShapeTally()
+    tally.add(object())  # nothing to read: counted as one shape, never an error
+    assert tally.summary()["distinct"] == 1

@@ -21,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
-from fastloop.data import map_tensors
+import torch
 
 __all__ = ["GRAPH_MAX_SHAPES", "GRAPH_MIN_SHARE", "ShapeTally", "graph_shape_check", "shape_key"]
 
@@ -36,9 +38,26 @@ graph each: that is left to the measurement)."""
 
 
 def shape_key(batch: Any) -> tuple[tuple[int, ...], ...]:
-    """The shapes of a batch's tensors, in order (nested tuples, lists, dicts, dataclasses)."""
+    """The shapes of a batch's tensors, in order (nested tuples, lists, mappings, dataclasses),
+    read without rebuilding any container (a batch of the user's own type is only looked at)."""
     out: list[tuple[int, ...]] = []
-    map_tensors(lambda t: (out.append(tuple(t.shape)), t)[1], batch)
+
+    def walk(x: Any, depth: int) -> None:
+        if torch.is_tensor(x):
+            out.append(tuple(x.shape))
+        elif depth > 8:
+            return
+        elif isinstance(x, Mapping):
+            for v in x.values():
+                walk(v, depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth + 1)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name, None), depth + 1)
+
+    walk(batch, 0)
     return tuple(out)
 
 
@@ -49,7 +68,10 @@ class ShapeTally:
         self.counts: Counter = Counter()
 
     def add(self, batch: Any) -> None:
-        self.counts[shape_key(batch)] += 1
+        try:
+            self.counts[shape_key(batch)] += 1
+        except Exception:  # noqa: BLE001 - counting shapes must never stop a run (an odd batch type)
+            self.counts[()] += 1
 
     def summary(self) -> dict | None:
         """``steps``, ``distinct`` shapes, ``most_common_share`` of the steps, and ``varying``: which
