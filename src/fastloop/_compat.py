@@ -29,5 +29,9 @@ except ImportError:  # pragma: no cover
     from pytorch_lightning.profilers import PassThroughProfiler  # type: ignore[no-redef]
     from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy  # type: ignore[no-redef]
 
-__all__ = ["Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "Logger", "PassThroughProfiler",
+LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
+"""A Trainer given neither ``max_epochs`` nor ``max_steps`` trains this many epochs (Lightning's
+``_parse_loop_limits``); ``estimated_stepping_batches`` counts from it."""
+
+__all__ = ["LIGHTNING_DEFAULT_MAX_EPOCHS", "Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "Logger", "PassThroughProfiler",
            "SingleDeviceStrategy", "Trainer", "pl"]

@@ -223,11 +223,11 @@ def _leave_after_a_failed_rank() -> None:
     leave_now(1)
 
 
-def _trainer(user_trainer: dict, callbacks: list, dev: torch.device, devices: int, strategy: str | None) -> Trainer:
+def _trainer(user_trainer: dict, callbacks: list, dev: torch.device, devices: int, strategy: str | None,
+             distributed: bool) -> Trainer:
     """The run's Trainer: the user's own settings (gradient clipping, accumulation, precision, ...)
     and fastloop's measurement: no end of its own (the measurement stops the fit), no validation,
     logs, checkpoints or progress bar."""
-    distributed = devices > 1 or strategy is not None
     return Trainer(
         **user_trainer,
         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
@@ -327,7 +327,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     distributed = devices > 1 or strategy is not None
     user_callbacks = list(user_trainer.pop("callbacks", None) or [])
     trainer = _trainer(user_trainer, [length, *user_callbacks, *cbs, measure, monitored, gather], dev, devices,
-                       strategy)
+                       strategy, distributed)
     t_fit = time.perf_counter()
     _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
     fit_s = time.perf_counter() - t_fit

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from fastloop._compat import Callback, LightningDataModule, LightningModule
+from fastloop._compat import LIGHTNING_DEFAULT_MAX_EPOCHS, Callback, LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
 __all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "TrainingLength", "build_target",
@@ -184,7 +184,8 @@ class TrainingLength(Callback):
     def lengths(self) -> tuple[int, int]:
         """(max_epochs, max_steps) as the user's Trainer would have them (Lightning's defaults)."""
         steps = -1 if self.max_steps is None else int(self.max_steps)
-        return (int(self.max_epochs) if self.max_epochs is not None else 1000 if steps == -1 else -1), steps
+        default = LIGHTNING_DEFAULT_MAX_EPOCHS if steps == -1 else -1
+        return (int(self.max_epochs) if self.max_epochs is not None else default), steps
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":

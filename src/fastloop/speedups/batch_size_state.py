@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastloop._compat import LightningDataModule, LightningModule
+from fastloop._compat import LIGHTNING_DEFAULT_MAX_EPOCHS, LightningDataModule, LightningModule
 
 __all__ = ["set_batch_size", "trial_optimizer_conf"]
 
@@ -167,8 +167,8 @@ class _TrialTrainer:
     without a Trainer: a training of Lightning's default length (1000 epochs) on one device."""
 
     def __init__(self, batches_per_epoch: int) -> None:
-        self.max_epochs, self.max_steps, self.accumulate_grad_batches = 1000, -1, 1
-        self.estimated_stepping_batches = 1000 * batches_per_epoch
+        self.max_epochs, self.max_steps, self.accumulate_grad_batches = LIGHTNING_DEFAULT_MAX_EPOCHS, -1, 1
+        self.estimated_stepping_batches = LIGHTNING_DEFAULT_MAX_EPOCHS * batches_per_epoch
         self.num_training_batches = batches_per_epoch
         self.world_size = self.num_devices = self.num_nodes = 1
         self.global_rank = self.local_rank = self.node_rank = self.current_epoch = self.global_step = 0
