@@ -155,6 +155,10 @@ def merge_runs(runs: Runs) -> dict:
     steps_all = [x for r in runs.docs for x in r["step_s_all"]]
     doc["step_s"] = summarize(steps_all)
     doc["run_mean_step_s"] = [sum(r["step_s_all"]) / len(r["step_s_all"]) for r in runs.docs]
+    doc["run_measured_s"] = [sum(r["step_s_all"]) for r in runs.docs]  # each run's window: its steps' times summed
+    short = sorted({r["window_short"] for r in runs.docs if r.get("window_short")})
+    if short:
+        doc["window_short"] = short
     tp = doc.get("throughput") or {}
     if tp.get("value") and all(_items(r) for r in runs.docs):
         # every item trained over all measured time (runs may differ in batch size: the search's choice)

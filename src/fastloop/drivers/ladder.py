@@ -104,20 +104,34 @@ class _Ladder:
                 doc = measure(*args, **kwargs)
                 return doc
             finally:
-                self.process_s.append(time.perf_counter() - t)
+                wall = time.perf_counter() - t
+                # a run's cost for planning: its own process, not the one-off wait for the fork
+                # server's imports that the first run pays (5.7 s against 2.2 s on 2 cores)
+                startup = ((doc or {}).get("timings") or {}).get("startup_s") or 0.0 if isinstance(doc, dict) else 0.0
+                self.process_s.append(max(0.0, wall - startup))
                 self.spec_s.setdefault(str(spec), []).append(self.process_s[-1])
-                entry: dict = {"spec": spec, "s": round(self.process_s[-1], 3)}
+                entry: dict = {"spec": spec, "s": round(wall, 3)}
+                if startup:
+                    entry["startup_s"] = round(startup, 3)
                 entry["elapsed_s"] = round(self.elapsed(), 1)
                 if isinstance(doc, dict):
                     entry["throughput"] = doc.get("throughput")
                     entry["compile_s"] = doc.get("compile_s")
                     entry["profile_s"] = (doc.get("gpu_profile") or {}).get("profile_s")
+                    entry["measured_s"] = doc.get("measured_s")
+                    entry["steps"] = doc.get("steps")
                 self.run_log.append(entry)
 
         self.measure = timed
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.finalizing = False
+        self.queued_runs = 0
+        self.measure_s: float | None = None
+        """Seconds of steady steps each run was asked to measure (None: ``steps`` steps)."""
+        """Runs the search keeps for comparisons it has still planned in this stage (the first
+        look of each): a comparison is extended past its first look only when they still fit, so
+        the budget measures every rung before it measures one rung longer."""
         self.cut_by_budget = False
         """Set when the budget ended a comparison before its look (cleared at each comparison)."""
         self.spec_s: dict[str, list[float]] = {}
@@ -127,7 +141,9 @@ class _Ladder:
         self.stages: list[dict] = []
         """The staged search's story: each stage, the bottleneck then, and what it tried."""
         self.not_tried: list[dict] = []
-        """What the budget (or a reason) left untried: name, stage, why."""
+        """What the budget (or a reason) left unmeasured: name, stage, why (with the budget's arithmetic)."""
+        self.cut_short: list[dict] = []
+        """Comparisons measured but ended by the budget before their interval called them: name, stage, runs."""
         self.rungs: list[dict] = []
         self.selected: list[str] = []
         self.final: dict | None = None
@@ -139,13 +155,31 @@ class _Ladder:
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
-    def fits(self, runs: int, final: bool = True) -> bool:
-        """Do ``runs`` more runs (and, with ``final``, the final comparison after them) fit the budget?"""
+    def per_run_s(self, spec: str | None = None) -> float:
+        """The predicted cost of one more run of ``spec``: the mean of its own runs, else of all runs."""
+        own = self.spec_s.get(spec or "")
+        runs = own or self.process_s
+        return sum(runs) / len(runs) if runs else 0.0
+
+    def plan(self, runs: int, spec: str | None = None, final: bool = True, queued: bool = False) -> dict:
+        """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
+        the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
+        runs of the comparisons the search has still planned (:attr:`queued_runs`), what is left."""
+        per_run = self.per_run_s(spec)
+        reserve_runs = 2 * self.min_repeats if final and self.selected and not self.final_ready() else 0
+        if queued:
+            reserve_runs += self.queued_runs
+        left = None if self.budget is None else self.budget - self.elapsed()
+        return {"predicted_s": round(per_run * runs, 1), "reserve_s": round(self.per_run_s() * reserve_runs, 1),
+                "left_s": None if left is None else round(left, 1)}
+
+    def fits(self, runs: int, final: bool = True, spec: str | None = None, queued: bool = False) -> bool:
+        """Do ``runs`` more runs (and, with ``final``, the final comparison after them; with
+        ``queued``, the comparisons still planned) fit the budget?"""
         if self.budget is None or not self.process_s:
             return True
-        per_run = sum(self.process_s) / len(self.process_s)
-        reserve = 2 * self.min_repeats if final and self.selected and not self.final_ready() else 0
-        return self.elapsed() + per_run * (runs + reserve) <= self.budget
+        p = self.plan(runs, spec, final, queued)
+        return p["predicted_s"] + p["reserve_s"] <= p["left_s"]
 
     def final_ready(self) -> bool:
         """Has the selected set already been measured against the baseline, interleaved?"""
@@ -217,7 +251,7 @@ class _Ladder:
         self.cut_by_budget = False
         for i, n in enumerate(looks):
             needed = sum(max(0, n - len(fresh[k].docs)) if k in fresh else n for k in (base, cand))
-            if i > 0 and ci is not None and not self.fits(needed):
+            if i > 0 and ci is not None and not self.fits(needed, queued=True):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
             self._measure([base, cand], n, fresh, up_to=n, own=own, order=order,
@@ -264,10 +298,11 @@ class _Ladder:
                                             f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
                "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
-               "max_repeats": self.max_repeats, "budget_s": self.budget, "runs": len(self.process_s),
+               "max_repeats": self.max_repeats, "budget_s": self.budget, "measure_s": self.measure_s,
+               "runs": len(self.process_s),
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
                "run_log": list(self.run_log), "stages": list(self.stages), "not_tried": list(self.not_tried),
-               "ties": list(self.ties),
+               "cut_short": list(self.cut_short), "ties": list(self.ties),
                "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
                          f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
                          "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
@@ -277,7 +312,7 @@ class _Ladder:
                          "faster: not worth keeping)"}
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
-        out.update(answer_lines(self._spec(), bool(self.selected), measured, len(self.not_tried)))
+        out.update(answer_lines(self._spec(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short)))
         _filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
@@ -385,6 +420,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure,
                      progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
                      base=base_names)
+    ladder.measure_s = measure_s if isinstance(measure_s, (int, float)) else None
     try:
         return ladder.run_staged(chosen) if mode == "select" else ladder.run(chosen)
     except KeyboardInterrupt:

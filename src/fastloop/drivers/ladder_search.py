@@ -121,10 +121,37 @@ class StagedSearch:
         """Do ``runs`` more runs, and the final comparison after them, fit the budget?"""
         return self.L.fits(runs)
 
-    def not_tried(self, names: list[str], why: str = "budget") -> None:
+    def not_tried(self, names: list[str], why: str = "budget", plan: dict | None = None) -> None:
+        """List what was not measured, and why; a budget entry carries the arithmetic (the
+        prediction, the reserve for the final comparison and the seconds that were left)."""
         for n in names:
             if not any(t["name"] == n for t in self.L.not_tried):
-                self.L.not_tried.append({"name": n, "stage": self.stage, "why": why})
+                entry = {"name": n, "stage": self.stage, "why": why}
+                if plan:
+                    entry.update(plan)
+                self.L.not_tried.append(entry)
+
+    def cut_short(self, what: str, runs: int) -> None:
+        """A comparison that was measured, but ended by the budget before its interval could call it."""
+        self.L.cut_short.append({"name": what, "stage": self.stage, "runs": runs})
+
+    def _starts(self, specs: list[str]) -> bool:
+        """Does a comparison of the best with ``specs`` fit: its first look (the candidate's runs
+        and the base's top-up), predicted at the candidate's cost where it ran before, and the
+        final comparison's reserve? Where it does not, the rung is listed not tried, with the plan."""
+        L = self.L
+        base = L.best_runs.get(L._spec())
+        runs = L.min_repeats + max(0, L.min_repeats - (len(base.docs) if base is not None else 0))
+        cand = L._spec(specs)
+        if L.fits(runs, spec=cand if cand in L.spec_s else None):
+            return True
+        self.not_tried(specs, plan=L.plan(runs, cand if cand in L.spec_s else None))
+        return False
+
+    def queue(self, comparisons: int) -> None:
+        """The search has ``comparisons`` more comparisons planned after the current one in this
+        stage: keep their first looks' runs out of the current comparison's extensions."""
+        self.L.queued_runs = max(0, comparisons) * self.L.min_repeats
 
     def _own_records(self, runs: Runs, specs: list[str]) -> dict[str, dict]:
         doc = runs.docs[-1] if runs.docs else {}
@@ -137,8 +164,7 @@ class StagedSearch:
         is significantly faster. Returns whether it was kept."""
         L = self.L
         specs = [s.spec for s in add]
-        if not self.fits(L.min_repeats):
-            self.not_tried(specs)
+        if not self._starts(specs):
             return False
         base_spec, cand_spec = L._spec(), L._spec(specs)
         fresh, ci, n = L._compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None,
@@ -178,7 +204,7 @@ class StagedSearch:
             doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
             if ci and ci.get("budget"):
                 doc["decision"] += f" (the budget ended the comparison after {len(cand.docs)} run(s) of it)"
-                self.not_tried([f"a full comparison of {label.lstrip('+')}"])
+                self.cut_short(label.lstrip("+"), len(cand.docs))
             if ci and ci.get("ratio") is not None and len(specs) == 1 and active:
                 doc["measured_not_faster"] = [specs[0].split(":")[0]]
             if active:
@@ -202,11 +228,13 @@ class StagedSearch:
         Members that cost nothing when they do not help (TF32, a fused optimizer, the data on the
         GPU) stay without a comparison: the budget goes where a removal can matter."""
         L = self.L
-        for spec in ablation_order(members):
+        order = ablation_order(members)
+        for i, spec in enumerate(order):
             if spec not in L.selected or len(L.selected) <= 1:
                 continue
+            self.queue(len(order) - i - 1)
             if not self.fits(L.min_repeats):
-                self.not_tried([f"ablation of {spec}"])
+                self.not_tried([f"ablation of {spec}"], plan=L.plan(L.min_repeats))
                 continue
             without = [s for s in L.selected if s != spec]
             base_spec = L._spec()
@@ -227,7 +255,7 @@ class StagedSearch:
             slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
             if ci and ci.get("budget") and not slower:  # too few runs to take anything out
                 doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)"
-                self.not_tried([f"ablation of {spec}"])
+                self.cut_short(f"ablation of {spec}", len(cand.docs))
             elif slower:
                 why = "" if ci["significant"] and ci["ratio"] < 1 else \
                     f"; kept as more than {100 * ABLATION_LOSS:.0f}% slower without it at the point estimate"
@@ -315,13 +343,17 @@ class StagedSearch:
                 self.ablate([s.spec for s in todo if s.spec in L.selected])
                 return
             self.note(stage + ": one at a time", "the bundle was not faster: each compute speedup alone")
-        for s in todo:
+        for i, s in enumerate(todo):
             if s.name not in _names(L.selected):
+                self.queue(len(todo) - i - 1)
                 self.try_adding([s], f"+{s.spec}", tell_rate=False)
+        self.queue(0)
 
     def singles(self, rest: list) -> None:
-        for s in rest:
+        for i, s in enumerate(rest):
+            self.queue(len(rest) - i - 1)
             self.try_adding([s], f"+{s.spec}", tell_rate=False)
+        self.queue(0)
 
     def run(self, candidates: list, ctx: Any) -> None:
         L = self.L
@@ -342,7 +374,9 @@ class StagedSearch:
         if (merge_runs(self.best()).get("data_wait_frac") or 0.0) >= FEED_FIRST_WAIT:
             # the feed bundle is measured first, its ablation after the compute bundle's comparison:
             # on a GPU the compute bundle is the larger lever, so the budget reaches it first
+            self.queue(1 if compute else 0)  # the compute bundle's first look is kept for
             self.feed(feed, "feed first (the baseline waits for data)", defer_ablation=True)
+            self.queue(0)
             self.compute(compute, "compute stack")
             if self.deferred:
                 self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))

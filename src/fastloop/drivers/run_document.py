@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fastloop.data import fixed_samples, tensor_dataset_parts
-from fastloop.measure.callback import MeasureCallback
+from fastloop.measure.callback import WINDOW_OVERRUN, MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
 from fastloop.measure.shapes import graph_shape_check
@@ -163,6 +163,16 @@ def steadiness_warning(step_s: list[float], reached: bool | None = None, measure
             f"warm-up is off), so its figures are the mean over a changing rate")
 
 
+def _window_short(measure: MeasureCallback, measured_s: float) -> str | None:
+    """Why a ``measure_s`` window holds fewer seconds of measured steps than asked (None: it does not)."""
+    if measure.measure_s is None or measured_s >= measure.measure_s:
+        return None
+    if measure.window_cut:
+        return (f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x {measure.measure_s:g} s "
+                "(the step was slower than the warm-up said, or waited outside its timed span)")
+    return measure.window_short_why or "the training ended before the window was full"
+
+
 def _mean(values: list[float] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
@@ -191,6 +201,9 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "steps_planned": measure.steps_planned,  # asked for; fewer were measured when measure_s cut them
         "measure_s": measure.measure_s,
         "measure_window_cut": measure.window_cut,  # the window ended on time: the warm-up underestimated the step
+        "measured_s": sum(stats.step_s),  # the window: the sum of the measured steps' times
+        "window_extended_steps": measure.window_extended,  # added because the planned count fell short of measure_s
+        "window_short": _window_short(measure, sum(stats.step_s)),  # why it holds less than measure_s (None: it does)
         "warmup_steps": stats.warmup_steps,
         "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
         "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady

@@ -232,8 +232,10 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = child_env(profile)
         err_path = os.path.join(tmp, "stderr.txt")
-        t0 = time.perf_counter()
+        t_ask = time.perf_counter()
         server = _fork_server(env) if devices == 1 and not strategy else None
+        t0 = time.perf_counter()
+        startup_s = t0 - t_ask  # waiting for the fork server's imports: the first run's alone
         rc: int | None = None
         if server is not None:
             try:
@@ -259,6 +261,7 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
         # the child's whole life as the leader saw it (with the fork server: from the fork)
         doc.setdefault("timings", {})["process_s"] = time.perf_counter() - t0
         doc["timings"]["forked"] = server is not None
+        doc["timings"]["startup_s"] = startup_s if server is not None else 0.0
         return doc
 
 

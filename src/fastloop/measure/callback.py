@@ -115,6 +115,10 @@ class MeasureCallback(Callback):
         """Measured steps moved into the warm-up because the rate was still changing."""
         self.window_cut = False
         """The ``measure_s`` window ended on time (:data:`WINDOW_OVERRUN`), before its planned count."""
+        self.window_extended = 0
+        """Steps added to the window because its measured steps summed to less than ``measure_s``."""
+        self.window_short_why: str | None = None
+        """Why the window holds less than ``measure_s`` of measured steps (None: it holds them)."""
         self.manual = False
         self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
@@ -227,7 +231,8 @@ class MeasureCallback(Callback):
         if self._measured_end is None:
             if self._overran(trainer, n):
                 self.steps, self.window_cut = n - self.warmup, True
-            if n < self.warmup + (self.steps or 0) or self._measure_on_until_steady(trainer, n):
+            if n < self.warmup + (self.steps or 0) or self._measure_on_until_steady(trainer, n) \
+                    or self._window_short(trainer, n):
                 return
             self._measured_end = n
             if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
@@ -314,6 +319,31 @@ class MeasureCallback(Callback):
         self.unsteady_steps += moved
         if trainer.fit_loop.epoch_loop.max_steps > 0:
             trainer.fit_loop.epoch_loop.max_steps += moved
+        return True
+
+    def _window_short(self, trainer: Trainer, n: int) -> bool:
+        """The planned count is done but its steps' times sum to less than ``measure_s`` (the
+        warm-up's steps ran slower than the steady ones): the window measures on for the seconds
+        still missing, estimated from the window's own mean step, until it holds ``measure_s`` or
+        a cap ends it (:data:`MAX_MEASURED_STEPS`, :data:`WINDOW_OVERRUN`: ``window_short_why``).
+        One read of the timer (a synchronize on CUDA) at each end of the window; one process only."""
+        if self.measure_s is None or self.steps is None or trainer.world_size != 1 or self.window_cut:
+            return False
+        step_s = self.timer.result(upto=n).step_s
+        measured = sum(step_s)
+        if measured >= self.measure_s or not step_s:
+            self.window_short_why = None
+            return False
+        if self.steps >= MAX_MEASURED_STEPS:
+            self.window_short_why = f"the window stopped at the cap of {MAX_MEASURED_STEPS:,} measured steps"
+            return False
+        mean = measured / len(step_s)
+        extra = min(MAX_MEASURED_STEPS - self.steps, math.ceil(1.05 * (self.measure_s - measured) / mean) + 1)
+        self.steps += extra
+        self.window_extended += extra
+        if trainer.fit_loop.epoch_loop.max_steps > 0:
+            trainer.fit_loop.epoch_loop.max_steps += extra
+        self.window_short_why = "the training ended before the window was full (its length or the loader's)"
         return True
 
     def _overran(self, trainer: Trainer, n: int) -> bool:

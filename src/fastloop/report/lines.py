@@ -11,13 +11,15 @@ def run_line(entry: dict, k: int, budget: float | None) -> str:
 
     Example:
         >>> run_line({"spec": "bf16", "s": 3.14, "elapsed_s": 41.0,
-        ...           "throughput": {"value": 12345.6, "unit": "samples/s"}}, 7, 300)
-        'ladder: run 7 (bf16): 12,346 samples/s in 3.1 s; 41 s of the 300 s budget'
+        ...           "throughput": {"value": 12345.6, "unit": "samples/s"}, "measured_s": 2.04, "steps": 130}, 7, 300)
+        'ladder: run 7 (bf16): 12,346 samples/s in 3.1 s (measured 2.04 s, 130 steps); 41 s of the 300 s budget'
     """
     tp = entry.get("throughput") or {}
     rate = f"{tp['value']:,.0f} {tp.get('unit', '')}".strip() if tp.get("value") else "failed"
     of = f" of the {budget:.0f} s budget" if budget else ""
-    return f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s; {entry.get('elapsed_s', 0):.0f} s{of}"
+    window = f" (measured {entry['measured_s']:.2f} s, {entry.get('steps')} steps)" if entry.get("measured_s") else ""
+    return (f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s{window}; "
+            f"{entry.get('elapsed_s', 0):.0f} s{of}")
 
 
 class RunLines:

@@ -22,7 +22,16 @@ def search_story(doc: dict) -> list[str]:
     if removed:
         out += ["", "**Ablation** (each member taken out in turn):"] + [f"- {d}" for d in removed]
     if doc.get("not_tried"):
-        out += ["", "**Not tried:** " + "; ".join(f"{t['name']} ({t['why']}, at {t['stage']})" for t in doc["not_tried"])]
+        out += ["", "**Not tried:** " + "; ".join(f"{t['name']} ({t['why']}{_plan(t)}, at {t['stage']})"
+                                                  for t in doc["not_tried"])]
+    windows = [e["measured_s"] for e in doc.get("run_log") or [] if e.get("measured_s") is not None]
+    if windows:
+        asked = f" (asked: {doc['measure_s']:g} s of steady steps)" if doc.get("measure_s") else ""
+        out += ["", f"**Measured windows:** {len(windows)} runs measured {min(windows):.2f}-{max(windows):.2f} s each"
+                    f"{asked}; each run's seconds are in the JSON's `run_log`."]
+    if doc.get("cut_short"):
+        out += ["", "**Cut short by the budget** (measured, the interval still too wide to call): " + "; ".join(
+            f"{t['name']} ({t['runs']} run(s), at {t['stage']})" for t in doc["cut_short"])]
     if doc.get("ties"):
         out += ["", "**Ties within the noise** (the simpler kept): " + "; ".join(
             f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
@@ -110,3 +119,10 @@ def render_markdown(doc: dict) -> str:
     if changed:
         lines += ["", "What the applied speedups changed:"] + [f"- `{n}`: {d}" for n, d in sorted(changed.items())]
     return "\n".join(lines) + "\n"
+
+
+def _plan(entry: dict) -> str:
+    """A budget entry's arithmetic: 'predicted 9.1 s + 18.0 s reserve > 12.3 s left'."""
+    if entry.get("predicted_s") is None or entry.get("left_s") is None:
+        return ""
+    return f": predicted {entry['predicted_s']:g} s + {entry.get('reserve_s') or 0:g} s reserve > {entry['left_s']:g} s left"
