@@ -37,9 +37,9 @@ def _bound_s() -> float:
     return 2.0 * max(1.0, os.getloadavg()[0] / cores)
 
 
-def _start(tmp_path: Path, cmd: str) -> tuple[subprocess.Popen, str, Path]:
+def _start(tmp_path: Path, cmd: str, **extra_env: str) -> tuple[subprocess.Popen, str, Path]:
     mark = f"FASTLOOP_TEST_MARK={uuid.uuid4().hex}"
-    env = dict(os.environ, FASTLOOP_TEST_MARK=mark.split("=", 1)[1])
+    env = dict(os.environ, FASTLOOP_TEST_MARK=mark.split("=", 1)[1], **extra_env)
     out = tmp_path / "rep"
     proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", cmd, "tests/targets.py:slow_workers",
                              "--device", "cpu", "--steps", "200", "--warmup", "2", "--out", str(out), "--quiet",
@@ -117,6 +117,87 @@ def test_a_killed_leader_takes_its_children_along(tmp_path):
         time.sleep(0.2)
     assert _processes_with(mark) == []
     json.loads((out / "report.json").read_text())  # what was written is whole
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now (children, grandchildren, ...), from /proc."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_nothing_outlives_a_killed_ladder(sig, tmp_path):
+    """The leader of a ladder whose configuration runs 2 loader workers (the leader's
+    grandchildren) dies by ``sig``: 2 s later no process it started is alive, and its run
+    folder is gone (here the watchdog removed it; a folder a fully killed run left is removed by
+    the next run's sweep, tested in test_a_dead_runs_folder_is_swept_and_a_live_one_kept)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc, mark, out = _start(tmp_path, "ladder", TMPDIR=str(tmpdir))
+    try:
+        _wait_for_a_finished_run(out, proc)
+        deadline = time.time() + 60
+        while time.time() < deadline:  # watchdog, fork server, configuration run, 2 loader workers
+            below = _descendants(proc.pid)
+            if len(below) >= 5 and list(tmpdir.glob("fastloop-*")):
+                break
+            time.sleep(0.2)
+        assert len(below) >= 5, below
+        assert list(tmpdir.glob("fastloop-*/.owner"))
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+        time.sleep(2.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [p for p in below if _alive(p)] == []
+    assert _processes_with(mark) == []
+    assert list(tmpdir.glob("fastloop-*")) == []
+
+
+def test_a_dead_runs_folder_is_swept_and_a_live_one_kept(tmp_path):
+    """A folder whose run died with its watchdog (both SIGKILLed) is removed by the next sweep;
+    one a live process holds, and one without ``.owner``, stay."""
+    code = ("import os, sys, time; from fastloop.drivers import reaper; import fastloop.drivers.reaper as r\n"
+            "r._tell = lambda line: None\n"  # no watchdog: as if it died too
+            "with reaper.run_folder() as d:\n    print(d, flush=True); time.sleep(60)\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    live = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        dead_dir, live_dir = Path(dead.stdout.readline().strip()), Path(live.stdout.readline().strip())
+        dead.kill()
+        dead.wait()
+        assert dead_dir.is_dir() and live_dir.is_dir()
+        foreign = tmp_path / "fastloop-notours"
+        foreign.mkdir()
+        from fastloop.drivers.reaper import sweep_dead_folders
+
+        assert sweep_dead_folders(str(tmp_path)) == [str(dead_dir)]
+        assert not dead_dir.exists() and live_dir.is_dir() and foreign.is_dir()
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):

@@ -215,7 +215,8 @@ class _Timer:
         return StepStats(step_s=self.times[self.warmup:n], wait_s=[0.0] * (n - self.warmup), warmup_steps=self.warmup)
 
 
-def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20):
+def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20, measure_s: float = 1.0,
+            clock_scale: float = 1.0):
     """Drive MeasureCallback's end-of-window logic over ``times`` (a fake clock advancing by each
     step's time); returns the callback when it stops the fit."""
     from types import SimpleNamespace
@@ -224,13 +225,13 @@ def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20):
 
     clock = [0.0]
     monkeypatch.setattr(cb.time, "perf_counter", lambda: clock[0])
-    m = cb.MeasureCallback(warmup=warmup, steps=steps, measure_s=1.0)
+    m = cb.MeasureCallback(warmup=warmup, steps=steps, measure_s=measure_s)
     m.timer = _Timer(times, warmup)
     m._window_t0 = 0.0
     trainer = SimpleNamespace(world_size=1, should_stop=False,
                               fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(max_steps=-1)))
     for n in range(1, len(times) + 1):
-        clock[0] += times[n - 1]
+        clock[0] += clock_scale * times[n - 1]
         m.timer.recorded_steps = n
         m._maybe_stop(trainer)
         if trainer.should_stop:
@@ -264,8 +265,29 @@ def test_a_rate_that_never_settles_is_marked_and_said_once_without_asking_for_mo
 
 
 def test_a_steady_window_ends_where_planned(monkeypatch):
-    m = _window([0.01] * 100, monkeypatch)
+    m = _window([0.01] * 100, monkeypatch, measure_s=0.2)
     assert m.steady_reached is True and m.unsteady_steps == 0 and m._measured_end == 22
+    assert m.window_extended == 0 and m.window_short_why is None
+
+
+def test_a_window_whose_planned_steps_fall_short_of_measure_s_measures_on(monkeypatch):
+    """Issue 48: the warm-up's estimate planned 20 steps, but they sum to 0.2 s of the 1 s asked
+    for: the window extends until its measured steps' times sum to at least ``measure_s``."""
+    m = _window([0.01] * 300, monkeypatch, measure_s=1.0)
+    measured = m.timer.result(upto=m._measured_end).step_s
+    assert sum(measured) >= 1.0 and m.window_extended > 0 and m.window_short_why is None
+    assert len(measured) < 120  # extended by what was missing, not without end
+
+
+def test_a_window_extension_ends_on_the_hosts_clock_and_says_why(monkeypatch):
+    """A step whose measured time is far below its wall time (the fake clock runs 40x the step
+    times): past WINDOW_OVERRUN x measure_s of wall time the window is not extended, and says why."""
+    from fastloop.measure.callback import WINDOW_OVERRUN
+
+    m = _window([0.01] * 2000, monkeypatch, measure_s=1.0, clock_scale=40.0)
+    measured = m.timer.result(upto=m._measured_end).step_s
+    assert sum(measured) < 1.0 and (m.window_cut or "clock" in (m.window_short_why or ""))
+    assert sum(measured) * 40.0 > WINDOW_OVERRUN * 1.0 and m.window_extended == 0
 
 
 def test_measure_s_must_be_positive():

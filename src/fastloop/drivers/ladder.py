@@ -34,6 +34,7 @@ from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interlea
 from fastloop.errors import FastloopError
 from fastloop.drivers.ladder_report import (_filter_advice, _join, answer_lines, _own_record, baseline_failed, note_run_order,
                                             pooled_final, rung_doc)
+from fastloop.drivers.ladder_budget import BudgetPlan
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
@@ -80,7 +81,7 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
-class _Ladder:
+class _Ladder(BudgetPlan):
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
                  max_repeats: int, budget: float | None, mode: str, base: list[str] | None = None) -> None:
@@ -96,33 +97,7 @@ class _Ladder:
         """Each run in order: its configuration, wall seconds, and (where the run says) its compile
         and GPU-profile seconds."""
 
-        def timed(*args: Any, **kwargs: Any) -> dict:  # measure(target, spec, ...)
-            t = time.perf_counter()
-            doc: dict | None = None
-            spec = args[1] if len(args) > 1 else kwargs.get("spec")
-            try:
-                doc = measure(*args, **kwargs)
-                return doc
-            finally:
-                wall = time.perf_counter() - t
-                # a run's cost for planning: its own process, not the one-off wait for the fork
-                # server's imports that the first run pays (5.7 s against 2.2 s on 2 cores)
-                startup = ((doc or {}).get("timings") or {}).get("startup_s") or 0.0 if isinstance(doc, dict) else 0.0
-                self.process_s.append(max(0.0, wall - startup))
-                self.spec_s.setdefault(str(spec), []).append(self.process_s[-1])
-                entry: dict = {"spec": spec, "s": round(wall, 3)}
-                if startup:
-                    entry["startup_s"] = round(startup, 3)
-                entry["elapsed_s"] = round(self.elapsed(), 1)
-                if isinstance(doc, dict):
-                    entry["throughput"] = doc.get("throughput")
-                    entry["compile_s"] = doc.get("compile_s")
-                    entry["profile_s"] = (doc.get("gpu_profile") or {}).get("profile_s")
-                    entry["measured_s"] = doc.get("measured_s")
-                    entry["steps"] = doc.get("steps")
-                self.run_log.append(entry)
-
-        self.measure = timed
+        self.measure = self.timed(measure)
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.finalizing = False
@@ -152,35 +127,6 @@ class _Ladder:
         self.interrupted = False
         self.best_runs: dict[str, Runs] = {}
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def per_run_s(self, spec: str | None = None) -> float:
-        """The predicted cost of one more run of ``spec``: the mean of its own runs, else of all runs."""
-        own = self.spec_s.get(spec or "")
-        runs = own or self.process_s
-        return sum(runs) / len(runs) if runs else 0.0
-
-    def plan(self, runs: int, spec: str | None = None, final: bool = True, queued: bool = False) -> dict:
-        """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
-        the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
-        runs of the comparisons the search has still planned (:attr:`queued_runs`), what is left."""
-        per_run = self.per_run_s(spec)
-        reserve_runs = 2 * self.min_repeats if final and self.selected and not self.final_ready() else 0
-        if queued:
-            reserve_runs += self.queued_runs
-        left = None if self.budget is None else self.budget - self.elapsed()
-        return {"predicted_s": round(per_run * runs, 1), "reserve_s": round(self.per_run_s() * reserve_runs, 1),
-                "left_s": None if left is None else round(left, 1)}
-
-    def fits(self, runs: int, final: bool = True, spec: str | None = None, queued: bool = False) -> bool:
-        """Do ``runs`` more runs (and, with ``final``, the final comparison after them; with
-        ``queued``, the comparisons still planned) fit the budget?"""
-        if self.budget is None or not self.process_s:
-            return True
-        p = self.plan(runs, spec, final, queued)
-        return p["predicted_s"] + p["reserve_s"] <= p["left_s"]
-
     def final_ready(self) -> bool:
         """Has the selected set already been measured against the baseline, interleaved?"""
         spec = self._spec()
@@ -204,7 +150,7 @@ class _Ladder:
             return f"{own} {rec['status']} inside its process" if rec and rec["status"] != "applied" else ""
 
         def stop(spec: str) -> bool:
-            if self._run_fits(spec, fresh):
+            if self.run_fits(spec, fresh):
                 return False
             self.cut_by_budget = True
             return True
@@ -213,19 +159,6 @@ class _Ladder:
                             device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
                             done=done, stop=stop, told=told, order=order)
         self._pending = None
-
-    def _run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
-        """Does one more run of ``spec`` fit the budget, with the final comparison after it? The
-        final comparison itself always gets its first 3 runs a side (a selection must be measured)."""
-        if self.budget is None or not self.process_s:
-            return True
-        if self.finalizing and len(fresh[spec].docs) < self.min_repeats:
-            return True
-        mean = sum(self.process_s) / len(self.process_s)
-        own = self.spec_s.get(spec)
-        per_run = sum(own) / len(own) if own else mean
-        reserve = 0 if self.finalizing else (2 * self.min_repeats * mean if self.selected and not self.final_ready() else 0)
-        return self.elapsed() + per_run + reserve <= self.budget
 
     def _looks(self, early: bool = False) -> list[int]:
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]

@@ -3,8 +3,9 @@ and TF32 flags must not leak between the configurations being compared).
 
 The child runs in its own process group, so Ctrl-C in the terminal reaches only the leader,
 which then ends the whole group (the child and its DataLoader workers) at once. If the leader
-is killed outright, the kernel sends the child SIGKILL (``PR_SET_PDEATHSIG``), and its loader
-workers notice that their parent is gone and exit.
+is killed outright, the kernel sends the child SIGKILL (``PR_SET_PDEATHSIG``), and the watchdog
+of :mod:`fastloop.drivers.reaper` ends the rest of its group (loader workers, compile workers,
+DDP ranks) and removes its folder.
 
 On Linux the process is forked from :mod:`fastloop.drivers.forkserver` (torch and Lightning imported
 once per leader, not once per run); ``FASTLOOP_FORKSERVER=0``, another OS, a server that cannot
@@ -21,10 +22,10 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from fastloop.drivers.reaper import run_folder, unwatch_group, watch_group
 from fastloop.errors import FastloopError
 
 __all__ = ["ConfigurationFailed", "run_in_subprocess"]
@@ -54,6 +55,7 @@ def die_with_parent() -> None:
 def _kill_group(proc: subprocess.Popen) -> None:
     _killpg(proc.pid)
     proc.wait()
+    unwatch_group(proc.pid)
 
 
 class _ForkServer:
@@ -64,6 +66,7 @@ class _ForkServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.drivers.forkserver"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                      preexec_fn=die_with_parent)
+        watch_group(self.proc.pid)
         self._buf = b""
         self.ready = False
         if wait:
@@ -105,19 +108,23 @@ class _ForkServer:
             self.close()
             return None
         pid = started["pid"]
+        watch_group(pid)
         try:
             done = self._read(timeout)
         except BaseException:  # timeout, Ctrl-C or any error in the leader: the child's group ends
             _killpg(pid)
+            unwatch_group(pid)
             self.close()
             raise
         _killpg(pid)  # loader workers the child left behind
+        unwatch_group(pid)
         return None if done is None else done["rc"]
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        unwatch_group(self.proc.pid)
 
 
 RUN_TIME_ENV = frozenset({"FASTLOOP_PROFILE_STEPS"})
@@ -220,7 +227,7 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
     Raises :class:`ConfigurationFailed` when the child ends without a result (its last stderr
     line is the reason) and ``KeyboardInterrupt`` after ending the child's process group.
     """
-    with tempfile.TemporaryDirectory(prefix="fastloop-") as tmp:
+    with run_folder() as tmp:
         path = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "fastloop.cli", "run", target, "--speedups", speedups or "none",
                "--steps", str(steps), "--warmup", str(warmup), "--device", device, "--json", path, "--quiet"]
@@ -275,6 +282,7 @@ def _plain_run(cmd: list[str], env: dict, err_path: str, timeout: float, speedup
     with open(err_path, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
                                 preexec_fn=die_with_parent)
+        watch_group(proc.pid)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

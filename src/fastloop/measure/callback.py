@@ -26,7 +26,7 @@ import torch
 
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop._torch_private import is_compiled
-from fastloop.data import first_tensor
+from fastloop.measure.batches import batch_items, prefetch_buffer
 from fastloop.measure.feed_clock import FeedClock
 from fastloop.measure.shapes import ShapeTally
 from fastloop.measure.stats import change_point, half_ratio, is_steady
@@ -41,33 +41,7 @@ WINDOW_OVERRUN = 3.0
 asked (and measured at least MIN_MEASURED_STEPS): a warm-up fed from a full prefetch buffer can
 make a data-bound step look 30x faster than it is, and the planned count would then run minutes."""
 
-__all__ = ["FeedClock", "MeasureCallback", "prefetch_buffer"]  # FeedClock: its own module, named here for the runner
-
-def prefetch_buffer(loader: Any) -> int:
-    """Batches a worker-backed DataLoader can hold ready (``num_workers x prefetch_factor``);
-    0 for loaders without workers. Wrappers that keep the loader as ``.loader`` are looked into."""
-    from torch.utils.data import DataLoader
-
-    for _ in range(4):
-        if isinstance(loader, DataLoader):
-            return loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers > 0 else 0
-        loader = getattr(loader, "loader", None)
-    return 0
-
-
-def _batch_items(batch: Any, trainer: Trainer) -> int:
-    """Samples in a step's batch: the leading size of its first tensor, summed over the loaders
-    when the Trainer combines several (``train_dataloader`` returned a dict or list of them)."""
-    def first(b: Any) -> int:
-        t = first_tensor(b)
-        return int(t.shape[0]) if t is not None and t.dim() else 1
-
-    loaders = getattr(trainer, "train_dataloader", None)  # the dict or list itself in Lightning 2
-    several = loaders if isinstance(loaders, (dict, list, tuple)) else getattr(loaders, "iterables", None)
-    if isinstance(several, (dict, list, tuple)) and len(several) > 1 and isinstance(batch, (dict, list, tuple)) \
-            and len(batch) == len(several):
-        return sum(first(b) for b in (batch.values() if isinstance(batch, dict) else batch))
-    return first(batch)
+__all__ = ["FeedClock", "MeasureCallback"]  # FeedClock: its own module, named here for the runner
 
 
 class MeasureCallback(Callback):
@@ -188,7 +162,7 @@ class MeasureCallback(Callback):
         self.shapes.add(batch)
         if self.items_per_step is None:
             items = getattr(pl_module, "items_per_batch", None)
-            self.items_per_step = int(items(batch)) if callable(items) else _batch_items(batch, trainer)
+            self.items_per_step = int(items(batch)) if callable(items) else batch_items(batch, trainer)
             fpb = getattr(pl_module, "flops_per_batch", None)
             if callable(fpb):
                 self.flops_per_step = float(fpb(batch))
@@ -322,28 +296,29 @@ class MeasureCallback(Callback):
         return True
 
     def _window_short(self, trainer: Trainer, n: int) -> bool:
-        """The planned count is done but its steps' times sum to less than ``measure_s`` (the
-        warm-up's steps ran slower than the steady ones): the window measures on for the seconds
-        still missing, estimated from the window's own mean step, until it holds ``measure_s`` or
-        a cap ends it (:data:`MAX_MEASURED_STEPS`, :data:`WINDOW_OVERRUN`: ``window_short_why``).
-        One read of the timer (a synchronize on CUDA) at each end of the window; one process only."""
+        """The planned count is done but its steps' times sum to less than ``measure_s``: measure
+        on for the seconds missing (estimated from the window's mean step) until it holds them, or
+        a cap ends it (:data:`MAX_MEASURED_STEPS`, or :data:`WINDOW_OVERRUN` x ``measure_s`` on the
+        host's clock), said in ``window_short_why``. One process only."""
         if self.measure_s is None or self.steps is None or trainer.world_size != 1 or self.window_cut:
             return False
         step_s = self.timer.result(upto=n).step_s
         measured = sum(step_s)
+        self.window_short_why = None
         if measured >= self.measure_s or not step_s:
-            self.window_short_why = None
             return False
         if self.steps >= MAX_MEASURED_STEPS:
             self.window_short_why = f"the window stopped at the cap of {MAX_MEASURED_STEPS:,} measured steps"
             return False
-        mean = measured / len(step_s)
-        extra = min(MAX_MEASURED_STEPS - self.steps, math.ceil(1.05 * (self.measure_s - measured) / mean) + 1)
+        if self._window_t0 is not None and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s:
+            self.window_short_why = (f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x "
+                                     f"{self.measure_s:g} s (the steps' own times sum to less)")
+            return False
+        extra = min(MAX_MEASURED_STEPS - self.steps, math.ceil(1.05 * (self.measure_s - measured) * len(step_s) / measured) + 1)
         self.steps += extra
         self.window_extended += extra
         if trainer.fit_loop.epoch_loop.max_steps > 0:
             trainer.fit_loop.epoch_loop.max_steps += extra
-        self.window_short_why = "the training ended before the window was full (its length or the loader's)"
         return True
 
     def _overran(self, trainer: Trainer, n: int) -> bool:
