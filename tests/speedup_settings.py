@@ -45,4 +45,5 @@ PARITY: dict[str, Parity] = {
     "fp8": Parity(MLP, 0.0, cpu=False),
     "ddp_comm": Parity(MLP, 0.0, cpu=False),  # multi-rank only: tests/test_ddp.py  # GPU parity: tests/test_gpu.py
     "fused_loss": Parity(MLP, 0.0, cpu=False),
+    "pad_buckets": Parity("tests/targets.py:padded_text", 1e-5, cpu=True),  # the padding is masked
 }

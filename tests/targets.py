@@ -554,3 +554,124 @@ class UsesItsLogger(Classifier):
 
 def uses_its_logger():
     return UsesItsLogger(), tiny_mlp()[1]
+
+
+# -- text padded per batch (pad_buckets) -------------------------------------------------------
+
+class PaddedText(Dataset):
+    """Token rows of 5-40 tokens (ids 1..49; 0 is the pad id), a class label each."""
+
+    def __init__(self, n: int = 128, seed: int = 0, causal: bool = False) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.rows = [torch.randint(1, 50, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g) for _ in range(n)]
+        self.labels = [int(r.sum()) % 3 for r in self.rows]
+        self.causal = causal
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return {"input_ids": self.rows[i], "label": self.labels[i]}
+
+
+def pad_collate(samples, side: str = "right", pad_id: int = 0, lm: bool = False):
+    """Pads each batch to its own longest row, as Hugging Face's DataCollatorWithPadding does."""
+    longest = max(len(s["input_ids"]) for s in samples)
+    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), longest), dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = len(s["input_ids"])
+        sl = slice(0, n) if side == "right" else slice(longest - n, longest)
+        ids[i, sl], mask[i, sl] = s["input_ids"], 1
+    if lm:
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([s["label"] for s in samples])}
+
+
+def left_pad_lm_collate(samples):
+    return pad_collate(samples, side="left", lm=True)
+
+
+def right_pad_lm_collate(samples):
+    return pad_collate(samples, lm=True)
+
+
+class TextClassifier(LightningModule):
+    """Embedding, one Transformer encoder layer with a key-padding mask, masked mean pooling
+    (``use_mask=False``: plain mean over every position, padding included: not equivalent)."""
+
+    def __init__(self, use_mask: bool = True, lr: float = 1e-3, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.use_mask = use_mask
+        self.emb = torch.nn.Embedding(50, 32, padding_idx=0)
+        self.enc = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=dropout, batch_first=True)
+        self.head = torch.nn.Linear(32, 3)
+        self.lr = lr
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids)
+        keep = attention_mask.bool()
+        if self.use_mask:
+            x = self.enc(x, src_key_padding_mask=~keep)
+            pooled = (x * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
+        else:
+            pooled = self.enc(x).mean(1)
+        return self.head(pooled)
+
+    def training_step(self, batch, batch_idx):
+        loss = torch.nn.functional.cross_entropy(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class CausalLM(LightningModule):
+    """A one-block causal Transformer LM; labels padded with -100 (ignored by the loss)."""
+
+    def __init__(self, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 32, padding_idx=0)
+        self.enc = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(32, 50)
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+        t = ids.shape[1]
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)
+        x = self.enc(self.emb(ids), src_mask=causal, src_key_padding_mask=~mask)
+        logits = self.head(x)[:, :-1]
+        labels = batch["labels"][:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1), ignore_index=-100)
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def padded_text(batch_size: int = 16, seed: int = 0, use_mask: bool = True):
+    """Text padded per batch (a classifier that masks its padding; ``use_mask=False``: one that does not)."""
+    torch.manual_seed(seed)
+    return (TextClassifier(use_mask=use_mask, dropout=0.0),
+            DataLoader(PaddedText(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
+                       generator=torch.Generator().manual_seed(seed)))
+
+
+def padded_text_no_mask(batch_size: int = 16, seed: int = 0):
+    return padded_text(batch_size, seed, use_mask=False)
+
+
+def padded_lm(batch_size: int = 16, seed: int = 0, left: bool = False):
+    """A causal LM on per-batch padded rows (labels -100 on the padding; ``left``: left-padded)."""
+    torch.manual_seed(seed)
+    return (CausalLM(), DataLoader(PaddedText(seed=seed, causal=True), batch_size=batch_size, shuffle=True,
+                                   collate_fn=left_pad_lm_collate if left else right_pad_lm_collate,
+                                   generator=torch.Generator().manual_seed(seed)))

@@ -12,10 +12,11 @@ from fastloop.loop import FastLoop
 from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import REGISTRY
 from tests.speedup_settings import PARITY
-from tests.targets import tiny_conv, tiny_mlp
+from tests.targets import padded_text, tiny_conv, tiny_mlp
 
 STEPS, WARMUP = 6, 2
-BUILD = {"tests/targets.py:tiny_mlp": tiny_mlp, "tests/targets.py:tiny_conv": tiny_conv}
+BUILD = {"tests/targets.py:tiny_mlp": tiny_mlp, "tests/targets.py:tiny_conv": tiny_conv,
+         "tests/targets.py:padded_text": padded_text}
 
 
 def test_every_registered_speedup_has_parity_settings():

@@ -242,3 +242,24 @@ def test_default_ladders_per_recipe_and_device():
     full = [s.name for s in resolve(DEFAULT_RUNGS + RECIPE_RUNGS["imagenet"])]  # what a GPU machine runs
     assert full[-1] == "dali" and full[:4] == ["gpu_resident", "workers", "pin_memory", "prefetch"]
     assert full.index("tf32") < full.index("cudnn_benchmark") < full.index("bf16") < full.index("compile")
+
+
+def test_none_means_the_baseline_in_every_public_entry_point():
+    """Issue 48: one rule for None across the Python API: callbacks, FastLoop and resolve."""
+    import torch
+
+    from fastloop.lightning import callbacks
+    from fastloop.loop import FastLoop
+    from fastloop.speedups.base import resolve
+
+    for empty in (None, "none", "", []):
+        assert resolve(empty) == []
+        assert callbacks(empty) == []
+        model = torch.nn.Linear(2, 2)
+        loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), [(torch.zeros(2, 2), torch.zeros(2, dtype=torch.long))],
+                        loss_fn=torch.nn.functional.cross_entropy, speedups=empty, device="cpu")
+        assert loop.speedups == []
+    import pytest
+
+    with pytest.raises(TypeError, match="or None"):
+        callbacks(3)  # type: ignore[arg-type]

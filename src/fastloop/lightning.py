@@ -24,16 +24,19 @@ def callback_for(speedup: Speedup) -> SpeedupCallback:
     return SpeedupCallback(speedup)
 
 
-def callbacks(spec: str | list[str], *, step_rate: float | None = None) -> list[Callback]:
+def callbacks(spec: str | list[str] | None, *, step_rate: float | None = None) -> list[Callback]:
     """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError).
+    ``None``, ``"none"``, ``""`` and ``[]`` mean the baseline (no callbacks), as in
+    :func:`~fastloop.speedups.base.resolve` and ``FastLoop(speedups=None)``.
 
     ``batch_size`` becomes a :class:`BatchSizeSearch` that searches with the other speedups of
     ``spec`` on; every other speedup a :class:`SpeedupCallback`, all sharing one
     :class:`~fastloop.speedups.base.RunInputs`. ``step_rate``: steps/s your step reaches without
     waiting for data, if you measured it (``workers`` then sizes the loader to the step's demand).
     """
-    if not isinstance(spec, (str, list, tuple)):
-        raise TypeError(f"callbacks() takes a comma-separated string or a list of speedup names, got {type(spec).__name__}")
+    if spec is not None and not isinstance(spec, (str, list, tuple)):
+        raise TypeError(f"callbacks() takes a comma-separated string, a list of speedup names or None, "
+                        f"got {type(spec).__name__}")
     chosen = resolve(spec)
     if step_rate is not None and not valid_step_rate(step_rate):
         raise ValueError(f"step_rate must be steps per second, a number > 0, got {step_rate!r}")

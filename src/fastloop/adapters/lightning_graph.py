@@ -13,8 +13,9 @@ reason recorded: host syncs in the step (``.item()``, printing a tensor), a valu
 ``training_step`` that is not a tensor (it would freeze), a step counter or the batch index read
 by ``training_step`` (an annealed weight would freeze), hooks of the module or of a callback
 that run inside the step (they would run once), manual optimization, gradient accumulation,
-fp16's GradScaler, more than one process. A batch of another shape (a short last batch) runs
-eagerly; a scheduler that changes a hyperparameter the graph baked in (momentum, betas) ends
+fp16's GradScaler, more than one process. A batch of another shape (a bucket of ``pad_buckets``)
+gets its own graph, up to ``MAX_GRAPHS``, all in one memory pool: its first step runs eagerly
+(compile's code for the shape), its second is captured; past that it runs eagerly; a scheduler that changes a hyperparameter the graph baked in (momentum, betas) ends
 the replays. Python side effects of ``training_step`` other than ``self.log`` (a counter, a
 print) run once, at capture.
 
@@ -37,7 +38,7 @@ from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, m
 from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
 
-__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "cycled_hyperparameters", "whole_step_blocker"]
+__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 
 HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 """Callback and module hooks that Lightning calls inside the optimizer step."""
@@ -96,30 +97,14 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     return None
 
 
-CYCLING = {"OneCycleLR": ("cycle_momentum", "momentum"), "CyclicLR": ("cycle_momentum", "momentum")}
-"""Schedulers that change a hyperparameter besides lr every step when their flag is on."""
-
-
-def cycled_hyperparameters(trainer: Trainer) -> str | None:
-    """Why the whole step cannot be replayed because a scheduler cycles a hyperparameter the
-    graph would bake in (OneCycleLR cycles SGD's momentum or Adam's beta1 by default), known
-    before the first step; None when no scheduler does."""
-    for config in getattr(trainer, "lr_scheduler_configs", []) or []:
-        sched = config.scheduler
-        flag = CYCLING.get(type(sched).__name__)
-        if flag and getattr(sched, flag[0], False):
-            opt = getattr(sched, "optimizer", None)
-            what = "betas" if opt is not None and "betas" in opt.defaults else "momentum"
-            return (f"{type(sched).__name__} cycles {type(opt).__name__ if opt is not None else 'the optimizer'}'s "
-                    f"{what} every step ({flag[0]}=True), which a graph would bake in")
-    return None
-
-
 def _hyperparameters(optimizer: Any) -> list[dict]:
     """What the graph baked in: every number of every param group but a tensor lr (of the
     torch optimizer inside Lightning's LightningOptimizer)."""
     opt = getattr(optimizer, "optimizer", optimizer)
     return [{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)} for g in opt.param_groups]
+
+
+MAX_GRAPHS = 8  # the most batch shapes (pad_buckets' buckets) captured, a graph each in one memory pool
 
 
 class WholeStepGraph:
@@ -150,15 +135,24 @@ class WholeStepGraph:
         self.eager_after_capture = 0
         self.capture_s: float | None = None
         self._static: Any = None
-        self._shape_key: list | None = None
+        self._shape_key: tuple | None = None
         self._result: Any = None
         self._logs: list[tuple[str, Any, tuple, dict, Any]] = []
         self._lr_pairs: list = []
         self._baked: list[dict] | None = None
         self._sync_checks = 2
         self._clean = False
-        self._warm_key: list | None = None
+        self._warm_key: tuple | None = None
         self._use_static = False
+        self._graphs: dict[tuple, tuple] = {}
+        """Each captured batch shape: (graph, static batch, closure result, logs, baked hyperparameters)."""
+        self._seen_once: set[tuple] = set()
+        """Shapes met once after the first capture: their first step runs eagerly (compile, warm-up)."""
+        self._no_graph: set[tuple] = set()  # shapes whose capture failed: eager
+        self._capturing = False
+        self.late_captures: list[float] = []  # seconds of each capture after the first (a shape seen later)
+        self._pool: Any = None
+        self.late_failed: str | None = None  # why a shape seen after the first capture stays eager
         original_b2d = trainer.strategy.batch_to_device
         self._original_step = pl_module.optimizer_step
 
@@ -201,7 +195,7 @@ class WholeStepGraph:
         self._use_static = False
         if not self.active or self.steps < self.warmup - 1:
             return batch
-        key = _shapes(batch)
+        key = tuple(_shapes(batch))
         if self.graph is None:
             if not self._clean:  # the checked step's batch: the capture will want this shape
                 self._warm_key = key
@@ -212,11 +206,23 @@ class WholeStepGraph:
             self._shape_key = key
             self._use_static = True
             return self._static
-        if key == self._shape_key:
+        if key in self._graphs:
+            self._select(key)
             _copy_into(self._static, batch)
             self._use_static = True
             return self._static
+        if len(self._graphs) < MAX_GRAPHS and key in self._seen_once:  # its second step: captured
+            self._static = map_tensors(lambda t: t.clone(), batch)
+            self._shape_key, self._capturing, self._use_static = key, True, True
+            return self._static
+        if len(self._graphs) < MAX_GRAPHS and key not in self._no_graph:
+            self._seen_once.add(key)
         return batch
+
+    def _select(self, key: tuple) -> None:
+        """Replay the graph captured for batch shape ``key`` from now on."""
+        self.graph, self._static, self._result, self._logs, self._baked = self._graphs[key]
+        self._shape_key = key
 
     def _step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -231,6 +237,8 @@ class WholeStepGraph:
             if not self._use_static:
                 self.eager_after_capture += 1
                 return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
+            if self._capturing:  # a shape first seen after the first capture
+                return self._capture(epoch, batch_idx, optimizer, closure, *args, **kwargs)
             if _hyperparameters(optimizer) != self._baked:
                 self.fail("a scheduler changed an optimizer hyperparameter other than lr, which the graph baked in; "
                            "the steps from here on run eagerly")
@@ -286,8 +294,11 @@ class WholeStepGraph:
         module.log = log  # type: ignore[method-assign]
         graph = torch.cuda.CUDAGraph()
         err: str | None = None
+        late = bool(self._graphs)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()  # one pool for the graphs of every shape
         try:  # torch.cuda.graph synchronizes before it captures
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         except RuntimeError as e:
             err = f"capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
@@ -300,6 +311,14 @@ class WholeStepGraph:
                        f"only, so a Python value would freeze at its first value")
             elif peek_closure_result(closure) is None or peek_closure_result(closure).closure_loss is None:
                 err = "training_step returned no loss"
+        self._capturing = False
+        if err is not None and late:  # this shape stays eager; the shapes captured before replay on
+            torch.cuda.synchronize()
+            self._seen_once.discard(self._shape_key)
+            self._no_graph.add(self._shape_key)  # never retried
+            self._select(next(iter(self._graphs)))
+            self.late_failed = err
+            return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         if err is not None:
             torch.cuda.synchronize()
             self.fail(err)
@@ -308,10 +327,14 @@ class WholeStepGraph:
         self.graph, self._logs = graph, logs
         self._result = peek_closure_result(closure)
         self._baked = _hyperparameters(optimizer)
+        self._graphs[self._shape_key] = (graph, self._static, self._result, logs, self._baked)
         graph.replay()  # this step, for real
         closure_result(closure, self._result)  # this step's outputs must not alias the graph's buffers
         self._relog(original_log)
-        self.capture_s = time.perf_counter() - t0
+        if late:
+            self.late_captures.append(time.perf_counter() - t0)
+        else:
+            self.capture_s = time.perf_counter() - t0
         return None
 
     def _replay(self, closure: Any) -> None:
@@ -342,6 +365,12 @@ class WholeStepGraph:
             if self.on_fallback is not None:
                 self.on_fallback(reason)
 
+    def shapes_captured(self) -> dict:
+        """The graphs per batch shape: how many, the late captures' seconds (after warm-up: in the
+        measured steps) and why a shape stayed eager."""
+        return {"graphs": len(self._graphs), "late_captures": len(self.late_captures),
+                "late_capture_s": round(sum(self.late_captures), 3), "late_failed": self.late_failed}
+
     def detail(self) -> str:
         """What happened, for the run record."""
         if self.failed is not None:
@@ -349,6 +378,9 @@ class WholeStepGraph:
         if self.graph is None:
             return "whole step: not captured yet"
         out = f"whole step (forward, backward, optimizer) captured in {self.capture_s:.2f} s, {self.replays} replays"
+        if self.late_captures:
+            out += (f"; {len(self._graphs)} batch shapes captured (one graph each, one memory pool), "
+                    f"{len(self.late_captures)} after the first in {sum(self.late_captures):.2f} s")
         if self.eager_after_capture:
             out += f", {self.eager_after_capture} steps of another batch shape eager"
         return out

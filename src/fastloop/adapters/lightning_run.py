@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -27,13 +28,13 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningModule, Trainer
 from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop._torch_private import compiled_call, set_compiled_call
-from fastloop.adapters.lightning_changes import (compilable_children, describe_children, patch_attr,
+from fastloop.adapters.lightning_changes import (cycled_hyperparameters, compilable_children, describe_children, patch_attr,
                                                  trainer_precision_conflict)
-from fastloop.adapters.lightning_graph import WholeStepGraph, cycled_hyperparameters, whole_step_blocker
+from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
 from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
-from fastloop.speedups.run import Run
+from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
 
@@ -191,6 +192,23 @@ class LightningRun(Run):
 
     def batches_arrive_on_device(self) -> None:
         return None  # the strategy's copy of a batch already on the device is a no-op
+
+    def batch_loss(self, batch: Any) -> torch.Tensor:
+        module = self.model
+        trainer = module.trainer
+
+        def loss() -> Any:
+            # training_step outside the loop: with the Trainer detached its self.log calls are
+            # no-ops (LightningModule.log returns when no trainer is registered), nothing is recorded
+            module.trainer = None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return module.training_step(batch, 0)
+            finally:
+                module.trainer = trainer
+
+        return eval_loss(module, loss)
 
     def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
         held = contextlib.ExitStack()  # from setup until teardown (or until it did not apply)

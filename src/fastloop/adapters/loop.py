@@ -35,7 +35,7 @@ from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, resolve
 from fastloop.speedups.compile import apply_compile, compiled_by_user
-from fastloop.speedups.run import Run, apply_all
+from fastloop.speedups.run import Run, apply_all, eval_loss
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
 
@@ -56,8 +56,10 @@ class LoopRun(Run):
     """
 
     def __init__(self, ctx: Context, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
-                 loader: Iterable | None) -> None:
+                 loader: Iterable | None, step_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None) -> None:
         self.ctx, self.model, self.optimizer, self.loader = ctx, model, optimizer, loader
+        self.step_fn = step_fn
+        """The loop's loss of a batch, ``step_fn(model, batch)`` (for :meth:`batch_loss`)."""
         self.autocast_dtype: torch.dtype | None = None
         self.scale_loss = False
         self.batch_fns: list[Callable[[Any], Any]] = []
@@ -93,6 +95,12 @@ class LoopRun(Run):
 
     def batches_arrive_on_device(self) -> None:
         self.on_device = True
+
+    def batch_loss(self, batch: Any) -> torch.Tensor:
+        model, step_fn = self._need(self.model, "model"), self._need(self.step_fn, "step function")
+        for fn in self.batch_fns:
+            batch = fn(batch)
+        return eval_loss(model, lambda: step_fn(model, batch))
 
     def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
         self.autocast_dtype, self.scale_loss = dtype, scale_loss
@@ -167,7 +175,7 @@ class FastLoop:
         model = model.to(self.device)
         if any(p.device != self.device for g in optimizer.param_groups for p in g["params"]):
             raise ValueError("the optimizer's parameters are not the model's (build the optimizer after moving the model?)")
-        self.run = LoopRun(self.ctx, model, optimizer, loader)
+        self.run = LoopRun(self.ctx, model, optimizer, loader, step_fn)
         apply_all(self.speedups, self.run)
         self.model, self.optimizer, self.loader = self.run.model, self.run.optimizer, self.run.loader
         self.scaler = torch.amp.GradScaler("cuda") if self.run.scale_loss else None

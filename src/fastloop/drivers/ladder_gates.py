@@ -19,13 +19,18 @@ the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or wh
 wait and its host's share of the step getting batches are at most FEED_WAIT."""
 
 
-def model_says_no(ladder: _Ladder, s: Any) -> str | None:
+def model_says_no(ladder: _Ladder, s: Any, shapes_fixed: bool = False) -> str | None:
     """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
-    known from a run that already built it: not measured."""
+    known from a run that already built it: not measured. ``shapes_fixed``: the configuration
+    pads its batches to a few shapes, so what the baseline's batch shapes ruled out
+    (``data_checks``: cuda_graph) is measured after all."""
     runs = ladder.base_runs
     if runs is None or not runs.docs:
         return None
-    reason = (runs.docs[-1].get("model_checks") or {}).get(s.name)
+    doc = runs.docs[-1]
+    if shapes_fixed and s.name in (doc.get("data_checks") or {}) and s.name not in (doc.get("built_checks") or {}):
+        return None
+    reason = (doc.get("model_checks") or {}).get(s.name)
     return f"not measured: {reason}" if reason else None
 
 

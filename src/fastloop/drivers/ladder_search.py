@@ -55,9 +55,11 @@ even where the interval is too wide to call it significant."""
 
 def split_groups(speedups: list) -> tuple[list, list, list]:
     """(feed, compute, the rest): the data pipeline, everything that changes the step, and the
-    speedups that change the workload itself (``batch_size``)."""
-    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload]
-    compute = [s for s in speedups if s.changes != "data" and not s.changes_workload]
+    speedups that change the workload itself (``batch_size``). A speedup that pads batches to a
+    few shapes (``fixes_shapes``) changes the data but goes with the compute stack: compile and
+    CUDA graphs pay only with it (it is ruled out where the baseline's batches keep one shape)."""
+    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload and not s.fixes_shapes]
+    compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.changes_workload]
     rest = [s for s in speedups if s.changes_workload]
     return feed, compute, rest
 
@@ -329,7 +331,12 @@ class StagedSearch:
         when the bundle is not faster."""
         L = self.L
         todo = [s for s in compute if s.name not in _names(L.selected)]
-        ruled_out = {s.name: model_says_no(L, s) for s in todo}
+        # a padding to a few shapes in the bundle (or kept): the baseline's shape checks do not hold
+        shaped = any(s.fixes_shapes for s in todo) or any(REGISTRY[n].fixes_shapes for n in _names(L.selected) if n in REGISTRY)
+        ruled_out = {s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo}
+        if shaped and not ruled_out.get("pad_buckets", "x"):
+            self.note(stage, "the batches change shape: padded to a few lengths (pad_buckets), so compile and "
+                             "CUDA graphs are measured on its few shapes")
         for s in todo:
             if ruled_out[s.name]:
                 L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", ruled_out[s.name]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Any
 
 import torch
@@ -40,9 +41,12 @@ def model_checks_of(module: Any) -> dict[str, str]:
 def data_checks(batch_shapes: dict | None) -> dict[str, str]:
     """Speedups the run's batches rule out, with the reason, as :func:`model_checks_of` has them:
     ``cuda_graph`` where the batches change shape too often to replay one graph
-    (:func:`~fastloop.measure.shapes.graph_shape_check`)."""
+    (:func:`~fastloop.measure.shapes.graph_shape_check`); ``pad_buckets`` where they keep one shape."""
     reason = graph_shape_check(batch_shapes)
-    return {"cuda_graph": reason} if reason else {}
+    out = {"cuda_graph": reason} if reason else {}
+    if batch_shapes and not re.search(r"dim [1-9]", str(batch_shapes.get("varying") or "")):
+        out["pad_buckets"] = "the batches keep one shape apart from the batch dimension: nothing to pad"
+    return out
 
 
 def profile_steps() -> int:

@@ -356,7 +356,9 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                       "train_s": (measure.train_end_t - measure.train_start_t)
                       if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
-    doc["model_checks"] = {**data_checks(doc.get("batch_shapes")), **model_checks}
+    doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
+    doc["built_checks"] = model_checks
+    doc["model_checks"] = {**doc["data_checks"], **model_checks}
     doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}

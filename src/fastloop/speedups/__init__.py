@@ -12,6 +12,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     fused_loss,
     fused_optimizer,
     gpu_resident,
+    pad_buckets,
     pin_memory,
     precision,
     prefetch,

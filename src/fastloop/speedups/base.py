@@ -168,6 +168,10 @@ class Speedup:
     """A feed serving batches on the GPU in place of the loader: with it, the CPU feed has nothing to do."""
     needs_in_memory_tensors: ClassVar[bool] = False
     """It applies only to a dataset of in-memory tensors (the ladder reads the run's dataset)."""
+    fixes_shapes: ClassVar[bool] = False
+    """It pads batches whose shape changes to a few shapes: the ladder puts it in the compute
+    bundle where the baseline's batches change shape, and does not hold the baseline's shape
+    checks (``cuda_graph``) against a configuration with it."""
     changes_workload: ClassVar[bool] = False
     """It changes the step's work (the batch size): the ladder tries it alone, after the rest."""
     ablation_rank: ClassVar[int | None] = None

@@ -36,7 +36,30 @@ from fastloop.speedups.base import Context, Skip
 if TYPE_CHECKING:
     from fastloop.speedups.base import Speedup
 
-__all__ = ["Run", "apply_all"]
+__all__ = ["Run", "apply_all", "eval_loss"]
+
+
+def eval_loss(model: torch.nn.Module, loss: Callable[[], Any], seed: int = 0) -> torch.Tensor:
+    """``loss()`` as :meth:`Run.batch_loss` computes it: ``model`` in eval mode, no gradients,
+    fp32 matmuls (TF32 off), the random state seeded with ``seed`` and put back after; a dict
+    result gives its ``"loss"``."""
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    was_training = model.training
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        model.eval()
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), torch.autocast("cpu", enabled=False):
+            torch.manual_seed(seed)
+            out = loss()
+    finally:
+        model.train(was_training)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+    if isinstance(out, dict):
+        out = out.get("loss")
+    if not torch.is_tensor(out):
+        raise TypeError(f"the step returned {type(out).__name__}, not a loss tensor")
+    return out.detach().float()
 
 
 class Run:
@@ -93,6 +116,12 @@ class Run:
         """Replay the train step as CUDA graphs: the whole step where it can be captured, else
         the next tier, and the tier that ran in the statistics (``cuda_graph_tier``)."""
         raise self._cannot("capture the step")
+
+    def batch_loss(self, batch: Any) -> torch.Tensor:
+        """The loss the train step computes on ``batch`` (already on the model's device) in eval
+        mode, without gradients, TF32 or autocast, from the same random state each call, changing
+        nothing (the model's mode and the random state are put back)."""
+        raise self._cannot("compute a batch's loss outside the step")
 
     def hold(self, context: Callable[[], AbstractContextManager]) -> None:
         """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""

@@ -1,0 +1,346 @@
+"""``pad_buckets``: batches padded per batch to their own longest row are padded on to a few
+bucket lengths, so bf16, compile and CUDA graphs see a few shapes instead of one per batch.
+
+The card (when it helps, when it hurts, what it costs): ``docs/speedups/pad_buckets.md``.
+
+What is padded, and with what, is read from the user's own batches, never assumed. A few batches
+of the training loader are read (without workers, the random state put back after). A tensor is
+padded along a dimension other than the batch dimension whose size changes from batch to batch
+(a short last batch is never filled with fake samples). Its pad value is the one the collate
+already pads with, read at the padded end of the shorter rows: the value most rows end with
+where at least one row of a batch (the longest) ends otherwise. The side (the tail, or the head
+for left-padded causal LMs) is the end where the tensors show that pattern. Ids get the pad id,
+masks False/0, labels -100 where that is what they hold. A tensor whose pad value cannot be
+established (no padded row seen, several values at the padded end) is left alone, and the record
+says why.
+
+Before it applies, the padding is checked: the loss the step computes (``training_step`` under
+Lightning, the loop's loss function in a plain loop) in eval mode, without gradients and with the
+same random state, must agree on the original and the padded batch within ``PadOptions.rtol``.
+A model that does not mask its padding changes its output and is refused: "the model's output
+depends on the padding (is the mask used?)".
+
+The padding runs inside the loader's collate function (in its workers, where it has them): its
+host cost per batch is measured on the sampled batches and reported.
+
+Example:
+    >>> import torch
+    >>> rows = [torch.tensor([5, 6, 7, 0, 0]), torch.tensor([5, 6, 7, 8, 9])]
+    >>> batches = [{"ids": torch.stack(rows), "mask": torch.stack(rows) != 0},
+    ...            {"ids": torch.tensor([[4, 0, 0], [4, 4, 4]]), "mask": torch.tensor([[1, 0, 0], [1, 1, 1]]).bool()}]
+    >>> plan = find_padding(batches, multiple=4)
+    >>> [(p.name, p.dim, p.side, p.value) for p in plan.pads]
+    [('ids', 1, 'tail', 0), ('mask', 1, 'tail', False)]
+    >>> plan.buckets()  # multiples of 4 up to the longest length seen (5, rounded up to 8)
+    [4, 8]
+    >>> padded = plan.pad(batches[1])
+    >>> padded["ids"].tolist(), padded["mask"].shape
+    ([[4, 0, 0, 0], [4, 4, 4, 0]], torch.Size([2, 4]))
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.run import Run
+
+__all__ = ["PadBuckets", "PadOptions", "PadPlan", "PaddedCollate", "TensorPad", "find_padding", "tensor_names"]
+
+CLEAR_MODE = 2
+"""A pad value is clear when at least this many times as many rows end with it as with any other value."""
+
+
+@dataclass(frozen=True)
+class PadOptions:
+    """Options of ``pad_buckets``."""
+
+    multiple: int | None = field(default=None, metadata={
+        "doc": "bucket lengths are multiples of this; None: a quarter of the longest length seen, rounded up to 8"})
+    max_buckets: int = field(default=8, metadata={
+        "doc": "at most this many bucket lengths (under torch.compile's recompile limit); a longer batch is left alone"})
+    sample_batches: int = field(default=8, metadata={"doc": "batches read to find what varies and its pad value"})
+    check_batches: int = field(default=4, metadata={"doc": "batches whose loss is compared padded and unpadded"})
+    rtol: float = field(default=1e-4, metadata={"doc": "relative tolerance of that loss comparison (fp32, TF32 off)"})
+
+    def __post_init__(self) -> None:
+        if self.multiple is not None and (isinstance(self.multiple, bool) or not isinstance(self.multiple, int)
+                                          or not 1 <= self.multiple <= 65536):
+            raise FastloopError(f"pad_buckets: the bucket multiple must be a whole number in [1, 65536], got {self.multiple!r}")
+        if not isinstance(self.max_buckets, int) or not 1 <= self.max_buckets <= 64:
+            raise FastloopError(f"pad_buckets: max_buckets must be in [1, 64], got {self.max_buckets!r}")
+        if not isinstance(self.sample_batches, int) or self.sample_batches < 2:
+            raise FastloopError(f"pad_buckets: sample_batches must be >= 2, got {self.sample_batches!r}")
+        if not isinstance(self.check_batches, int) or not 1 <= self.check_batches <= self.sample_batches:
+            raise FastloopError(f"pad_buckets: check_batches must be in [1, sample_batches], got {self.check_batches!r}")
+        if not isinstance(self.rtol, float) or not 0 < self.rtol < 1:
+            raise FastloopError(f"pad_buckets: rtol must be in (0, 1), got {self.rtol!r}")
+
+
+def tensor_names(batch: Any) -> list[str]:
+    """A name for each tensor of ``batch``, in :func:`~fastloop.data.map_tensors`'s order
+    (``input_ids``, ``0``, ``inputs.mask``)."""
+    names: list[str] = []
+
+    def walk(x: Any, prefix: str) -> None:
+        if torch.is_tensor(x):
+            names.append(prefix or "batch")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{prefix}.{i}" if prefix else str(i))
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, type):
+            for f in x.__dataclass_fields__.values():
+                walk(getattr(x, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+
+    walk(batch, "")
+    return names
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(lambda t: found.append(t) or t, batch)
+    return found
+
+
+@dataclass(frozen=True)
+class TensorPad:
+    """How one tensor of the batch is padded: along ``dim``, at ``side``, with ``value``."""
+
+    index: int
+    """Its position in :func:`~fastloop.data.map_tensors`'s order."""
+    name: str
+    dim: int
+    side: str
+    value: Any
+
+
+@dataclass
+class PadPlan:
+    """What :func:`find_padding` found: the tensors to pad and how, the bucket rule, and why any
+    varying tensor is left alone."""
+
+    pads: list[TensorPad]
+    multiple: int
+    cap: int
+    """The longest bucket: a batch longer than this is left alone."""
+    top: int = 0
+    """The longest length seen, rounded up to 8: the last bucket of those seen (0: none)."""
+    left_alone: dict[str, str] = field(default_factory=dict)
+    lengths_seen: list[int] = field(default_factory=list)
+
+    def bucket(self, length: int) -> int | None:
+        """The bucket length for ``length`` (None: longer than the cap, left alone)."""
+        b = math.ceil(length / self.multiple) * self.multiple
+        if length <= self.top:
+            return min(b, self.top)
+        return b if b <= self.cap else None
+
+    def buckets(self) -> list[int]:
+        """The bucket lengths up to the longest seen (longer batches get multiples up to the cap)."""
+        return sorted({self.bucket(n) or n for n in range(1, self.top + 1)})
+
+    def pad(self, batch: Any) -> Any:
+        """``batch`` with each planned tensor padded to its bucket (unchanged past the cap)."""
+        by_index = {p.index: p for p in self.pads}
+        counter = iter(range(1 << 30))
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            p = by_index.get(next(counter))
+            if p is None or t.dim() <= p.dim:
+                return t
+            length = t.shape[p.dim]
+            target = self.bucket(length)
+            if target is None or target == length:
+                return t
+            widths = [0, 0] * (t.dim() - p.dim - 1) + ([0, target - length] if p.side == "tail" else [target - length, 0])
+            if t.dtype == torch.bool:  # F.pad does not take bool tensors
+                return F.pad(t.to(torch.uint8), widths, value=int(p.value)).bool()
+            return F.pad(t, widths, value=p.value)
+
+        return map_tensors(one, batch)
+
+
+class PaddedCollate:
+    """The user's collate function, then :meth:`PadPlan.pad` (picklable: it runs in loader workers)."""
+
+    def __init__(self, collate: Callable, plan: PadPlan) -> None:
+        self.collate, self.plan = collate, plan
+
+    def __call__(self, samples: Any) -> Any:
+        return self.plan.pad(self.collate(samples))
+
+
+def _end_values(t: torch.Tensor, dim: int, side: str) -> list[Any]:
+    """Per row: the value at the ``side`` end along ``dim`` where that end is one value (None where
+    not, and for a row that holds one value throughout: a full mask row says nothing of the pad)."""
+    end = t.select(dim, -1 if side == "tail" else 0).reshape(t.shape[0], -1)
+    flat = t.movedim(dim, 1).reshape(t.shape[0], -1)
+    uniform = (end == end[:, :1]).all(dim=1) & ~(flat == flat[:, :1]).all(dim=1)
+    firsts = end[:, 0].tolist()
+    return [v if u else None for v, u in zip(firsts, uniform.tolist())]
+
+
+def _pad_value(tensors: list[torch.Tensor], dim: int, side: str) -> tuple[Any, str | None, float]:
+    """The value the collate pads with at ``side`` (or None), why not, and how strong the evidence
+    is (the share of rows that end with it where some row of the batch ends otherwise)."""
+    per_batch = [_end_values(t, dim, side) for t in tensors]
+    counts = Counter(v for rows in per_batch for v in rows if v is not None)
+    if not counts:
+        return None, "no row ends with one value", 0.0
+    (value, n), *rest = counts.most_common()
+    second = rest[0][1] if rest else 0
+    padded_batches = [rows for rows in per_batch if value in rows and any(v != value for v in rows)]
+    if not padded_batches:
+        return None, "no padded row seen (every row of every batch ends alike)", 0.0
+    if n < CLEAR_MODE * second:
+        return None, f"more than one value at the padded end ({value!r} in {n} rows, {rest[0][0]!r} in {second})", 0.0
+    evidence = sum(sum(v == value for v in rows) for rows in padded_batches) / sum(len(r) for r in padded_batches)
+    return value, None, evidence
+
+
+def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets: int = 8) -> PadPlan:
+    """Read ``batches`` (the loader's own, at least two) and plan the padding; raise
+    :class:`~fastloop.speedups.base.Skip` when no tensor changes length from batch to batch."""
+    per = [_tensors(b) for b in batches]
+    if len({len(p) for p in per}) != 1 or not per[0]:
+        raise Skip("the batches do not hold the same tensors each time (or none)")
+    names = tensor_names(batches[0])
+    found: list[tuple[int, int, list[torch.Tensor]]] = []
+    for i in range(len(per[0])):
+        ts = [p[i] for p in per]
+        if len({t.dim() for t in ts}) != 1:
+            continue
+        for d in range(1, ts[0].dim()):
+            if len({t.shape[d] for t in ts}) > 1:
+                found.append((i, d, ts))
+    if not found:
+        raise Skip("the batches keep one shape apart from the batch dimension: nothing to pad")
+    sides = {}
+    for i, d, ts in found:
+        for side in ("tail", "head"):
+            sides[(i, side)] = _pad_value(ts, d, side)
+    tail = sum(sides[(i, "tail")][2] for i, _, _ in found)
+    head = sum(sides[(i, "head")][2] for i, _, _ in found)
+    side = "head" if head > tail else "tail"
+    pads, alone, lengths = [], {}, []
+    for i, d, ts in found:
+        value, why, _ = sides[(i, side)]
+        if why is not None:
+            alone[names[i]] = f"{names[i]} (dim {d}) left alone: {why}"
+            continue
+        pads.append(TensorPad(i, names[i], d, side, value))
+        lengths += [t.shape[d] for t in ts]
+    if not pads:
+        raise Skip("no pad value could be established: " + "; ".join(alone.values()))
+    top = math.ceil(max(lengths) / 8) * 8
+    m = multiple or max(8, math.ceil(top / 4 / 8) * 8)
+    cap = max(top, m * max_buckets)
+    return PadPlan(pads, m, cap, top=top, left_alone=alone, lengths_seen=sorted(set(lengths)))
+
+
+def _sample(loader: DataLoader, n: int) -> list[Any]:
+    """The first ``n`` batches of a worker-less copy of ``loader``, the random state put back."""
+    copy = rebuild_loader(loader, num_workers=0)
+    gen = loader.generator.get_state() if getattr(loader, "generator", None) is not None else None
+    out = []
+    with torch.random.fork_rng(devices=[]):
+        for b in copy:
+            out.append(b)
+            if len(out) >= n:
+                break
+    if gen is not None:
+        loader.generator.set_state(gen)
+    return out
+
+
+def check_equivalence(run: Run, plan: PadPlan, batches: list[Any], rtol: float) -> str:
+    """Compare the step's loss on original and padded batches; the detail line, or :class:`Skip`."""
+    worst, compared = 0.0, 0
+    for b in batches:
+        padded = plan.pad(b)
+        if all(x.shape == y.shape for x, y in zip(_tensors(b), _tensors(padded))):
+            continue  # already a bucket's length: nothing to compare
+        try:
+            a, p = run.batch_loss(b), run.batch_loss(padded)
+        except Skip:
+            raise
+        except Exception as err:  # noqa: BLE001 - the padded batch broke the step: not applied
+            raise Skip(f"the step failed on a padded batch ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
+                       f"padding changes what it can take") from None
+        a, p = float(a), float(p)
+        rel = abs(a - p) / max(abs(a), 1e-12)
+        worst, compared = max(worst, rel), compared + 1
+        if not rel <= rtol:
+            raise Skip(f"the model's output depends on the padding (is the mask used?): its loss was {a:.6g} unpadded "
+                       f"and {p:.6g} padded (relative difference {rel:.2g} > {rtol:g})")
+    if not compared:
+        raise Skip("every sampled batch already had a bucket's length: the padding could not be checked")
+    return f"the step's loss in eval mode agreed on {compared} batch(es) padded and unpadded (max relative difference {worst:.1e})"
+
+
+@register
+class PadBuckets(Speedup):
+    __doc__ = __doc__
+    name = "pad_buckets"
+    changes = "data"
+    fixes_shapes = True
+    order = 8
+    in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder_search)
+    ablation_rank = 5  # padding is more work: taken out to check that it pays
+    option_help = "pad_buckets:N with N a whole number, the bucket multiple (default: a quarter of the longest length seen)"
+    options_type = PadOptions
+
+    @classmethod
+    def parse_option(cls, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise FastloopError(f"pad_buckets:{text}: {cls.option_help}") from None
+        if not 1 <= value <= 65536:
+            raise FastloopError(f"pad_buckets:{text}: {cls.option_help}, in [1, 65536]")
+        return value
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run))
+
+    def apply_loader(self, loader: Iterable, run: Run) -> Iterable:
+        ctx: Context = run.ctx
+        if not isinstance(loader, DataLoader) or yields_whole_batches(loader):
+            raise Skip(f"the loader is a {type(loader).__name__} that does not batch samples itself; pad_buckets "
+                       f"pads the output of a DataLoader's collate_fn")
+        o = self.opts or PadOptions()
+        batches = _sample(loader, o.sample_batches)
+        if len(batches) < 2:
+            raise Skip("the loader gave fewer than 2 batches: nothing to compare shapes with")
+        plan = find_padding(batches, multiple=o.multiple, max_buckets=o.max_buckets)
+        t0 = time.perf_counter()
+        for b in batches:
+            plan.pad(b)
+        pad_us = 1e6 * (time.perf_counter() - t0) / len(batches)
+        device = next((p.device for p in run.model.parameters()), ctx.device) if run.model is not None else ctx.device
+        checked = check_equivalence(run, plan, [to_device(b, device) for b in batches[:o.check_batches]], o.rtol)
+        pads = ", ".join(f"{p.name} with {p.value!r}" for p in plan.pads)
+        side = plan.pads[0].side
+        ctx.stats["pad_buckets"] = {"buckets": plan.buckets(), "multiple": plan.multiple, "cap": plan.cap,
+                                    "lengths_seen": plan.lengths_seen, "side": side,
+                                    "padded": {p.name: p.value for p in plan.pads}, "left_alone": plan.left_alone,
+                                    "pad_us_per_batch": round(pad_us, 1), "equivalence": checked}
+        ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.cap} "
+                     f"(lengths seen {plan.lengths_seen[0]}-{plan.lengths_seen[-1]}); {checked}; "
+                     f"{pad_us:.0f} us of host time per batch in the collate"
+                     + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
+        return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan))

@@ -1,0 +1,131 @@
+"""pad_buckets (issue 49): pad values read from the collate's own output, a model that ignores its
+mask refused, a tensor that does not vary left alone, buckets bounding the shapes, the loss
+trajectory unchanged, and the ladder putting it in the compute bundle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastloop.drivers.runner import run_configuration
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Skip, resolve
+from fastloop.speedups.pad_buckets import PadOptions, _sample, find_padding
+from tests.targets import PaddedText, pad_collate, padded_lm, padded_text
+
+
+def _plan(loader, **kw):
+    return find_padding(_sample(loader, 8), **kw)
+
+
+def test_pad_values_and_side_are_read_from_the_collate():
+    _, lm = padded_lm(batch_size=4)
+    plan = _plan(lm)
+    assert [(p.name, p.side, p.value) for p in plan.pads] == [
+        ("input_ids", "tail", 0), ("attention_mask", "tail", 0), ("labels", "tail", -100)]
+    _, left = padded_lm(batch_size=4, left=True)
+    assert {(p.name, p.side, p.value) for p in _plan(left).pads} == {
+        ("input_ids", "head", 0), ("attention_mask", "head", 0), ("labels", "head", -100)}
+    plan = _plan(left, multiple=8)
+    batch = next(b for b in left if plan.bucket(b["labels"].shape[1]) != b["labels"].shape[1])
+    n = batch["labels"].shape[1]
+    padded = plan.pad(batch)
+    extra = padded["labels"].shape[1] - n
+    assert extra > 0 and (padded["labels"][:, :extra] == -100).all()  # the head, where a left-padding collate pads
+    assert torch.equal(padded["labels"][:, extra:], batch["labels"])
+
+
+def test_a_pad_id_other_than_zero_and_a_bool_mask_are_what_gets_written():
+    def collate(samples):
+        b = pad_collate(samples, pad_id=7)
+        return {"ids": b["input_ids"], "mask": b["attention_mask"].bool(), "y": b["labels"]}
+
+    loader = DataLoader(PaddedText(n=64), batch_size=4, collate_fn=collate)
+    plan = _plan(loader, multiple=64)
+    assert {(p.name, p.value) for p in plan.pads} == {("ids", 7), ("mask", False)}
+    out = plan.pad(next(iter(loader)))
+    n = next(iter(loader))["ids"].shape[1]
+    assert out["mask"].dtype == torch.bool and out["ids"].shape[1] == plan.bucket(n) >= n
+    assert (out["ids"][:, n:] == 7).all() and not out["mask"][:, n:].any()
+
+
+def test_a_tensor_that_does_not_vary_is_left_alone():
+    _, loader = padded_text(batch_size=4)
+    plan = _plan(loader)
+    assert "labels" not in {p.name for p in plan.pads}  # [B] class labels: nothing varies
+    batch = next(iter(loader))
+    assert plan.pad(batch)["labels"] is batch["labels"]
+
+
+def test_a_tensor_whose_pad_value_cannot_be_established_is_left_alone_with_the_reason():
+    def collate(samples):
+        b = pad_collate(samples)
+        feats = torch.randn(b["input_ids"].shape)  # varies in length, but no pad value at its end
+        return {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"], "feats": feats}
+
+    loader = DataLoader(PaddedText(n=64), batch_size=4, collate_fn=collate)
+    plan = _plan(loader)
+    assert "feats" not in {p.name for p in plan.pads}
+    assert "feats" in plan.left_alone and "left alone" in plan.left_alone["feats"]
+
+
+def test_batches_that_keep_one_shape_are_refused():
+    loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(32, 5)), batch_size=4)
+    with pytest.raises(Skip, match="nothing to pad"):
+        _plan(loader)
+
+
+def test_buckets_bound_the_number_of_distinct_shapes():
+    _, loader = padded_text(batch_size=2)  # lengths 5-40: many shapes per epoch
+    plan = _plan(loader, multiple=8)
+    raw = {next(iter([b["input_ids"].shape[1]])) for b in loader}
+    padded = {plan.pad(b)["input_ids"].shape[1] for b in loader}
+    assert len(raw) > 8 and padded <= set(plan.buckets()) and len(padded) <= 5
+    assert all(n % 8 == 0 or n == plan.top for n in padded)
+
+
+def test_the_option_is_checked_where_it_is_parsed():
+    with pytest.raises(FastloopError, match="pad_buckets:abc"):
+        resolve("pad_buckets:abc")
+    with pytest.raises(FastloopError, match="max_buckets"):
+        PadOptions(max_buckets=0)
+    assert resolve("pad_buckets:32")[0].opts.multiple == 32
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_model_that_ignores_its_mask_is_refused_with_the_reason():
+    doc = run_configuration("tests/targets.py:padded_text_no_mask", "pad_buckets", steps=4, warmup=1, device="cpu",
+                            steady_warmup=False, target_kwargs={"batch_size": 4})
+    rec = doc["speedups"][0]
+    assert rec["status"] == "skipped" and rec["reason"].startswith("the model's output depends on the padding (is the mask used?)")
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("target", ["padded_text", "padded_lm"])
+def test_the_loss_trajectory_matches_the_unpadded_one(target):
+    """The model masks its padding (labels -100 on the LM's): padded, the same losses within 1e-5
+    relative (fp32 on the CPU: only the summation order of the masked positions differs)."""
+    kw = dict(steps=12, warmup=2, device="cpu", steady_warmup=False, target_kwargs={"batch_size": 4})
+    base = run_configuration(f"tests/targets.py:{target}", "none", **kw)
+    pad = run_configuration(f"tests/targets.py:{target}", "pad_buckets", **kw)
+    rec = pad["speedups"][0]
+    assert rec["status"] == "applied", rec
+    assert "loss in eval mode agreed" in rec["detail"]
+    assert len(base["losses"]) == len(pad["losses"])
+    worst = max(abs(a - b) / abs(a) for a, b in zip(base["losses"], pad["losses"]))
+    assert worst <= 1e-5, worst
+    assert pad["batch_shapes"]["distinct"] < base["batch_shapes"]["distinct"]
+    assert pad["throughput"]["value"] > 0 and pad["extra"]["pad_buckets"]["buckets"]
+
+
+def test_the_ladder_puts_the_padding_in_the_compute_bundle_and_measures_cuda_graph_with_it():
+    from fastloop.drivers.ladder_search import split_groups
+    from fastloop.drivers.run_document import data_checks
+
+    feed, compute, _ = split_groups(resolve("workers,pad_buckets,bf16,compile"))
+    assert [s.name for s in feed] == ["workers"] and "pad_buckets" in [s.name for s in compute]
+    varying = {"steps": 40, "distinct": 30, "most_common_share": 0.05, "varying": "input 0 dim 1: 5-40"}
+    assert "cuda_graph" in data_checks(varying) and "pad_buckets" not in data_checks(varying)
+    one = {"steps": 40, "distinct": 2, "most_common_share": 0.9, "varying": "input 0 dim 0: 8-16"}
+    assert "nothing to pad" in data_checks(one)["pad_buckets"]
