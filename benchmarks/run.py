@@ -13,6 +13,8 @@ Benchmarks:
 - ``tiers``: how far cuda_graph gets on each zoo module (its tier and why not higher), against
   compile alone; the CIFAR ResNet-18 against a plain Trainer and by-hand reduce-overhead
   (benchmarks/tiers_bench.py)
+- ``pad-lm``: a causal LM on per-batch padded rows, without and with pad_buckets: the loss
+  trajectories and real tokens/s (benchmarks/pad_lm.py)
 - ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
 - ``gpu-tests``: the GPU test suite (``pytest -m gpu``)
 
@@ -33,7 +35,7 @@ import sys
 
 SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritten.py",
            "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py",
-           "noise": "benchmarks/noise_bench.py", "tiers": "benchmarks/tiers_bench.py"}
+           "noise": "benchmarks/noise_bench.py", "tiers": "benchmarks/tiers_bench.py", "pad-lm": "benchmarks/pad_lm.py"}
 PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
           "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
           "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",

@@ -129,3 +129,20 @@ def test_the_ladder_puts_the_padding_in_the_compute_bundle_and_measures_cuda_gra
     assert "cuda_graph" in data_checks(varying) and "pad_buckets" not in data_checks(varying)
     one = {"steps": 40, "distinct": 2, "most_common_share": 0.9, "varying": "input 0 dim 0: 8-16"}
     assert "nothing to pad" in data_checks(one)["pad_buckets"]
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore")
+def test_cuda_graph_keeps_one_whole_step_graph_per_bucket_and_trains_the_same():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    kw = dict(steps=40, warmup=4, device="cuda", steady_warmup=False, target_kwargs={"batch_size": 2})
+    eager = run_configuration("tests/targets.py:padded_text", "pad_buckets:8", **kw)
+    graphed = run_configuration("tests/targets.py:padded_text", "pad_buckets:8,cuda_graph", **kw)
+    rec = {r["name"]: r for r in graphed["speedups"]}
+    assert rec["cuda_graph"]["status"] == "applied", rec
+    shapes = graphed["extra"]["cuda_graph_shapes"]
+    assert shapes["graphs"] >= 2 and shapes["graphs"] <= len(graphed["extra"]["pad_buckets"]["buckets"]), shapes
+    assert "batch shapes captured" in rec["cuda_graph"]["detail"]
+    worst = max(abs(a - b) / abs(a) for a, b in zip(eager["losses"], graphed["losses"]))
+    assert worst <= 1e-4, worst

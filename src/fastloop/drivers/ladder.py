@@ -18,7 +18,7 @@ selected set against the baseline, interleaved (cut by the budget: all their run
 
 Example:
     >>> default_rungs("cpu")[:3]
-    ['workers', 'bf16', 'fused_optimizer']
+    ['pad_buckets', 'workers', 'bf16']
 """
 
 from __future__ import annotations

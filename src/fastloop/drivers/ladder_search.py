@@ -1,11 +1,9 @@
 """The ladder's search: what an expert does, written down and measured.
 
-An expert does not add one switch at a time to an fp32 baseline. They look at the bottleneck,
-fix the feed when the GPU waits for data, turn on the whole compute stack that applies, check
-what each piece bought by taking it away, and look at the feed again because a faster step
-needs more data. The search does the same, each move a measured comparison
-(:meth:`fastloop.ladder._Ladder._compare_adaptive`: interleaved fresh processes, run-level
-intervals):
+An expert looks at the bottleneck, fixes the feed when the GPU waits for data, turns on the
+whole compute stack that applies, checks what each piece bought by taking it away, and looks at
+the feed again. The search does the same, each move a measured comparison (interleaved fresh
+processes, run-level intervals):
 
 1. **Baseline**, and its bottleneck.
 2. **Feed first** when the baseline is data-bound (data wait >= ``FEED_FIRST_WAIT``): the data
@@ -14,16 +12,16 @@ intervals):
    ``prefetch``), ablated once the compute bundle has been measured (the budget reaches the
    larger lever first).
 3. **The compute bundle**: every applicable compute speedup (tf32, bf16, fused_optimizer,
-   channels_last, compile, cuda_graph, ...) as one candidate on top of the best so far. Kept
-   when significantly faster, then **ablated**: each member is taken out in turn and left out
-   when the configuration without it is not significantly slower. A bundle that is not faster
-   (or fails) is tried one speedup at a time instead.
+   channels_last, compile, cuda_graph, and the padding to a few shapes where the batches change
+   shape) as one candidate on top of the best so far, kept when significantly faster, then
+   **ablated** (each member out in turn, left out when not significantly missed). A bundle that
+   is not faster (or fails) is tried one speedup at a time instead.
 4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
    moved is tried again after it moved.
 5. Whatever is left (``batch_size``), one at a time.
 
-The budget bounds the whole search: before each comparison the search checks that its runs and
-the final comparison still fit, and lists what it could not try as ``not tried: budget``.
+The budget bounds the whole search: what does not fit with the final comparison's reserve is
+listed ``not tried: budget``, with the prediction and the reserve.
 
 Example:
     >>> from fastloop.speedups import resolve
@@ -334,9 +332,10 @@ class StagedSearch:
         # a padding to a few shapes in the bundle (or kept): the baseline's shape checks do not hold
         shaped = any(s.fixes_shapes for s in todo) or any(REGISTRY[n].fixes_shapes for n in _names(L.selected) if n in REGISTRY)
         ruled_out = {s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo}
-        if shaped and not ruled_out.get("pad_buckets", "x"):
-            self.note(stage, "the batches change shape: padded to a few lengths (pad_buckets), so compile and "
-                             "CUDA graphs are measured on its few shapes")
+        shaper = next((s for s in todo if s.fixes_shapes and not ruled_out[s.name]), None)
+        if shaper is not None:
+            self.note(stage, f"the batches change shape: padded to a few lengths ({shaper.spec}), so compile and "
+                             f"CUDA graphs are measured on its few shapes")
         for s in todo:
             if ruled_out[s.name]:
                 L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", ruled_out[s.name]))

@@ -217,9 +217,9 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,
-        "throughput": {"value": (measure.items_per_step or 0) / mean if mean else None, "unit": f"{unit}/s",
-                       "basis": "items per step / mean step time"},
-        "items_per_step": measure.items_per_step,
+        "throughput": {"value": (measure.mean_items_per_step() or 0) / mean if mean else None, "unit": f"{unit}/s",
+                       "basis": "items per step (the mean over the measured steps where the module counts them) / mean step time"},
+        "items_per_step": measure.mean_items_per_step(),
         "data_wait_frac": stats.data_wait_frac,
         "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
         "host_fetch_s": _mean(stats.host_wait_s),  # host seconds a batch: the loader and the copy

@@ -191,8 +191,8 @@ class _GatherRanks(Callback):
         summary = stats.summary()
         mine = {"rank": trainer.global_rank, "steps": stats.steps, "step_s": summary, "step_s_all": stats.step_s,
                 "wait_s_all": stats.wait_s, "data_wait_frac": stats.data_wait_frac,
-                "items_per_step": self.measure.items_per_step, "peak_mem_bytes": self.measure.peak_mem_bytes,
-                "throughput": (self.measure.items_per_step or 0) / summary["mean"] if summary["mean"] else None,
+                "items_per_step": self.measure.mean_items_per_step(), "peak_mem_bytes": self.measure.peak_mem_bytes,
+                "throughput": (self.measure.mean_items_per_step() or 0) / summary["mean"] if summary["mean"] else None,
                 "speedups": [c.record.to_dict() for c in self.cbs]}
         gathered: list = [None] * trainer.world_size
         torch.distributed.all_gather_object(gathered, mine)

@@ -94,6 +94,7 @@ class MeasureCallback(Callback):
         self.window_short_why: str | None = None
         """Why the window holds less than ``measure_s`` of measured steps (None: it holds them)."""
         self.manual = False
+        self._item_counts: list = []  # items_per_batch() of each batch, where the module declares it
         self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
         """Extend the warm-up, one step at a time, until step times are steady (the last three
@@ -160,9 +161,12 @@ class MeasureCallback(Callback):
             self.timer.fetch_end()
         self._pending_fetch = False
         self.shapes.add(batch)
+        items = getattr(pl_module, "items_per_batch", None)
+        if callable(items):  # counted every batch (text: real tokens vary), read once at the end
+            count = items(batch)
+            self._item_counts.append(count.detach() if torch.is_tensor(count) else int(count))
         if self.items_per_step is None:
-            items = getattr(pl_module, "items_per_batch", None)
-            self.items_per_step = int(items(batch)) if callable(items) else batch_items(batch, trainer)
+            self.items_per_step = int(self._item_counts[0]) if callable(items) else batch_items(batch, trainer)
             fpb = getattr(pl_module, "flops_per_batch", None)
             if callable(fpb):
                 self.flops_per_step = float(fpb(batch))
@@ -370,6 +374,14 @@ class MeasureCallback(Callback):
         stats = self.timer.result(upto=self._measured_end)
         stats.set_warmup_overhead(self.wall_s)
         return stats
+
+    def mean_items_per_step(self) -> float | None:
+        """Items per measured step: the mean of the module's ``items_per_batch`` over the measured
+        steps where it declares one (real tokens of padded text), else the first batch's count."""
+        counts = self._item_counts[self.warmup:self._measured_end] if self._item_counts else []
+        if not counts:
+            return self.items_per_step
+        return float(sum(float(c) for c in counts)) / len(counts)
 
     def loss_values(self) -> list[float | None]:
         """One entry per step: the loss, or None where training_step returned None (with manual
