@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import merge_runs
+from fastloop.speedups.base import REGISTRY
 
 if TYPE_CHECKING:
     from fastloop.drivers.ladder import _Ladder
 
-__all__ = ["FEED_BUSY", "FEED_WAIT", "feed_cannot_help", "model_says_no"]
+__all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no"]
 
 FEED_BUSY = 0.95
 FEED_WAIT = 0.02
@@ -66,3 +67,17 @@ def feed_cannot_help(ladder: _Ladder, s: Any) -> str | None:
                 f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
                 f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
     return None
+
+
+def ablation_order(members: list[str]) -> list[str]:
+    """The members (specs) an ablation takes out, costliest first (:attr:`Speedup.ablation_rank`:
+    compile time, capture and memory, precision, layout, processes); members that cost nothing
+    when they do not help are left out.
+
+    Example:
+        >>> ablation_order(["tf32", "bf16", "compile", "workers:4"])
+        ['compile', 'bf16', 'workers:4']
+    """
+    ranked = [(REGISTRY[m.split(":")[0]].ablation_rank, i, m) for i, m in enumerate(members)
+              if m.split(":")[0] in REGISTRY]
+    return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
+from fastloop.drivers.ladder_gates import ablation_order, feed_cannot_help, model_says_no
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -66,20 +66,6 @@ def _names(specs: list[str]) -> set[str]:
     return {s.split(":")[0] for s in specs}
 
 
-def ablation_order(members: list[str]) -> list[str]:
-    """The members (specs) an ablation takes out, costliest first (:attr:`Speedup.ablation_rank`:
-    compile time, capture and memory, precision, layout, processes); members that cost nothing
-    when they do not help are left out.
-
-    Example:
-        >>> ablation_order(["tf32", "bf16", "compile", "workers:4"])
-        ['compile', 'bf16', 'workers:4']
-    """
-    ranked = [(REGISTRY[m.split(":")[0]].ablation_rank, i, m) for i, m in enumerate(members)
-              if m.split(":")[0] in REGISTRY]
-    return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]
-
-
 def _replaces_loader(names: set[str]) -> bool:
     return any(REGISTRY[n].replaces_loader for n in names if n in REGISTRY)
 
@@ -97,6 +83,7 @@ class StagedSearch:
         """Feed bundle members kept feed-first whose ablation waits until the compute bundle was measured."""
         self.dropped_under: dict[str, str] = {}
         """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
+        self.in_bundle: set[str] = set()  # measured in a compute bundle that was not faster
 
     # -- helpers -----------------------------------------------------------------------------
     def best(self) -> Runs | None:
@@ -145,7 +132,10 @@ class StagedSearch:
         cand = L._spec(specs)
         if L.fits(runs, spec=cand if cand in L.spec_s else None):
             return True
-        self.not_tried(specs, plan=L.plan(runs, cand if cand in L.spec_s else None))
+        # a member of a bundle that was measured and not faster was tried: only not alone
+        why = "alone: budget (measured in the compute bundle, which was not faster)" \
+            if _names(specs) <= self.in_bundle else "budget"
+        self.not_tried(specs, why, plan=L.plan(runs, cand if cand in L.spec_s else None))
         return False
 
     def queue(self, comparisons: int) -> None:
@@ -349,6 +339,7 @@ class StagedSearch:
                 self.ablate([s.spec for s in todo if s.spec in L.selected])
                 return
             self.note(stage + ": one at a time", "the bundle was not faster: each compute speedup alone")
+            self.in_bundle |= {s.name for s in todo}
         for i, s in enumerate(todo):
             if s.name not in _names(L.selected):
                 self.queue(len(todo) - i - 1)
