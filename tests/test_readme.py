@@ -36,3 +36,42 @@ def test_every_link_of_the_readme_exists():
     for link in re.findall(r"\]\(([^)#]+)\)", README):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link
+
+
+def _main_job_record() -> dict:
+    """The last row of the main job's record in benchmarks/RESULTS.md."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    section = text.split("| date | commit | command | wall | kept (vs baseline) | dropped | not tried |", 1)[1]
+    rows = [r for r in section.split("\n\n", 1)[0].splitlines() if r.startswith("|") and "---" not in r]
+    cells = [c.strip() for c in rows[-1].strip("|").split("|")]
+    kept = re.match(r"([\w, ]+?) (\d+\.\d+)x \[(\d+\.\d+), (\d+\.\d+)\]", cells[4])
+    names = lambda cell: set(re.findall(r"\b(workers|bf16|fp16|fused_optimizer|pin_memory|prefetch|tf32)\b", cell))
+    return {"commit": cells[1], "kept": names(kept.group(1)), "ci": (float(kept.group(3)), float(kept.group(4))),
+            "dropped": names(cells[5].split("(")[0]), "not_tried": names(cells[6].split("(")[0])}
+
+
+def test_the_readmes_claim_on_the_main_job_is_the_recorded_run():
+    """Issue 48: the sentence that states what the main job measured matches the recorded run of
+    that command (names kept, dropped and untried; the interval quoted), so the two cannot drift."""
+    record = _main_job_record()
+    para = re.search(r"Set up and run the main job(.*?)```bash", README, flags=re.S).group(1)
+    para = " ".join(para.split())
+    kept = re.search(r"kept `(\w+)` \((\d+\.\d)-(\d+\.\d)x", para)
+    assert kept, para
+    assert {kept.group(1)} == record["kept"]
+    lo, hi = float(kept.group(2)), float(kept.group(3))
+    assert (lo, hi) == (round(record["ci"][0], 1), round(record["ci"][1], 1)), (lo, hi, record["ci"])
+    dropped = re.search(r"measured ((?:`\w+`(?:, | and )?)+) together and dropped them", para)
+    assert dropped and set(re.findall(r"`(\w+)`", dropped.group(1))) == record["dropped"], para
+    assert ("untried alone" in para) == bool(record["not_tried"]) and record["not_tried"] <= record["dropped"]
+    assert record["commit"].split()[0] in subprocess_log()
+
+
+def subprocess_log() -> str:
+    """The repository's commit IDs (short), where git is there; otherwise the record's own claim is taken."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "log", "--format=%h %H"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # pragma: no cover - a copy without .git
+        return _main_job_record()["commit"]
