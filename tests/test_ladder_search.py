@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from fastloop.report.lines import RunLines as _RunLines
 from fastloop.drivers.ladder import run_ladder
@@ -387,3 +388,23 @@ def test_an_ablation_that_keeps_a_member_by_the_point_estimate_says_so():
         point_only = "kept as more than 2% slower without it at the point estimate" in decision
         assert point_only == (not ci["significant"]), decision
     assert any(not ci["significant"] for ci, _ in decisions) and any(ci["significant"] for ci, _ in decisions)
+
+
+@pytest.mark.slow
+def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_feed(tmp_path):
+    """Issue 48: ``--steps 30`` with three rungs on the sleepy fixture (workers well over 2x):
+    the feed rung is measured and selected, and no rung is left 'not tried: budget' (a member of
+    a bundle measured and not faster may be left untried alone, which the report says)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:sleepy", "--device", "cpu",
+                           "--rungs", "bf16,workers,fused_optimizer", "--steps", "30", "--out", str(tmp_path), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert "workers" in doc["selected"], doc["selected"]
+    assert [t for t in doc["not_tried"] if t["why"] == "budget"] == [], doc["not_tried"]
+    measured = {n for r in doc["rungs"] for n in (r.get("members") or [r.get("rung", "").lstrip("+").split(" ")[0]])}
+    assert {"workers", "bf16", "fused_optimizer"} <= measured | set(doc["selected"]), doc["rungs"]

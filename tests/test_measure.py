@@ -357,3 +357,21 @@ def test_measured_steps_exclude_the_warmup_collection(monkeypatch):
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=5, warmup=2, device="cpu", steady_warmup=False)
     assert doc["warmup_gc_s"] == 0.3
     assert max(doc["step_s_all"]) < 0.2
+
+
+@pytest.mark.slow
+def test_every_run_of_a_default_window_ladder_measures_the_asked_seconds(tmp_path):
+    """Issue 48: on a ~1 ms-step CPU fixture, without --steps, every run of every rung measures
+    at least 0.9 s of the CPU's default 1 s window (the sum of its measured steps' times)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:tiny_mlp", "--device", "cpu",
+                           "--rungs", "bf16,fused_optimizer", "--out", str(tmp_path), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    windows = [e["measured_s"] for e in doc["run_log"] if e.get("measured_s") is not None]
+    assert len(windows) == len(doc["run_log"]) >= 6
+    assert min(windows) >= 0.9, windows
