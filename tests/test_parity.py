@@ -95,3 +95,48 @@ def test_both_adapters_agree_on_the_gpu(name):
     n = min(len(lit["losses"]), len(plain.losses))
     diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(lit["losses"][:n], plain.losses[:n]))
     assert diff <= rtol, f"{name}: Lightning and plain-loop losses differ by {diff:.2e} > {rtol} on CUDA"
+
+
+class _Counted(torch.nn.Module):
+    """A wrapper that returns a new object (as activation checkpointing's ``checkpoint_wrapper``
+    does) and counts its forward calls."""
+
+    calls = 0
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        type(self).calls += 1
+        return self.inner(*args, **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_change_model_returning_a_wrapper_means_the_same_in_both_adapters(monkeypatch):
+    """Issue 47: a speedup whose change_model returns a new object trains through that wrapper
+    under FastLoop and under Lightning (on the module's children there), both recorded applied,
+    with the same losses; never applied-but-dropped."""
+    from fastloop.speedups.base import REGISTRY, Speedup
+
+    class Wrap(Speedup):
+        name, changes = "test_wrap", "model"
+
+        def apply(self, run):
+            run.change_model(_Counted)
+
+    monkeypatch.setitem(REGISTRY, "test_wrap", Wrap)
+    _Counted.calls = 0
+    lit = run_configuration("tests/targets.py:tiny_mlp", "test_wrap", steps=STEPS, warmup=WARMUP, device="cpu",
+                            steady_warmup=False)
+    lit_calls, _Counted.calls = _Counted.calls, 0
+    module, loader = tiny_mlp()
+    conf = module.configure_optimizers()
+    plain = FastLoop(module, conf["optimizer"], loader, loss_fn=torch.nn.functional.cross_entropy,  # calls model(x)
+                     scheduler=conf["lr_scheduler"]["scheduler"], speedups="test_wrap", device="cpu"
+                     ).train(steps=STEPS, warmup=WARMUP)
+    rec = next(r for r in lit["speedups"] if r["name"] == "test_wrap")
+    assert rec["status"] == "applied" and "children were changed" in rec["detail"], rec
+    assert plain.records[0].status == "applied"
+    assert lit_calls >= STEPS + WARMUP and _Counted.calls == STEPS + WARMUP
+    assert _close(lit["losses"][:len(plain.losses)], plain.losses, 0.0) == 0.0

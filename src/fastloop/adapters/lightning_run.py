@@ -119,7 +119,24 @@ class LightningRun(Run):
         return self.ctx.undo
 
     def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
-        fn(self.model)  # in place: Lightning keeps its module
+        # Lightning keeps its LightningModule: a change in place is made on it; a function that
+        # returns a new object (a wrapper) is applied to each child with parameters instead, each
+        # wrapper set in the child's place for this fit (the children are what training_step calls)
+        out = fn(self.model)
+        if out is None or out is self.model:
+            return
+        children = [(n, c) for n, c in self.model.named_children() if any(True for _ in c.parameters())]
+        if not children:
+            raise Skip(f"the speedup returns a new model ({type(out).__name__}), and Lightning keeps its "
+                       f"{type(self.model).__name__}, which has no child module with parameters to change instead")
+        for name, child in children:
+            new = fn(child)
+            if new is not None and new is not child:
+                setattr(self.model, name, new)
+                self.undo.append(lambda name=name, child=child: setattr(self.model, name, child))
+        assert self.speedup is not None
+        self.ctx.describe(self.speedup.name, "applied to " + ", ".join(n for n, _ in children)
+                          + f" (Lightning keeps {type(self.model).__name__}; its children were changed)")
 
     def compile_step(self, mode: str) -> None:
         # Lightning calls training_step, not the module's __call__: compile the children it calls

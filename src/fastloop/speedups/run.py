@@ -82,7 +82,11 @@ class Run:
         return Skip(f"this run ({type(self).__name__}) cannot {what}")
 
     def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
-        """``fn(model)`` returns the model to train (it may change it in place)."""
+        """``fn(model)`` returns the model to train (it may change it in place and return it).
+        One meaning in both adapters: the plain loop trains what ``fn`` returns; Lightning, which
+        cannot swap its LightningModule, keeps the module when ``fn`` changes it in place, and
+        where ``fn`` returns a new object (a wrapper) applies ``fn`` to each child with parameters
+        and trains those wrappers (skipped, with the reason, where there are none)."""
         raise self._cannot("change the model")
 
     def compile_step(self, mode: str) -> None:
