@@ -140,3 +140,26 @@ def test_change_model_returning_a_wrapper_means_the_same_in_both_adapters(monkey
     assert plain.records[0].status == "applied"
     assert lit_calls >= STEPS + WARMUP and _Counted.calls == STEPS + WARMUP
     assert _close(lit["losses"][:len(plain.losses)], plain.losses, 0.0) == 0.0
+
+
+COMBOS = {"cuda_graph,fp16": 2e-2, "cuda_graph,compile": 1e-4, "channels_last,cuda_graph": 1e-4}
+"""Combinations both adapters must take to the same tier, with the largest relative loss difference."""
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("spec", sorted(COMBOS))
+def test_both_adapters_reach_the_same_cuda_graph_tier_in_combinations(spec):
+    """Issue 47: fp16 + cuda_graph, compile + cuda_graph, channels_last + cuda_graph through the
+    callbacks and FastLoop: the same statuses, the same cuda_graph tier, the losses within COMBOS."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    target = "tests/targets.py:tiny_conv" if "channels_last" in spec else "tests/targets.py:tiny_mlp"
+    lit = run_configuration(target, spec, steps=STEPS, warmup=WARMUP, device="cuda", steady_warmup=False)
+    plain = _plain(target, spec, device="cuda")
+    lit_st = {r["name"]: r["status"] for r in lit["speedups"]}
+    assert lit_st == {r.name: r.status for r in plain.records}, (lit["speedups"], plain.records)
+    assert lit["extra"].get("cuda_graph_tier") == plain.extra.get("cuda_graph_tier"), (lit["extra"], plain.extra)
+    n = min(len(lit["losses"]), len(plain.losses))
+    diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(lit["losses"][:n], plain.losses[:n]))
+    assert diff <= COMBOS[spec], diff

@@ -182,9 +182,22 @@ class FastLoop:
         self.skipped_steps = 0
         self._skipped_dev: torch.Tensor | None = None
         self.graphed: GraphedStep | None = None
+        self.mark_steps = False
+        """Forward and backward run through compile's CUDA graphs: each step is marked."""
         if self.run.graph_owner and self.run.scale_loss:
-            self.ctx.record(self.run.graph_owner, "fallback", "fp16 loss scaling cannot be captured; use bf16 with cuda_graph")
-            self.run.graph_owner = None
+            self._compiled_graphs(self.run.graph_owner, "fp16's GradScaler checks for infs on the host every step")
+
+    def _compiled_graphs(self, owner: str, why_not_whole: str) -> None:
+        """cuda_graph's second tier, as under Lightning: forward and backward through compile's
+        CUDA graphs ("reduce-overhead", each step marked), the optimizer step eager."""
+        self.run.graph_owner = None
+        if compiled_by_user(self.model):
+            self.ctx.record(owner, "fallback", f"whole step: {why_not_whole}; the model is compiled by your code")
+            return
+        self.model = apply_compile(self.model, "reduce-overhead")
+        self.mark_steps = True
+        self.ctx.stats[f"{owner}_tier"] = "forward+backward graphed"
+        self.ctx.describe(owner, f"forward+backward graphed (whole step: {why_not_whole})")
 
     @property
     def records(self) -> list[Record]:
@@ -196,6 +209,8 @@ class FastLoop:
         return torch.autocast(self.device.type, dtype=self.run.autocast_dtype)
 
     def _eager_step(self, batch: Any) -> torch.Tensor:
+        if self.mark_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.step_fn(self.model, batch)
