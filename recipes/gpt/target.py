@@ -27,7 +27,7 @@ def make(preset: str | None = None, batch_size: int | None = None, data_dir: str
     if init_device is None:
         init_device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
     preset = preset or os.environ.get("FASTLOOP_GPT_PRESET") or ("gpt2" if torch.cuda.is_available() else "tiny")
-    batch_size = batch_size or int(os.environ.get("FASTLOOP_GPT_BATCH", 16 if preset == "gpt2" else 16))
+    batch_size = batch_size or int(os.environ.get("FASTLOOP_GPT_BATCH", 16))
     torch.manual_seed(seed)
     with torch.device(init_device):
         module = GPTModule(preset=preset, batch_size=batch_size, **({"block_size": block_size} if block_size else {}))

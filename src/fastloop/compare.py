@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
-from fastloop.drivers.subproc import ConfigurationFailed
+from fastloop.errors import ConfigurationFailed
 
 __all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
            "step_rate_of", "unsteady_note"]

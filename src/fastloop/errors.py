@@ -21,7 +21,8 @@ import sysconfig
 import traceback
 from types import TracebackType
 
-__all__ = ["FastloopError", "UserCodeError", "format_user_error", "shorten", "user_frames"]
+__all__ = ["ConfigurationFailed", "FastloopError", "GraphIneligible", "UserCodeError", "format_user_error", "shorten",
+           "user_frames"]
 
 
 def shorten(text: object, limit: int = 60) -> str:
@@ -45,6 +46,21 @@ class FastloopError(ValueError):
 
     The CLI prints it as one line and exits with status 2; no traceback.
     """
+
+
+
+class ConfigurationFailed(FastloopError):
+    """A configuration's process ended without a result. ``returncode`` 1 means the user's code
+    raised there (``detail`` holds the child's message), 2 bad input, anything else a crash."""
+
+    def __init__(self, message: str, returncode: int | None, detail: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.detail = detail
+
+
+class GraphIneligible(RuntimeError):
+    """The step cannot be captured as a CUDA graph; the message names the cause."""
 
 
 class UserCodeError(RuntimeError):

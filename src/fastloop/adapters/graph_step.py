@@ -20,12 +20,9 @@ import torch
 from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot
 from fastloop.measure.sync_site import user_site
 from fastloop.data import map_tensors
+from fastloop.errors import GraphIneligible
 
 __all__ = ["GraphIneligible", "GraphedStep", "make_capturable", "sync_lr"]
-
-
-class GraphIneligible(RuntimeError):
-    """The step cannot be captured; the message names the cause."""
 
 
 def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -24,11 +24,13 @@ preload up otherwise). ``FASTLOOP_FORKSERVER_PRELOAD=0`` turns that off.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
 import sys
 import traceback
+from typing import Any
 
 from fastloop.drivers.subproc import die_with_parent
 
@@ -49,9 +51,7 @@ def _child(req: dict) -> int:
         sys.path.insert(0, req["cwd"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = ["fastloop", *req["argv"]]
-    from fastloop.cli import main
-
-    return main(req["argv"])
+    return _ENTRY[0](req["argv"])
 
 
 
@@ -92,6 +92,21 @@ def preload_compiler() -> list[str]:
     return done
 
 
+ENTRY = "FASTLOOP_FORKSERVER_ENTRY"
+"""The environment variable naming the function a forked run calls with its arguments
+(``module:function``; the leader hands the command line's ``fastloop.cli:main``): this module
+sits below the command line and does not import it."""
+
+
+_ENTRY: list = []  # the resolved entry point, once the server started (its children use it)
+
+
+def entry_point() -> Any:
+    """The function each forked run calls with its arguments, as the leader named it."""
+    module, _, name = os.environ.get(ENTRY, "fastloop.cli:main").partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _send(msg: dict) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
@@ -104,7 +119,7 @@ def serve() -> None:
     # torch.cuda.is_available() without initializing the CUDA driver here (a driver initialized
     # before fork() is unusable in the child); each child initializes its own
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    import fastloop.cli  # noqa: F401 - the imports every run needs, paid once
+    _ENTRY.append(entry_point())  # the command line's imports, which every run needs, paid once
     import fastloop.drivers.runner  # noqa: F401
     import torch
 

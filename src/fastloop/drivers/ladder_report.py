@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, merge_runs, unsteady_note
 from fastloop.drivers.doctor import diagnose, without_measured
-from fastloop.drivers.subproc import ConfigurationFailed
+from fastloop.errors import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.measure.stats import MIN_EFFECT
 

@@ -26,19 +26,9 @@ import time
 from pathlib import Path
 
 from fastloop.drivers.reaper import run_folder, unwatch_group, watch_group
-from fastloop.errors import FastloopError
+from fastloop.errors import ConfigurationFailed, FastloopError
 
 __all__ = ["ConfigurationFailed", "run_in_subprocess"]
-
-
-class ConfigurationFailed(FastloopError):
-    """A configuration's process ended without a result. ``returncode`` 1 means the user's code
-    raised there (``detail`` holds the child's message), 2 bad input, anything else a crash."""
-
-    def __init__(self, message: str, returncode: int | None, detail: str = "") -> None:
-        super().__init__(message)
-        self.returncode = returncode
-        self.detail = detail
 
 
 def die_with_parent() -> None:
@@ -63,8 +53,9 @@ class _ForkServer:
 
     def __init__(self, env: dict, wait: bool = True) -> None:
         self.env = _import_env(env)  # torch and Lightning read some variables at import: a new env, a new server
+        server_env = {**env, "FASTLOOP_FORKSERVER_ENTRY": "fastloop.cli:main"}  # the run's entry, handed down
         self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.drivers.forkserver"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_env,
                                      preexec_fn=die_with_parent)
         watch_group(self.proc.pid)
         self._buf = b""

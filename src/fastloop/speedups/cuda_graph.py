@@ -10,7 +10,7 @@ plain loop's in :mod:`fastloop.adapters.graph_step`.
 
 from __future__ import annotations
 
-from fastloop.adapters.graph_step import GraphIneligible
+from fastloop.errors import GraphIneligible
 from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
