@@ -45,5 +45,6 @@ PARITY: dict[str, Parity] = {
     "fp8": Parity(MLP, 0.0, cpu=False),
     "ddp_comm": Parity(MLP, 0.0, cpu=False),  # multi-rank only: tests/test_ddp.py  # GPU parity: tests/test_gpu.py
     "fused_loss": Parity(MLP, 0.0, cpu=False),
-    "pad_buckets": Parity("tests/targets.py:padded_text", 1e-5, cpu=True),  # the padding is masked
+    "gpu_augment": Parity("tests/targets.py:augmented_images", 0.0, cpu=False),  # the same seeded draws
+    "pad_buckets": Parity("tests/targets.py:masked_text", 1e-5, cpu=True),  # the padding is masked
 }

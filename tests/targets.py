@@ -558,7 +558,7 @@ def uses_its_logger():
 
 # -- text padded per batch (pad_buckets) -------------------------------------------------------
 
-class PaddedText(Dataset):
+class TextRows(Dataset):
     """Token rows of 5-40 tokens (ids 1..49; 0 is the pad id), a class label each."""
 
     def __init__(self, n: int = 128, seed: int = 0, causal: bool = False) -> None:
@@ -657,21 +657,57 @@ class CausalLM(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def padded_text(batch_size: int = 16, seed: int = 0, use_mask: bool = True):
+def masked_text(batch_size: int = 16, seed: int = 0, use_mask: bool = True):
     """Text padded per batch (a classifier that masks its padding; ``use_mask=False``: one that does not)."""
     torch.manual_seed(seed)
     return (TextClassifier(use_mask=use_mask, dropout=0.0),
-            DataLoader(PaddedText(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
+            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
                        generator=torch.Generator().manual_seed(seed)))
 
 
-def padded_text_no_mask(batch_size: int = 16, seed: int = 0):
-    return padded_text(batch_size, seed, use_mask=False)
+def unmasked_text(batch_size: int = 16, seed: int = 0):
+    return masked_text(batch_size, seed, use_mask=False)
 
 
 def padded_lm(batch_size: int = 16, seed: int = 0, left: bool = False):
     """A causal LM on per-batch padded rows (labels -100 on the padding; ``left``: left-padded)."""
     torch.manual_seed(seed)
-    return (CausalLM(), DataLoader(PaddedText(seed=seed, causal=True), batch_size=batch_size, shuffle=True,
+    return (CausalLM(), DataLoader(TextRows(seed=seed, causal=True), batch_size=batch_size, shuffle=True,
                                    collate_fn=left_pad_lm_collate if left else right_pad_lm_collate,
                                    generator=torch.Generator().manual_seed(seed)))
+
+
+# -- in-memory images with a random torchvision transform (gpu_augment) -------------------------
+
+class AugmentedImages(Dataset):
+    """uint8 CHW images held in memory, passed through a torchvision v2 pipeline (random crop with
+    padding, flip, to float, normalize), as a CIFAR training set is written with v2."""
+
+    def __init__(self, n: int = 256, size: int = 16, seed: int = 0, transform=None) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
+        self.targets = torch.randint(0, 4, (n,), generator=g).tolist()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        img = self.data[i]
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[i]
+
+
+def v2_pipeline(size: int = 16, padding: int = 2):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+
+
+def augmented_images(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return (Classifier(conv=True, batch_size=batch_size),
+            DataLoader(AugmentedImages(seed=seed, transform=v2_pipeline()), batch_size=batch_size, shuffle=True,
+                       generator=torch.Generator().manual_seed(seed)))

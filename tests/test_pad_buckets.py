@@ -12,7 +12,7 @@ from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Skip, resolve
 from fastloop.speedups.pad_buckets import PadOptions, _sample, find_padding
-from tests.targets import PaddedText, pad_collate, padded_lm, padded_text
+from tests.targets import TextRows, pad_collate, padded_lm, masked_text
 
 
 def _plan(loader, **kw):
@@ -41,7 +41,7 @@ def test_a_pad_id_other_than_zero_and_a_bool_mask_are_what_gets_written():
         b = pad_collate(samples, pad_id=7)
         return {"ids": b["input_ids"], "mask": b["attention_mask"].bool(), "y": b["labels"]}
 
-    loader = DataLoader(PaddedText(n=64), batch_size=4, collate_fn=collate)
+    loader = DataLoader(TextRows(n=64), batch_size=4, collate_fn=collate)
     plan = _plan(loader, multiple=64)
     assert {(p.name, p.value) for p in plan.pads} == {("ids", 7), ("mask", False)}
     out = plan.pad(next(iter(loader)))
@@ -51,7 +51,7 @@ def test_a_pad_id_other_than_zero_and_a_bool_mask_are_what_gets_written():
 
 
 def test_a_tensor_that_does_not_vary_is_left_alone():
-    _, loader = padded_text(batch_size=4)
+    _, loader = masked_text(batch_size=4)
     plan = _plan(loader)
     assert "labels" not in {p.name for p in plan.pads}  # [B] class labels: nothing varies
     batch = next(iter(loader))
@@ -64,7 +64,7 @@ def test_a_tensor_whose_pad_value_cannot_be_established_is_left_alone_with_the_r
         feats = torch.randn(b["input_ids"].shape)  # varies in length, but no pad value at its end
         return {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"], "feats": feats}
 
-    loader = DataLoader(PaddedText(n=64), batch_size=4, collate_fn=collate)
+    loader = DataLoader(TextRows(n=64), batch_size=4, collate_fn=collate)
     plan = _plan(loader)
     assert "feats" not in {p.name for p in plan.pads}
     assert "feats" in plan.left_alone and "left alone" in plan.left_alone["feats"]
@@ -77,7 +77,7 @@ def test_batches_that_keep_one_shape_are_refused():
 
 
 def test_buckets_bound_the_number_of_distinct_shapes():
-    _, loader = padded_text(batch_size=2)  # lengths 5-40: many shapes per epoch
+    _, loader = masked_text(batch_size=2)  # lengths 5-40: many shapes per epoch
     plan = _plan(loader, multiple=8)
     raw = {next(iter([b["input_ids"].shape[1]])) for b in loader}
     padded = {plan.pad(b)["input_ids"].shape[1] for b in loader}
@@ -95,14 +95,14 @@ def test_the_option_is_checked_where_it_is_parsed():
 
 @pytest.mark.filterwarnings("ignore")
 def test_a_model_that_ignores_its_mask_is_refused_with_the_reason():
-    doc = run_configuration("tests/targets.py:padded_text_no_mask", "pad_buckets", steps=4, warmup=1, device="cpu",
+    doc = run_configuration("tests/targets.py:unmasked_text", "pad_buckets", steps=4, warmup=1, device="cpu",
                             steady_warmup=False, target_kwargs={"batch_size": 4})
     rec = doc["speedups"][0]
     assert rec["status"] == "skipped" and rec["reason"].startswith("the model's output depends on the padding (is the mask used?)")
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("target", ["padded_text", "padded_lm"])
+@pytest.mark.parametrize("target", ["masked_text", "padded_lm"])
 def test_the_loss_trajectory_matches_the_unpadded_one(target):
     """The model masks its padding (labels -100 on the LM's): padded, the same losses within 1e-5
     relative (fp32 on the CPU: only the summation order of the masked positions differs)."""
@@ -137,8 +137,8 @@ def test_cuda_graph_keeps_one_whole_step_graph_per_bucket_and_trains_the_same():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     kw = dict(steps=40, warmup=4, device="cuda", steady_warmup=False, target_kwargs={"batch_size": 2})
-    eager = run_configuration("tests/targets.py:padded_text", "pad_buckets:8", **kw)
-    graphed = run_configuration("tests/targets.py:padded_text", "pad_buckets:8,cuda_graph", **kw)
+    eager = run_configuration("tests/targets.py:masked_text", "pad_buckets:8", **kw)
+    graphed = run_configuration("tests/targets.py:masked_text", "pad_buckets:8,cuda_graph", **kw)
     rec = {r["name"]: r for r in graphed["speedups"]}
     assert rec["cuda_graph"]["status"] == "applied", rec
     shapes = graphed["extra"]["cuda_graph_shapes"]

@@ -292,7 +292,7 @@ class StagedSearch:
         todo = [s for s in todo if not s.needs_in_memory_tensors or data.get("in_memory_tensors")]
         if not todo:  # what is left needs a dataset of in-memory tensors, and this one is not
             return
-        blocked = {s.name: feed_cannot_help(L, s) for s in todo}
+        blocked = {s.name: model_says_no(L, s) or feed_cannot_help(L, s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
         self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
                   "feed not measured: " + next(v for v in blocked.values() if v))

@@ -21,7 +21,7 @@ from fastloop.measure.stats import half_ratio, is_steady
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import REGISTRY
 
-__all__ = ["data_checks", "describe_dataset", "measured_configuration", "model_checks_of", "steadiness_warning", "weights_digest"]
+__all__ = ["data_checks", "describe_dataset", "loader_checks", "measured_configuration", "model_checks_of", "steadiness_warning", "weights_digest"]
 
 
 def model_checks_of(module: Any) -> dict[str, str]:
@@ -31,6 +31,20 @@ def model_checks_of(module: Any) -> dict[str, str]:
     for name, cls in REGISTRY.items():
         try:
             reason = cls().why_not_model(module)
+        except Exception:  # noqa: BLE001 - a check that cannot run decides nothing here
+            reason = None
+        if reason:
+            out[name] = reason
+    return out
+
+
+def loader_checks(loader: Any) -> dict[str, str]:
+    """Every registered speedup that cannot apply to the training loader's data, with its reason
+    (:meth:`~fastloop.speedups.base.Speedup.why_not_data`), as :func:`model_checks_of` has them."""
+    out = {}
+    for name, cls in REGISTRY.items():
+        try:
+            reason = cls().why_not_data(loader) if loader is not None else None
         except Exception:  # noqa: BLE001 - a check that cannot run decides nothing here
             reason = None
         if reason:

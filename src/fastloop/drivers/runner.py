@@ -36,6 +36,7 @@ from fastloop.lightning import records_of
 from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.drivers.run_document import (
     describe_dataset,
+    loader_checks,
     measured_configuration,
     data_checks,
     model_checks_of,
@@ -357,8 +358,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
                       if measure.train_end_t and measure.train_start_t else None,
                       "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
     doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
-    doc["built_checks"] = model_checks
-    doc["model_checks"] = {**doc["data_checks"], **model_checks}
+    doc["built_checks"] = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
+    doc["model_checks"] = {**doc["data_checks"], **doc["built_checks"]}
     doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
     doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
                                "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}

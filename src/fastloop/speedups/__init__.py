@@ -11,6 +11,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     fp8,
     fused_loss,
     fused_optimizer,
+    gpu_augment,
     gpu_resident,
     pad_buckets,
     pin_memory,

@@ -220,6 +220,11 @@ class Speedup:
         """Reason this speedup cannot apply to ``model`` (no convolutions, ...), or None."""
         return None
 
+    def why_not_data(self, loader: Any) -> str | None:
+        """Reason this speedup cannot apply to the training loader's data (read by the run, so
+        the ladder skips the rung without measuring it), or None."""
+        return None
+
     def run_context(self, ctx: Context) -> contextlib.AbstractContextManager:
         """Held while the run trains (global switches such as TF32, restored on exit)."""
         return contextlib.nullcontext()

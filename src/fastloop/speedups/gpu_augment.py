@@ -1,0 +1,241 @@
+"""``gpu_augment``: an in-memory image dataset whose torchvision transform draws at random, served
+from the GPU with the transform run there on each whole batch, every sample with its own draw.
+
+The card (when it helps, when it hurts, what it costs): ``docs/speedups/gpu_augment.md``.
+
+**Finding the stored images.** The dataset's ``transform`` attribute (a torchvision v1 or v2
+``Compose``, or one op) is translated op by op; with it set to None for a moment (and a
+``VisionDataset``'s ``transforms`` with it), the dataset must give fixed samples
+(:func:`fastloop.data.fixed_samples`: in memory, the same values for the same index). Those
+samples, the images as stored (uint8 stays uint8: 4x less memory than float), are read once onto
+the GPU, as ``gpu_resident`` reads a dataset; each batch is indexed there in the order of the
+loader's own sampler, and the translated ops run on the batch's images (the sample's first
+element). Anything else (another op, a dict sample, PIL images behind the transform, a
+``target_transform``) is skipped with the reason naming it.
+
+**Recognised ops**, each with torchvision's parameters and distribution of draws: ``RandomCrop``
+(size, constant padding with its fill; every offset equally likely), ``RandomHorizontalFlip``
+(p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
+``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
+``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s.
+
+Example:
+    >>> import torch
+    >>> from torchvision.transforms import v2
+    >>> ops = translate(v2.Compose([v2.RandomCrop(4, padding=1), v2.RandomHorizontalFlip(),
+    ...                             v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5], [0.5])]))
+    >>> [op.kind for op in ops]
+    ['crop', 'flip', 'to_float', 'normalize']
+    >>> run_ops(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), ops, torch.Generator()).dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastloop.augment import normalize, random_crop, random_flip
+from fastloop.data import fixed_samples
+from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
+from fastloop.speedups.run import Run
+
+__all__ = ["GPUAugment", "GPUAugmentLoader", "Op", "make_augmented", "run_ops", "translate"]
+
+LAYOUT_OPS = frozenset({"ToImage", "PILToTensor", "ToPureTensor"})
+FLOAT_OPS = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype"})
+
+
+@dataclass(frozen=True)
+class Op:
+    """One translated op: ``crop``, ``flip``, ``to_float``, ``normalize`` or ``hwc_to_chw``."""
+
+    kind: str
+    params: dict = field(default_factory=dict)
+
+
+def _pad4(padding: Any) -> int:
+    """torchvision's padding as one number on every side (the only form translated)."""
+    if padding is None:
+        return 0
+    if isinstance(padding, int):
+        return padding
+    values = list(padding)
+    if len(set(values)) == 1:
+        return int(values[0])
+    raise Skip(f"RandomCrop with uneven padding {list(values)} is not translated")
+
+
+def _one(t: Any) -> list[Op]:
+    name = type(t).__name__
+    if not type(t).__module__.startswith("torchvision.transforms"):
+        raise Skip(f"the transform holds {name}, not a torchvision op: gpu_augment translates RandomCrop, "
+                   f"RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize")
+    if name == "Compose":
+        return [op for part in t.transforms for op in _one(part)]
+    if name == "RandomCrop":
+        if getattr(t, "padding_mode", "constant") != "constant" or getattr(t, "pad_if_needed", False):
+            raise Skip(f"RandomCrop with padding_mode={t.padding_mode!r}, pad_if_needed={t.pad_if_needed} is not translated")
+        fill = t.fill if isinstance(t.fill, (int, float)) else 0 if not t.fill else None
+        if fill is None:
+            raise Skip(f"RandomCrop with a per-type or per-channel fill {t.fill!r} is not translated")
+        return [Op("crop", {"size": tuple(t.size), "padding": _pad4(t.padding), "fill": float(fill)})]
+    if name == "RandomHorizontalFlip":
+        return [Op("flip", {"p": float(t.p)})]
+    if name in LAYOUT_OPS:
+        return []
+    if name == "ToTensor":
+        return [Op("hwc_to_chw"), Op("to_float", {"scale": True})]
+    if name in FLOAT_OPS:
+        dtype = getattr(t, "dtype", torch.float32)
+        dtype = dtype.get(torch.Tensor, dtype.get("others")) if isinstance(dtype, dict) else dtype
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise Skip(f"{name} to {dtype} is not translated (a float dtype is)")
+        return [Op("to_float", {"dtype": dtype, "scale": bool(getattr(t, "scale", True))})]
+    if name == "Normalize":
+        if getattr(t, "inplace", False):
+            raise Skip("Normalize(inplace=True) is not translated")
+        return [Op("normalize", {"mean": [float(m) for m in t.mean], "std": [float(s) for s in t.std]})]
+    raise Skip(f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
+               f"RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize)")
+
+
+def translate(transform: Any) -> list[Op]:
+    """The ops of a torchvision transform; :class:`~fastloop.speedups.base.Skip` naming the first
+    op that is not translated."""
+    ops = _one(transform)
+    if not any(op.kind in ("crop", "flip") for op in ops):
+        raise Skip("the transform draws nothing at random: gpu_resident serves such data as it is")
+    return ops
+
+
+def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator) -> torch.Tensor:
+    """``ops`` on a batch of images ``x`` (N, C, H, W; N, H, W, C before a ``hwc_to_chw``), each
+    sample with its own random draws from ``generator``."""
+    for op in ops:
+        if op.kind == "hwc_to_chw":
+            x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]
+        elif op.kind == "crop":
+            x = random_crop(x, op.params["size"], padding=op.params["padding"], fill=op.params["fill"], generator=generator)
+        elif op.kind == "flip":
+            x = random_flip(x, p=op.params["p"], generator=generator)
+        elif op.kind == "to_float":
+            scale = op.params.get("scale", True) and x.dtype == torch.uint8
+            x = x.to(op.params.get("dtype", torch.float32))
+            x = x / 255.0 if scale else x
+        elif op.kind == "normalize":
+            x = normalize(x, op.params["mean"], op.params["std"], dtype=x.dtype if x.is_floating_point() else torch.float32)
+    return x.contiguous()
+
+
+class GPUAugmentLoader:
+    """A :class:`~fastloop.speedups.gpu_resident.GPUResidentLoader` over the stored images, with
+    the translated ops run on each batch's images (its first tensor) on the device."""
+
+    def __init__(self, resident: GPUResidentLoader, ops: list[Op], seed: int) -> None:
+        self.resident, self.ops = resident, ops
+        self.generator = torch.Generator(device=resident.device).manual_seed(seed)
+        self.batch_size, self.drop_last = resident.batch_size, resident.drop_last
+        self.dataset, self.sampler = resident.dataset, resident.sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.resident:
+            images = run_ops(batch[0], self.ops, self.generator)
+            yield [images, *batch[1:]] if isinstance(batch, list) else (images, *batch[1:])
+
+    def __len__(self) -> int:
+        return len(self.resident)
+
+
+def augment_why_not(loader: Any) -> str | None:
+    """Why the loader's images cannot be augmented on the GPU (None: they can), without reading
+    the dataset whole: the transform's translation and a fixed dataset behind it."""
+    dataset = getattr(loader, "dataset", None)
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        return "the dataset has no transform to run on the GPU"
+    try:
+        translate(transform)
+    except Skip as why:
+        return why.reason
+    with _without_transform(dataset):
+        found = fixed_samples(dataset)
+    return f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
+
+
+@contextlib.contextmanager
+def _without_transform(dataset: Any) -> Iterator[None]:
+    """The dataset with its ``transform`` (and a VisionDataset's ``transforms``) set to None."""
+    saved = {k: getattr(dataset, k) for k in ("transform", "transforms") if hasattr(dataset, k)}
+    try:
+        for k in saved:
+            setattr(dataset, k, None)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(dataset, k, v)
+
+
+def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0.5, seed: int = 0) -> GPUAugmentLoader:
+    """The loader's stored images on ``device`` and its transform translated; Skip with the
+    reason where it cannot be done."""
+    if not isinstance(loader, DataLoader):
+        raise Skip(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
+    dataset = loader.dataset
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        raise Skip(f"the dataset ({type(dataset).__name__}) has no transform attribute to run on the GPU")
+    if getattr(dataset, "target_transform", None) is not None:
+        raise Skip(f"the dataset has a target_transform ({type(dataset.target_transform).__name__}), not translated")
+    ops = translate(transform)
+    with _without_transform(dataset):
+        sample = dataset[0]
+        if not isinstance(sample, (tuple, list)) or not hasattr(sample[0], "shape"):
+            raise Skip(f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
+                       f" samples, not (image array or tensor, ...) tuples")
+        try:
+            resident = make_resident(loader, device, share=share)
+        except NotResident as why:
+            raise Skip(f"the stored images behind the transform cannot be read once: {why}") from None
+    with torch.random.fork_rng(devices=[]):  # the check draws nothing from the user's random state
+        want = transform(sample[0] if torch.is_tensor(sample[0]) else sample[0].copy())
+    got = run_ops(torch.as_tensor(sample[0])[None].to(device), ops, torch.Generator(device=device))
+    if tuple(got.shape[1:]) != tuple(want.shape) or got.dtype != want.dtype:
+        raise Skip(f"the translated transform gives {tuple(got.shape[1:])} {got.dtype}, the dataset's "
+                   f"{tuple(want.shape)} {want.dtype}: not translated")
+    return GPUAugmentLoader(resident, ops, seed)
+
+
+@register
+class GPUAugment(Speedup):
+    __doc__ = __doc__
+    name = "gpu_augment"
+    replaces_loader = True
+    changes = "data"
+    feeds = True
+    order = 8
+    needs_cuda = True
+    in_default_ladder = True  # tried where the dataset's transform translates (fastloop.drivers.ladder_search)
+
+    def apply(self, run: Run) -> None:
+        run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
+
+    def why_not_data(self, loader: Any) -> str | None:
+        return augment_why_not(loader)
+
+    def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
+        seed = int(torch.initial_seed() % (2**31))
+        out = make_augmented(loader, ctx.device, seed=seed)  # type: ignore[arg-type]
+        ctx.stats["gpu_augment_bytes"] = sum(t.numel() * t.element_size() for t in out.resident.tensors)
+        ctx.stats["gpu_augment_ops"] = [op.kind for op in out.ops]
+        ctx.inputs.batches_on_device = self.name
+        ctx.describe(self.name, f"the stored images ({out.resident.tensors[0].dtype}, "
+                                f"{ctx.stats['gpu_augment_bytes'] / 2**20:.0f} MiB) on the device; on each batch: "
+                                + ", ".join(op.kind for op in out.ops))
+        return out
