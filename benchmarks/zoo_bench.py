@@ -39,7 +39,7 @@ from pathlib import Path
 from fastloop.compare import Runs, compare, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
-MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded")
+MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug")
 
 
 def _ladder(module: str, out: Path) -> tuple[dict, float, int]:
