@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -206,9 +207,29 @@ class Speedup:
     def parse_option(cls, text: str) -> Any:
         """Check and convert the option typed after the colon; FastloopError says what is accepted.
 
-        Subclasses that take an option override this and set :attr:`option_help`.
+        One source: the text is converted to the type of :attr:`options_type`'s first field (an
+        int or a float where it is annotated so, else the string) and checked by the dataclass's
+        own ``__post_init__``, the check the Python API runs too; a speedup without
+        ``options_type`` takes no option.
         """
-        raise FastloopError(f"{cls.name!r} takes no option, got {shorten(f'{cls.name}:{text}', 40)}")
+        if cls.options_type is None:
+            raise FastloopError(f"{cls.name!r} takes no option, got {shorten(f'{cls.name}:{text}', 40)}")
+        first = dataclasses.fields(cls.options_type)[0]
+        kind, value = str(first.type), text
+        for convert in (int, float):
+            if re.search(rf"\b{convert.__name__}\b", kind):
+                try:
+                    value = convert(text)
+                except ValueError:
+                    what = "an integer" if convert is int else "a number"
+                    raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: the option must be {what}; "
+                                        f"{cls.option_help}") from None
+                break
+        try:
+            cls.options_type(**{first.name: value})
+        except FastloopError as err:
+            raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: {err}; {cls.option_help}") from None
+        return value
 
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""

@@ -73,11 +73,6 @@ class Compile(Speedup):
     option_help = f"compile:MODE with MODE one of {', '.join(MODES)}"
     options_type = CompileOptions
 
-    @classmethod
-    def parse_option(cls, text: str) -> str:
-        if text not in MODES:
-            raise FastloopError(f"unknown compile mode {text!r}; accepted: {', '.join(MODES)}")
-        return text
 
     def apply(self, run: Run) -> None:
         run.compile_step(self.opts.mode)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, parse_number, register
+from fastloop.speedups.base import Context, Speedup, register
 from fastloop.speedups.run import Run
 
 __all__ = ["DDPComm", "ddp_comm_kwargs"]
@@ -54,10 +54,6 @@ class DDPComm(Speedup):
     option_help = "ddp_comm:MB with MB the gradient bucket size in MiB, an integer from 1 to 1024"
     options_type = DDPCommOptions
 
-    @classmethod
-    def parse_option(cls, text: str) -> int:
-        return parse_number(text, int, 1, 1024, message=f"ddp_comm:{text}: the bucket size must be an integer "
-                                                        f"number of MiB from 1 to 1024")
 
     def why_not(self, ctx: Context) -> str | None:
         if ctx.ddp_kwargs is None:

@@ -84,11 +84,6 @@ class FP8(Speedup):
     option_help = f"fp8:RECIPE with RECIPE one of {', '.join(RECIPES)}"
     options_type = FP8Options
 
-    @classmethod
-    def parse_option(cls, text: str) -> str:
-        if text not in RECIPES:
-            raise FastloopError(f"unknown fp8 recipe {text!r}; accepted: {', '.join(RECIPES)}")
-        return text
 
     def why_not(self, ctx: Context) -> str | None:
         if importlib.util.find_spec("torchao") is None:

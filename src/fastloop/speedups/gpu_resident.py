@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, default_collate
 from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import WHOLE_BATCHES, fixed_samples, materialize, sample_keys, tensor_dataset_parts, yields_whole_batches
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Skip, Speedup, parse_number, register
+from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.run import Run
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
@@ -160,9 +160,6 @@ class GPUResident(Speedup):
     option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"
     options_type = ResidentOptions
 
-    @classmethod
-    def parse_option(cls, text: str) -> float:
-        return parse_number(text, float, 0, 0.9, low_open=True, message=f"gpu_resident:{text}: {cls.option_help}")
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))

@@ -304,15 +304,6 @@ class PadBuckets(Speedup):
     option_help = "pad_buckets:N with N a whole number, the bucket multiple (default: a quarter of the longest length seen)"
     options_type = PadOptions
 
-    @classmethod
-    def parse_option(cls, text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise FastloopError(f"pad_buckets:{text}: {cls.option_help}") from None
-        if not 1 <= value <= 65536:
-            raise FastloopError(f"pad_buckets:{text}: {cls.option_help}, in [1, 65536]")
-        return value
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run))

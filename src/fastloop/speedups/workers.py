@@ -33,7 +33,7 @@ from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.streams import splits_between_workers
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Fallback, Skip, Speedup, parse_number, register, valid_step_rate
+from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
 
@@ -217,9 +217,6 @@ class Workers(Speedup):
     option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
     options_type = WorkersOptions
 
-    @classmethod
-    def parse_option(cls, text: str) -> int:
-        return parse_number(text, int, 1, 256, message=f"workers:{text}: the worker count must be an integer from 1 to 256")
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
