@@ -22,7 +22,7 @@ and ``--only compare --from DIR`` measures the picks read from those files.
 
 Usage: ``python3 benchmarks/run.py zoo [--modules cifar_resnet,vit] [--rounds 3]``, or
 ``zoo --modules lstm_lm,unet --only ladder`` then ``zoo --modules lstm_lm,unet --only compare --from
-benchmarks/results/round18 --rounds 4 --max-s 500``. Writes ``ladder_MODULE.json``,
+DIR --rounds 4 --max-s 500`` (DIR: the ladder phase's output folder). Writes ``ladder_MODULE.json``,
 ``zoo_MODULE.json`` and the ladder's report folder under $OUT (or ``--out``); prints a table last.
 """
 

@@ -158,7 +158,7 @@ def test_run_ab_records_the_counterbalanced_order():
 
 
 # One A vs A trial on the H200 (2026-12-03, round 19: `noise --aa unet=...compile,cuda_graph`,
-# trial 3; benchmarks/results/round19/noise_unet/aa_unet_2.json): run mean step times, in the
+# trial 3; benchmarks/results/round19/noise_unet/aa_unet_2.json in git history at 283a213): run mean step times, in the
 # order the pairs ran. fastloop called it "A is 1.00x faster (97% CI 1.000-1.002)".
 _UNET_A = [0.003572243838840061, 0.0035688224149144385, 0.0035690087755682015, 0.003572296510696411,
            0.0035649644313764965]
