@@ -96,7 +96,7 @@ RECIPES: dict[str, str] = {
 }
 
 # recipe-level speedups a recipe's default ladder adds to the generic ones
-RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["cudnn_benchmark", "dali"], "gpt": ["fp8", "fused_loss"]}
+RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["cudnn_benchmark"], "gpt": ["fp8", "fused_loss"]}
 # recipes whose default ladder is their own list (the demo: the CPU main job, no compile, which
 # costs tens of seconds per process on a CPU)
 RECIPE_LADDER: dict[str, list[str]] = {"demo": ["workers", "bf16", "fused_optimizer"]}

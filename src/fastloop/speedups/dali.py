@@ -1,9 +1,12 @@
 """``dali``: decode and augment JPEGs on the GPU with NVIDIA DALI (a recipe-level pipeline).
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/dali.md``.
-Changes the data pipeline. Applies to loaders that offer a DALI equivalent (the imagenet
-recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason.
-Without a GPU the same DALI pipeline runs on the CPU.
+Changes the data pipeline. Applies to a user's own ``ImageFolder``/``DatasetFolder`` of JPEG or
+PNG files whose transform is a recognised torchvision pipeline (:mod:`fastloop.dali_folder`:
+the same files, labels, batch size, ``drop_last`` and epoch length, mixed decode on the GPU, each
+op with the user's parameters), and to loaders that offer a DALI equivalent (the imagenet
+recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason naming
+what is not translated. Without a GPU the same DALI pipeline runs on the CPU.
 
 Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
 ``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues,
@@ -22,8 +25,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
+
+import torch
 
 from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
+from fastloop.dali_folder import DaliFolderLoader, NotTranslated, check_folder
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.run import Run
 
@@ -38,6 +45,7 @@ class Dali(Speedup):
     changes = "data"
     feeds = True
     order = 65
+    in_default_ladder = True  # tried where the loader's folder and transform translate (why_not_data)
 
     def __init__(self, **options) -> None:
         super().__init__(**options)
@@ -55,13 +63,32 @@ class Dali(Speedup):
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
+    def why_not_data(self, loader: Any) -> str | None:
+        if getattr(loader, "fastloop_dali", None) is not None:
+            return None
+        try:
+            check_folder(loader)
+        except NotTranslated as why:
+            return str(why)
+        return None
+
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         make = getattr(loader, "fastloop_dali", None)
-        if make is None:
-            raise Skip("the target's loader offers no DALI pipeline (the imagenet recipe's does)")
         detail = ""
         if ctx.cuda:
             note = cuda_queues_note()
             detail = f"warning: {note}" if note else f"{CUDA_QUEUES_VAR}={os.environ[CUDA_QUEUES_VAR]}"
+        if make is None:
+            device_id = (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
+            try:
+                out = DaliFolderLoader(loader, device_id=device_id, seed=int(torch.initial_seed() % 2**31))  # type: ignore[arg-type]
+            except NotTranslated as why:
+                raise Skip(f"not served by DALI: {why}") from None
+            p = out.plan
+            ctx.record(self.name, "applied", "", f"DALI reads the folder's {out.n:,} files and decodes them "
+                       f"{'on the GPU (mixed)' if ctx.cuda else 'on the CPU'}: "
+                       + ("random-resized crop" if p.random_crop else f"resize {p.resize_shorter}, center crop")
+                       + f" to {p.crop[0]}x{p.crop[1]}, flip p={p.flip:g}, normalize" + (f"; {detail}" if detail else ""))
+            return out
         ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)", detail)
         return make()
