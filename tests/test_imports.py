@@ -131,3 +131,32 @@ def test_report_and_compare_import_without_torch():
     code = "import sys, fastloop.report, fastloop.compare; assert 'torch' not in sys.modules, 'torch was imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+PRIVATE_FENCES = ("_compat", "_torch_private", "_lightning_private")
+"""Modules that exist to hold private touches of torch and Lightning: importing from them is their point."""
+
+
+def underscore_imports() -> list[str]:
+    """``from fastloop.X import _name`` anywhere in fastloop (in functions too), but from the fences."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastloop"):
+                if (node.module or "").rsplit(".", 1)[-1] in PRIVATE_FENCES:
+                    continue
+                found += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_underscore_name_is_imported_across_modules():
+    """Issue 47: a module's public surface is what others use; private names stay at home."""
+    assert underscore_imports() == []
+
+
+def test_the_underscore_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+    fake = tmp_path / "m.py"
+    fake.write_text("def f():\n    from fastloop.data import _hidden\n")
+    monkeypatch.setattr(__import__(__name__), "_modules", lambda: {"fastloop.fake": fake})
+    assert underscore_imports() == ["fastloop.fake: from fastloop.data import _hidden"]

@@ -100,16 +100,16 @@ class FixedSamples:
     """Seconds per ``dataset[i]`` in the probe."""
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
         return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape \
             and bool(torch.equal(a, b))
     if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
         return type(a) is type(b) and a.dtype == b.dtype and bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+        return type(a) is type(b) and list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
 
 
@@ -231,7 +231,7 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
                 return (f"{name}[{i}] is a {type(first).__name__} that default_collate does not stack into tensors "
                         f"alone; gpu_resident serves a tensor, a list or a dict of tensors (from samples of tensors "
                         f"and numbers, nothing nested)")
-            if not (_same(first, dataset[i]) and _same(first, dataset[i])):
+            if not (same_value(first, dataset[i]) and same_value(first, dataset[i])):
                 return f"{name}[i] gave different values when read again (random per-sample work)"
             if i == probes[0] and (time.perf_counter() - t0) / 3 * n > FIXED_MAX_S:
                 break  # too slow to read once: said below, without reading the other probes

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.data import _same, rebuild_loader
+from fastloop.data import same_value, rebuild_loader
 
 __all__ = ["splits_between_workers"]
 
@@ -62,7 +62,7 @@ def splits_between_workers(loader: DataLoader) -> str | None:
         return None
     finally:
         del batches
-    if not _same(first, second):
+    if not same_value(first, second):
         return None
     name = type(dataset).__name__
     return (f"the dataset is an IterableDataset ({name}) that does not split its stream between workers "

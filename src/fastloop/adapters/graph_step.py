@@ -29,13 +29,13 @@ def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
 
 
-def _shapes(batch: Any) -> list:
+def shapes_of(batch: Any) -> list:
     out: list = []
     map_tensors(lambda t: (out.append((tuple(t.shape), t.dtype, t.device)), t)[1], batch)
     return out
 
 
-def _copy_into(static: Any, batch: Any) -> None:
+def copy_into(static: Any, batch: Any) -> None:
     dst: list[torch.Tensor] = []
     map_tensors(lambda t: (dst.append(t), t)[1], static)
     src: list[torch.Tensor] = []
@@ -131,7 +131,7 @@ class GraphedStep:
         saved_params = [t.detach().clone() for t in params]
         before = {id(t): t.detach().clone() for t in _state_tensors(self.optimizer)}
         self.static_batch = map_tensors(lambda t: t.clone(), batch)
-        self._shape_key = _shapes(batch)
+        self._shape_key = shapes_of(batch)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         prev_mode = torch.cuda.get_sync_debug_mode()
@@ -179,12 +179,12 @@ class GraphedStep:
         return time.perf_counter() - t0
 
     def fits(self, batch: Any) -> bool:
-        return self.graph is not None and _shapes(batch) == self._shape_key
+        return self.graph is not None and shapes_of(batch) == self._shape_key
 
     def __call__(self, batch: Any) -> torch.Tensor:
         """Run one step: replay if the batch matches the captured shapes, else eagerly."""
         if self.fits(batch):
-            _copy_into(self.static_batch, batch)
+            copy_into(self.static_batch, batch)
             self.graph.replay()  # type: ignore[union-attr]
             return self.static_loss.detach().clone()  # type: ignore[union-attr]
         self.optimizer.zero_grad(set_to_none=True)

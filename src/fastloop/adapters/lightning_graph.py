@@ -34,7 +34,7 @@ import torch
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
-from fastloop.adapters.graph_step import GraphIneligible, _copy_into, _shapes, make_capturable, sync_lr
+from fastloop.adapters.graph_step import GraphIneligible, copy_into, shapes_of, make_capturable, sync_lr
 from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
 
@@ -195,7 +195,7 @@ class WholeStepGraph:
         self._use_static = False
         if not self.active or self.steps < self.warmup - 1:
             return batch
-        key = tuple(_shapes(batch))
+        key = tuple(shapes_of(batch))
         if self.graph is None:
             if not self._clean:  # the checked step's batch: the capture will want this shape
                 self._warm_key = key
@@ -208,7 +208,7 @@ class WholeStepGraph:
             return self._static
         if key in self._graphs:
             self._select(key)
-            _copy_into(self._static, batch)
+            copy_into(self._static, batch)
             self._use_static = True
             return self._static
         if len(self._graphs) < MAX_GRAPHS and key in self._seen_once:  # its second step: captured

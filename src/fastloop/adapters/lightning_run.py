@@ -33,7 +33,7 @@ from fastloop.adapters.lightning_changes import (cycled_hyperparameters, compila
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
-from fastloop.speedups.fused_optimizer import _fused_ok, apply_fused_optimizer
+from fastloop.speedups.fused_optimizer import why_not_fused, apply_fused_optimizer
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
@@ -269,7 +269,7 @@ class LightningRun(Run):
     def _fuse_for_graph(self) -> None:
         """The graph's optimizer step runs fused where it can (graphed all the same where not)."""
         for opt in self.trainer.optimizers:
-            reason = _fused_ok(opt)
+            reason = why_not_fused(opt)
             if reason:
                 self._fail("applied", reason)
             else:

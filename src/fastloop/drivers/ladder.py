@@ -32,7 +32,7 @@ import torch
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.errors import FastloopError
-from fastloop.drivers.ladder_report import (_filter_advice, _join, answer_lines, _own_record, baseline_failed, note_run_order,
+from fastloop.drivers.ladder_report import (filter_advice, join_specs, answer_lines, own_record, baseline_failed, note_run_order,
                                             pooled_final, rung_doc)
 from fastloop.drivers.ladder_budget import BudgetPlan
 from fastloop.drivers.ladder_search import StagedSearch
@@ -81,14 +81,14 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
-class _Ladder(BudgetPlan):
+class LadderState(BudgetPlan):
     def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
                  progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
                  max_repeats: int, budget: float | None, mode: str, base: list[str] | None = None) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
         self.base = list(base or [])
         """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
-        self.base_spec = _join(self.base)
+        self.base_spec = join_specs(self.base)
         self.progress, self.on_update = progress, on_update
         self.process_s: list[float] = []
         """Wall time of each configuration run (a fresh process each): where the ladder's time goes."""
@@ -134,7 +134,7 @@ class _Ladder(BudgetPlan):
 
     def _spec(self, extra: list[str] | None = None) -> str:
         """The configuration: the base, the kept candidates, and ``extra``."""
-        return _join(self.base + self.selected + list(extra or []))
+        return join_specs(self.base + self.selected + list(extra or []))
 
     # -- measurement -------------------------------------------------------------------------
     def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
@@ -146,7 +146,7 @@ class _Ladder(BudgetPlan):
         self._pending = fresh  # shown as "in progress" (or "interrupted") until its rung is written
 
         def done(spec: str, doc: dict) -> str:
-            rec = _own_record(doc, own) if own and spec == specs[-1] else None
+            rec = own_record(doc, own) if own and spec == specs[-1] else None
             return f"{own} {rec['status']} inside its process" if rec and rec["status"] != "applied" else ""
 
         def stop(spec: str) -> bool:
@@ -246,7 +246,7 @@ class _Ladder(BudgetPlan):
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
         out.update(answer_lines(self._spec(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short)))
-        _filter_advice(rungs)
+        filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
 
@@ -341,7 +341,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         chosen = [s for s in chosen if s.name not in taken]
     clash = [s.name for s in chosen if s.name in taken]
     if clash:
-        raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {_join(base_names)}: "
+        raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {join_specs(base_names)}: "
                             "a rung is tried on top of the base, so list each speedup in one of them")
     resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
     if measure_s == "auto":
@@ -350,7 +350,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
     if budget is None:
         budget = default_budget(device)
-    ladder = _Ladder(target, steps=steps, warmup=warmup, device=device, measure=measure,
+    ladder = LadderState(target, steps=steps, warmup=warmup, device=device, measure=measure,
                      progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
                      base=base_names)
     ladder.measure_s = measure_s if isinstance(measure_s, (int, float)) else None

@@ -9,7 +9,7 @@ from fastloop.compare import merge_runs
 from fastloop.speedups.base import REGISTRY
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import _Ladder
+    from fastloop.drivers.ladder import LadderState
 
 __all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no"]
 
@@ -20,7 +20,7 @@ the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or wh
 wait and its host's share of the step getting batches are at most FEED_WAIT."""
 
 
-def model_says_no(ladder: _Ladder, s: Any, shapes_fixed: bool = False) -> str | None:
+def model_says_no(ladder: LadderState, s: Any, shapes_fixed: bool = False) -> str | None:
     """A rung the model rules out (no convolution for channels_last, no fused-loss hook, ...),
     known from a run that already built it: not measured. ``shapes_fixed``: the configuration
     pads its batches to a few shapes, so what the baseline's batch shapes ruled out
@@ -35,7 +35,7 @@ def model_says_no(ladder: _Ladder, s: Any, shapes_fixed: bool = False) -> str | 
     return f"not measured: {reason}" if reason else None
 
 
-def feed_cannot_help(ladder: _Ladder, s: Any) -> str | None:
+def feed_cannot_help(ladder: LadderState, s: Any) -> str | None:
     """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the best
     configuration so far keeps the GPU busy (its profile) and hardly waits for data, the
     most a faster feed could gain is below what the ladder can detect, so it is not measured."""

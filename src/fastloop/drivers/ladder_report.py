@@ -2,7 +2,7 @@
 (no advice recommends a speedup the same ladder measured as not faster).
 
 Example:
-    >>> _join([]), _join(["bf16", "compile"])
+    >>> join_specs([]), join_specs(["bf16", "compile"])
     ('none', 'bf16,compile')
 """
 
@@ -14,16 +14,16 @@ from fastloop.errors import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.measure.stats import MIN_EFFECT
 
-__all__ = ["_breakdown", "_feed_line", "_filter_advice", "_join", "_measured_not_faster", "_own_record", "baseline_failed",
+__all__ = ["_breakdown", "_feed_line", "filter_advice", "join_specs", "_measured_not_faster", "own_record", "baseline_failed",
            "note_run_order", "rung_doc"]
 
 
-def _own_record(doc: dict, spec: str) -> dict | None:
+def own_record(doc: dict, spec: str) -> dict | None:
     name = spec.split(":")[0]
     return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
 
 
-def _join(specs: list[str]) -> str:
+def join_specs(specs: list[str]) -> str:
     return ",".join(specs) or "none"
 
 
@@ -107,7 +107,7 @@ def answer_lines(spec: str, selected: bool, measured: bool, not_tried: int) -> d
     return {"callbacks_line": "# no speedup helped measurably on this model and machine"}
 
 
-def _filter_advice(rungs: list[dict]) -> None:
+def filter_advice(rungs: list[dict]) -> None:
     """No rung's advice recommends a speedup that this ladder measured as not faster."""
     measured = _measured_not_faster(rungs)
     if not measured:

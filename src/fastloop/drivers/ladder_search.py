@@ -40,7 +40,7 @@ from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import _Ladder
+    from fastloop.drivers.ladder import LadderState
 
 __all__ = ["FEED_FIRST_WAIT", "StagedSearch", "ablation_order", "split_groups"]
 
@@ -74,7 +74,7 @@ class StagedSearch:
     """One staged search over a :class:`~fastloop.ladder._Ladder`'s machinery (its measurement,
     rung documents and selected set)."""
 
-    def __init__(self, ladder: _Ladder) -> None:
+    def __init__(self, ladder: LadderState) -> None:
         self.L = ladder
         self.stage = "baseline"
         self.inactive: set[str] = set()

@@ -12,11 +12,11 @@ import torch
 
 from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.compare import Runs
-from fastloop.drivers.ladder_report import _own_record
+from fastloop.drivers.ladder_report import own_record
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import _Ladder
+    from fastloop.drivers.ladder import LadderState
 
 __all__ = ["run_sequential", "select_order"]
 
@@ -35,7 +35,7 @@ def select_order(speedups: list, recipe: set[str]) -> list:
             + [s for s in speedups if s.changes == "data"])
 
 
-def run_sequential(ladder: _Ladder, candidates: list) -> dict:
+def run_sequential(ladder: LadderState, candidates: list) -> dict:
     """Try ``candidates`` one at a time (see the module's docstring); the ladder's document."""
     ctx = Context(torch.device(ladder.device))
     ladder.base_runs: Runs | None = None
@@ -61,7 +61,7 @@ def run_sequential(ladder: _Ladder, candidates: list) -> dict:
             ladder.rungs.append(ladder._rung_doc(label, cand_spec, cand, "failed", why))
             ladder._update()
             continue
-        own = _own_record(cand.docs[-1], s.spec)
+        own = own_record(cand.docs[-1], s.spec)
         doc = ladder._rung_doc(label, cand_spec, cand, "applied", "")
         doc["vs_spec"] = base_spec
         doc["runs_per_side"] = n

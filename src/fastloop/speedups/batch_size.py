@@ -48,17 +48,17 @@ from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Skip, Speedup, register, resolve
 from fastloop.speedups.run import Run
-from fastloop.speedups.batch_size_rule import _check_search, _choose, largest_fitting
+from fastloop.speedups.batch_size_rule import check_search, choose_batch_size, largest_fitting
 from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
     trial_optimizer_conf,
-    _NOWHERE,
-    _digest,
-    _snapshot,
-    _restore,
-    _rng_state,
-    _set_rng_state,
-    _holders,
-    _current,
+    NOWHERE,
+    state_digest,
+    snapshot_state,
+    restore_state,
+    rng_states,
+    restore_rng_state,
+    size_holders,
+    current_size,
     set_batch_size,
 )
 
@@ -99,9 +99,9 @@ def _loader_for(module: LightningModule, data: Any, size: int) -> Any:
         return rebuild_loader(data, batch_size=size)
     if data is not None and not isinstance(data, LightningDataModule):
         raise FastloopError(f"cannot search batch sizes of a {type(data).__name__}")
-    holders = _holders(module, data)
+    holders = size_holders(module, data)
     if not holders:
-        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
+        raise FastloopError(f"cannot change the batch size: {NOWHERE}")
     set_batch_size(module, data, size)
     return (data if data is not None else module).train_dataloader()
 
@@ -279,27 +279,27 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
             trials autocast as the training will, when no speedup sets the precision.
     """
 
-    _check_search(objective, margin, max_size)
+    check_search(objective, margin, max_size)
     dev = resolve_device(device)
     autocast = _PrecisionProbe.of(resolve(speedups), Context(dev)) or MIXED_PRECISION.get(str(trainer_precision))
     if isinstance(data, LightningDataModule) and not attached:
         # as Trainer.fit would, before asking for the loader (a DataModule makes its datasets here)
         data.prepare_data()
         data.setup("fit")
-    current = _current(_holders(module, data))
+    current = current_size(size_holders(module, data))
     if isinstance(data, DataLoader) and yields_whole_batches(data):
         raise FastloopError(f"cannot change the batch size: {WHOLE_BATCHES}; make the batches in the DataLoader "
                             f"(batch_size=N) to search it")
     if current is None and isinstance(data, DataLoader):
         current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
-    if not _holders(module, data) and not isinstance(data, DataLoader):
-        raise FastloopError(f"cannot change the batch size: {_NOWHERE}")
+    if not size_holders(module, data) and not isinstance(data, DataLoader):
+        raise FastloopError(f"cannot change the batch size: {NOWHERE}")
     start = max(1, min(int(init or current or 1), max_size))
     module.to(dev)
     was_training = module.training
-    before = _digest(module, trainer_optimizers or [])
-    rng = _rng_state()
-    snap = _snapshot(module)
+    before = state_digest(module, trainer_optimizers or [])
+    rng = rng_states()
+    snap = snapshot_state(module)
     mem0 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     t_start = time.perf_counter()
     attempt = _Trials(module, data, dev, trial_steps, autocast, progress)
@@ -308,19 +308,19 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         module.train()
         lo = largest_fitting(attempt, start, max_size, precision, lambda: attempt.limit is not None)
         max_fitting = lo if attempt.limit is None else min(lo, attempt.limit)
-        chosen = _choose(trials, attempt, max_fitting, margin, objective)
+        chosen = choose_batch_size(trials, attempt, max_fitting, margin, objective)
     finally:
-        _restore(module, snap)
+        restore_state(module, snap)
         module.zero_grad(set_to_none=True)
         module.train(was_training)
-        _set_rng_state(rng)
+        restore_rng_state(rng)
         _free(dev)
     written = set_batch_size(module, data, chosen)
     mem1 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     return {
         "batch_size": chosen, "max_fitting": max_fitting, "objective": objective, "margin": margin,
         "trials": trials, "search_s": time.perf_counter() - t_start,
-        "restored": _digest(module, trainer_optimizers or []) == before, "written_to": written,
+        "restored": state_digest(module, trainer_optimizers or []) == before, "written_to": written,
         "memory_allocated_before": mem0, "memory_allocated_after": mem1,
         "autocast": str(autocast).replace("torch.", "") if autocast else None,
         "compile_note": "trials run eagerly; compile (if requested) happens once afterwards, so no trial recompiles",

@@ -10,7 +10,7 @@ from fastloop.errors import FastloopError
 __all__ = ["largest_fitting"]
 
 
-def _check_search(objective: str, margin: float, max_size: int) -> None:
+def check_search(objective: str, margin: float, max_size: int) -> None:
     if objective not in ("max", "throughput"):
         raise FastloopError(f"--objective must be max or throughput, got {objective!r}")
     if not 0 < margin <= 1:
@@ -61,7 +61,7 @@ def largest_fitting(fits: Callable[[int], bool], start: int, max_size: int, prec
     return lo
 
 
-def _choose(trials: list[dict], attempt: Callable[[int], bool], max_fitting: int, margin: float,
+def choose_batch_size(trials: list[dict], attempt: Callable[[int], bool], max_fitting: int, margin: float,
             objective: str) -> int:
     """The chosen size: at most ``margin * max_fitting``; the largest (``max``) or, among the sizes
     tried under that cap, the largest within 2% of the best throughput (``throughput``)."""

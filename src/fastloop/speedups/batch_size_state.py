@@ -5,9 +5,9 @@ BatchNorm statistics, torchmetrics states, optimizer state, RNGs).
 Example:
     >>> import torch
     >>> m = torch.nn.BatchNorm1d(3)
-    >>> snap = _snapshot(m)
+    >>> snap = snapshot_state(m)
     >>> _ = m(torch.randn(4, 3))
-    >>> _restore(m, snap); bool(m.running_mean.abs().sum() == 0)
+    >>> restore_state(m, snap); bool(m.running_mean.abs().sum() == 0)
     True
 """
 
@@ -37,7 +37,7 @@ def _metric_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if hasattr(m, "_defaults") and hasattr(m, "_update_count")]
 
 
-def _digest(module: torch.nn.Module, optimizers: list) -> str:
+def state_digest(module: torch.nn.Module, optimizers: list) -> str:
     h = hashlib.sha256()
     for k, v in module.state_dict().items():
         h.update(k.encode())
@@ -64,7 +64,7 @@ def _digest(module: torch.nn.Module, optimizers: list) -> str:
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _snapshot(module: torch.nn.Module) -> dict:
+def snapshot_state(module: torch.nn.Module) -> dict:
     """Everything a trial step may change on the module: its state_dict, non-persistent buffers,
     torchmetrics states, and the plain Python attributes (counters, flags) of every submodule."""
     def clone(v: Any) -> Any:
@@ -84,7 +84,7 @@ def _snapshot(module: torch.nn.Module) -> dict:
     }
 
 
-def _restore(module: torch.nn.Module, snap: dict) -> None:
+def restore_state(module: torch.nn.Module, snap: dict) -> None:
     with torch.no_grad():
         module.load_state_dict(snap["state"])
         for k, v in module.named_buffers():
@@ -101,14 +101,14 @@ def _restore(module: torch.nn.Module, snap: dict) -> None:
                 vars(m)[k] = v
 
 
-def _rng_state() -> dict:
+def rng_states() -> dict:
     st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 
-def _set_rng_state(st: dict) -> None:
+def restore_rng_state(st: dict) -> None:
     torch.set_rng_state(st["torch"])
     np.random.set_state(st["numpy"])
     random.setstate(st["python"])
@@ -116,7 +116,7 @@ def _set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
+def size_holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
     """Every place the target keeps its batch size, where Lightning's ``BatchSizeFinder`` looks:
     the module's attribute, its hparams, the DataModule's attribute, its hparams."""
     out: list[tuple[Any, str]] = []
@@ -133,7 +133,7 @@ def _holders(module: LightningModule, data: Any) -> list[tuple[Any, str]]:
     return out
 
 
-def _current(holders: list[tuple[Any, str]]) -> int | None:
+def current_size(holders: list[tuple[Any, str]]) -> int | None:
     if not holders:
         return None
     obj, kind = holders[-1]  # Lightning reads the last holder
@@ -143,7 +143,7 @@ def _current(holders: list[tuple[Any, str]]) -> int | None:
 
 def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
     """Write ``size`` everywhere the target keeps its batch size; returns where it went."""
-    holders = _holders(module, data)
+    holders = size_holders(module, data)
     if not holders:
         return "nowhere (no batch_size attribute or hparam; the DataLoader is rebuilt instead)"
     names = []
@@ -157,7 +157,7 @@ def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
     return ", ".join(names)
 
 
-_NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
+NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
             "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
             "build train_dataloader() from it, or pass a DataLoader to train on")
 

@@ -16,7 +16,7 @@ __all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer"]
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
-def _fused_ok(opt: torch.optim.Optimizer) -> str | None:
+def why_not_fused(opt: torch.optim.Optimizer) -> str | None:
     if not isinstance(opt, FUSABLE):
         return f"{type(opt).__name__} has no fused implementation (fusable: Adam, AdamW, SGD)"
     for group in opt.param_groups:
@@ -32,7 +32,7 @@ def _fused_ok(opt: torch.optim.Optimizer) -> str | None:
 
 def apply_fused_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Switch ``opt`` to its fused implementation in place; raises ValueError if it cannot."""
-    reason = _fused_ok(opt)
+    reason = why_not_fused(opt)
     if reason:
         raise ValueError(reason)
     for group in opt.param_groups:
@@ -60,7 +60,7 @@ class FusedOptimizer(Speedup):
         fused: list[str] = []
 
         def fuse(optimizer: torch.optim.Optimizer) -> None:  # in place: the run keeps its objects
-            reason = _fused_ok(optimizer)
+            reason = why_not_fused(optimizer)
             if reason:
                 raise Skip(reason)
             apply_fused_optimizer(optimizer)
