@@ -16,7 +16,8 @@ from fastloop.adapters.loop import FastLoop, LoopRun
 from fastloop.lightning import SpeedupCallback
 from fastloop.speedups import REGISTRY, resolve
 from fastloop.speedups.base import Context, Skip, Speedup
-from fastloop.speedups.run import Run, apply_all
+from fastloop.speedups.base import apply_all
+from fastloop.speedups.run import Run
 
 CPU = torch.device("cpu")
 CHANGES = [n for n, f in vars(Run).items() if inspect.isfunction(f) and not n.startswith("_")]

@@ -16,7 +16,7 @@ from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
 from fastloop.adapters.loop import LoopRun
 from fastloop.speedups.base import Context, RunInputs, Skip
-from fastloop.speedups.run import apply_all
+from fastloop.speedups.base import apply_all
 
 CPU = torch.device("cpu")
 

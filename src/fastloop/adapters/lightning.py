@@ -25,8 +25,7 @@ from fastloop._torch_private import compiled_graph_count, first_graph_break, sca
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
-from fastloop.speedups.base import Context, Record, RunInputs, Speedup, resolve
-from fastloop.speedups.run import apply_all
+from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
 

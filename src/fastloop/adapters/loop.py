@@ -33,9 +33,9 @@ from fastloop.errors import FastloopError
 from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
-from fastloop.speedups.base import Context, Record, Skip, resolve
+from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
 from fastloop.speedups.compile import apply_compile, compiled_by_user
-from fastloop.speedups.run import Run, apply_all, eval_loss
+from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
 

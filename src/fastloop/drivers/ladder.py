@@ -18,7 +18,7 @@ selected set against the baseline, interleaved (cut by the budget: all their run
 
 Example:
     >>> default_rungs("cpu")[:3]
-    ['pad_buckets', 'workers', 'bf16']
+    ['workers', 'pad_buckets', 'bf16']
 """
 
 from __future__ import annotations

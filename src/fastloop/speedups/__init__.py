@@ -20,7 +20,7 @@ from fastloop.speedups import (  # noqa: F401  (imported for registration)
     tf32,
     workers,
 )
-from fastloop.speedups.run import Run, apply_all
+from fastloop.speedups.run import Run
 from fastloop.speedups.base import (
     REGISTRY,
     Context,
@@ -28,6 +28,7 @@ from fastloop.speedups.base import (
     Record,
     Skip,
     Speedup,
+    apply_all,
     register,
     resolve,
     speedup_names,

@@ -219,7 +219,7 @@ class GPUAugment(Speedup):
     replaces_loader = True
     changes = "data"
     feeds = True
-    order = 8
+    order = 9  # before the CPU feed, which has nothing left to do once it applies
     needs_cuda = True
     in_default_ladder = True  # tried where the dataset's transform translates (fastloop.drivers.ladder_search)
 

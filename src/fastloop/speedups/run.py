@@ -11,7 +11,7 @@ place both adapters apply speedups and write their records.
 Example:
     >>> import torch
     >>> from fastloop.speedups import resolve
-    >>> from fastloop.speedups.base import Context
+    >>> from fastloop.speedups.base import Context, apply_all
     >>> class Shown(Run):  # a run that only says what it was asked
     ...     def __init__(self):
     ...         self.ctx, self.model, self.asked = Context(torch.device("cpu")), torch.nn.Linear(2, 2), []
@@ -25,18 +25,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from fastloop.speedups.base import Context, Skip
+from fastloop.speedups.records import Context, Skip
 
-if TYPE_CHECKING:
-    from fastloop.speedups.base import Speedup
-
-__all__ = ["Run", "apply_all", "eval_loss"]
+__all__ = ["Run", "eval_loss"]
 
 
 def eval_loss(model: torch.nn.Module, loss: Callable[[], Any], seed: int = 0) -> torch.Tensor:
@@ -130,31 +127,3 @@ class Run:
     def hold(self, context: Callable[[], AbstractContextManager]) -> None:
         """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""
         raise self._cannot("hold a context while it trains")
-
-
-def apply_all(speedups: Sequence[Speedup], run: Run) -> None:
-    """Apply each speedup through ``run`` in order and record each one: ``applied``; ``skipped``
-    or ``fallback`` with the reason its ``why_not``/``why_not_model`` gave or its
-    :class:`~fastloop.speedups.base.Skip` said; ``fallback`` with the error when it broke. A
-    speedup that did not apply changes nothing: what it had changed is put back (``ctx.undo``).
-    """
-    ctx = run.ctx
-    for s in speedups:
-        reason = s.why_not(ctx) or (s.why_not_model(run.model) if run.model is not None else None)
-        if reason:
-            ctx.record(s.name, "skipped", reason)
-            continue
-        run.speedup = s
-        mark = len(ctx.undo)
-        try:
-            s.apply(run)
-        except Exception as err:  # Skip: the reason is its record; anything else: it broke, it falls back
-            while len(ctx.undo) > mark:
-                ctx.undo.pop()()
-            if isinstance(err, Skip):
-                ctx.record(s.name, err.status, err.reason)
-            else:
-                ctx.record(s.name, "fallback", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            continue
-        if s.name not in ctx.records:
-            ctx.record(s.name, "applied")
