@@ -9,7 +9,7 @@ from fastloop.compare import merge_runs
 from fastloop.speedups.base import REGISTRY
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import LadderState
+    from fastloop.drivers.ladder_state import LadderState
 
 __all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no"]
 

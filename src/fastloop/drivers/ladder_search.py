@@ -40,7 +40,7 @@ from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import LadderState
+    from fastloop.drivers.ladder_state import LadderState
 
 __all__ = ["FEED_FIRST_WAIT", "StagedSearch", "ablation_order", "split_groups"]
 

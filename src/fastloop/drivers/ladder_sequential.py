@@ -16,7 +16,7 @@ from fastloop.drivers.ladder_report import own_record
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
 
 if TYPE_CHECKING:
-    from fastloop.drivers.ladder import LadderState
+    from fastloop.drivers.ladder_state import LadderState
 
 __all__ = ["run_sequential", "select_order"]
 
