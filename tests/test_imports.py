@@ -160,3 +160,79 @@ def test_the_underscore_check_sees_an_import_inside_a_function(tmp_path, monkeyp
     fake.write_text("def f():\n    from fastloop.data import _hidden\n")
     monkeypatch.setattr(__import__(__name__), "_modules", lambda: {"fastloop.fake": fake})
     assert underscore_imports() == ["fastloop.fake: from fastloop.data import _hidden"]
+
+
+def _all_imports() -> dict[str, set[str]]:
+    """Every fastloop module -> the fastloop modules it imports anywhere (top level, in
+    functions, under TYPE_CHECKING)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")
+                    base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def layers() -> dict[str, int]:
+    """The layer of each module name or package prefix (``fastloop.measure.*``), from docs/layers.md."""
+    import re
+
+    out = {}
+    for line in (ROOT / "docs" / "layers.md").read_text().splitlines():
+        m = re.match(r"\| (\d) \| (.*?) \|", line)
+        if m:
+            for mod in re.findall(r"`([\w.*]+)`", m.group(2)):
+                out[mod] = int(m.group(1))
+    return out
+
+
+def layer_of(module: str, table: dict[str, int]) -> int | None:
+    if module in table:
+        return table[module]
+    for key, layer in table.items():
+        if key.endswith(".*") and (module + ".").startswith(key[:-1]) or key.endswith(".*") and module == key[:-2]:
+            return layer
+    return None
+
+
+LAYER_EXCEPTIONS = {("fastloop", "fastloop.speedups")}
+"""Written in docs/layers.md: the package answers fastloop.speedup_names() from the registry."""
+
+
+def test_every_module_has_a_layer_and_every_import_points_down_or_sideways():
+    table = layers()
+    graph = _all_imports()
+    unplaced = sorted(m for m in graph if layer_of(m, table) is None)
+    assert unplaced == [], f"modules not in docs/layers.md: {unplaced}"
+    up = sorted(f"{a} (layer {layer_of(a, table)}) -> {b} (layer {layer_of(b, table)})"
+                for a, targets in graph.items() for b in targets
+                if (a, b) not in LAYER_EXCEPTIONS and layer_of(b, table) > layer_of(a, table))
+    assert up == [], "imports back up the layers:\n" + "\n".join(up)
+
+
+def test_no_circle_counting_every_import():
+    graph = _all_imports()
+    for a, b in LAYER_EXCEPTIONS:
+        graph[a].discard(b)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_layer_check_sees_an_arrow_back_up(monkeypatch):
+    table = layers()
+    assert layer_of("fastloop.measure.timer", table) == 2 and layer_of("fastloop.cli", table) == 7
+    assert layer_of("fastloop.speedups", table) == 3  # the package itself
+    fake = {"fastloop.measure.timer": {"fastloop.drivers.ladder"}}
+    up = [(a, b) for a, ts in fake.items() for b in ts if layer_of(b, table) > layer_of(a, table)]
+    assert up == [("fastloop.measure.timer", "fastloop.drivers.ladder")]
