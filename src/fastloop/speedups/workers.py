@@ -73,21 +73,30 @@ def apply_workers(loader: DataLoader, num_workers: int | None = None, prefetch_f
                           loader_cls=PersistentWorkersLoader)
 
 
-def loader_rate(loader: DataLoader, num_workers: int, *, seconds: float = 0.5, max_batches: int = 64) -> float:
-    """Samples per second that ``loader`` rebuilt with ``num_workers`` workers delivers, after
-    its workers have started and filled their first batches (the loader alone, no training)."""
+def loader_rate(loader: DataLoader, num_workers: int, *, seconds: float = 0.5, max_batches: int = 64,
+                max_seconds: float | None = None) -> float:
+    """Samples per second that ``loader`` rebuilt with ``num_workers`` workers delivers at its
+    steady rate (the loader alone, no training): the workers' start and the prefetch buffer they
+    fill (``num_workers x 2`` batches) are drained first, then at least ``seconds`` and at least
+    two batches per worker are timed (a JPEG loader's 16 workers each deliver a batch every few
+    hundred milliseconds: a shorter window reads the start-up), up to ``max_seconds`` (4x
+    ``seconds``) or ``max_batches``."""
     probe = loader if num_workers == loader.num_workers == 0 else rebuild_loader(
         loader, num_workers=num_workers, persistent_workers=False, **({"prefetch_factor": 2} if num_workers else {}))
+    longest = max_seconds if max_seconds is not None else 4 * seconds
+    least = 2 * max(1, num_workers)
     it = iter(probe)
     try:
-        for _ in range(max(1, num_workers)):  # start-up: every worker's first batch
+        for _ in range(max(1, 2 * num_workers)):  # start-up and the prefetch buffer: not the steady rate
             next(it)
-        n = 0
+        n = batches = 0
         t0 = time.perf_counter()
         for batch in it:
             t = first_tensor(batch)
             n += int(t.shape[0]) if t is not None and t.dim() else 1
-            if time.perf_counter() - t0 > seconds or n >= max_batches * (loader.batch_size or 1):
+            batches += 1
+            elapsed = time.perf_counter() - t0
+            if (elapsed > seconds and batches >= least) or elapsed > longest or batches >= max(max_batches, least):
                 break
         elapsed = time.perf_counter() - t0
     except StopIteration:
