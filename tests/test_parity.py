@@ -163,3 +163,20 @@ def test_both_adapters_reach_the_same_cuda_graph_tier_in_combinations(spec):
     n = min(len(lit["losses"]), len(plain.losses))
     diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(lit["losses"][:n], plain.losses[:n]))
     assert diff <= COMBOS[spec], diff
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_compile_that_compiled_nothing_is_the_same_fallback_in_both_adapters():
+    """Issue 47: the 'compiled nothing' check is the compile speedup's (compiled_nothing), so
+    FastLoop records what the callbacks record: fallback, with torch's first graph-break reason."""
+    from tests.targets import untraceable
+
+    lit = run_configuration("tests/targets.py:untraceable", "compile", steps=3, warmup=1, device="cpu",
+                            steady_warmup=False)
+    module, loader = untraceable()
+    plain = FastLoop(module, torch.optim.SGD(module.parameters(), lr=0.01), loader,
+                     loss_fn=torch.nn.functional.cross_entropy, speedups="compile", device="cpu").train(steps=3, warmup=1)
+    lit_rec = next(r for r in lit["speedups"] if r["name"] == "compile")
+    rec = plain.records[0]
+    assert lit_rec["status"] == rec.status == "fallback", (lit_rec, rec)
+    assert "compiled no graph" in rec.reason and rec.reason.split(":")[0] == lit_rec["reason"].split(":")[0]

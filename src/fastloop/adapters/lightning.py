@@ -21,11 +21,12 @@ import torch
 
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import ddp_kwargs
-from fastloop._torch_private import compiled_graph_count, first_graph_break, scaler_scale, shutdown_workers
+from fastloop._torch_private import scaler_scale, shutdown_workers
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
+from fastloop.speedups.compile import compiled_nothing, graphs_so_far
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
 
@@ -132,7 +133,7 @@ class SpeedupCallback(Callback):
             return
         s = self.speedup
         compiles = s.compile_mode() is not None or s.uses_cudagraphs()
-        self._graphs_before = compiled_graph_count() if compiles else None  # Dynamo's import costs ~1 s
+        self._graphs_before = graphs_so_far() if compiles else None  # Dynamo's import costs ~1 s
         self.ctx = ctx = Context(trainer.strategy.root_device, inputs=self._shared_inputs(trainer))
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
@@ -213,12 +214,10 @@ class SpeedupCallback(Callback):
         if ctx is None or run is None or not ctx.applied(name):
             return
         compiled = self.speedup.compile_mode() is not None or run.tier == "forward+backward graphed"
-        graphs, frames = compiled_graph_count() if self._graphs_before is not None else (0, 0)
-        if compiled and self._graphs_before is not None and graphs == self._graphs_before[0] \
-                and frames > self._graphs_before[1]:  # frames were tried and none gave a graph
-            why = first_graph_break() or "no frame of the model was compiled"
+        why = compiled_nothing(self._graphs_before) if compiled and self._graphs_before is not None else None
+        if why:
             run.tier = "eager" if run.tier else None
-            self._fail("fallback", f"torch.compile compiled no graph, the steps ran eagerly: {why}")
+            self._fail("fallback", why)
             return
         if run.tier is not None:
             ctx.stats[f"{name}_tier"] = run.tier

@@ -34,7 +34,7 @@ from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
-from fastloop.speedups.compile import apply_compile, compiled_by_user
+from fastloop.speedups.compile import apply_compile, compiled_by_user, compiled_nothing, graphs_so_far
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
@@ -182,6 +182,7 @@ class FastLoop:
         self.skipped_steps = 0
         self._skipped_dev: torch.Tensor | None = None
         self.graphed: GraphedStep | None = None
+        self._graphs_before = graphs_so_far() if any(s.compiles for s in self.speedups) else None
         self.mark_steps = False
         """Forward and backward run through compile's CUDA graphs: each step is marked."""
         if self.run.graph_owner and self.run.scale_loss:
@@ -198,6 +199,16 @@ class FastLoop:
         self.mark_steps = True
         self.ctx.stats[f"{owner}_tier"] = "forward+backward graphed"
         self.ctx.describe(owner, f"forward+backward graphed (whole step: {why_not_whole})")
+
+    def _check_compiled(self) -> None:
+        """A compile that compiled nothing is a ``fallback`` with torch's first graph-break reason,
+        as under Lightning (one check: :func:`fastloop.speedups.compile.compiled_nothing`)."""
+        if self._graphs_before is None:
+            return
+        why = compiled_nothing(self._graphs_before)
+        for s in self.speedups:
+            if why and s.compiles and self.ctx.applied(s.name) and (s.compile_mode() or self.mark_steps):
+                self.ctx.record(s.name, "fallback", why)
 
     @property
     def records(self) -> list[Record]:
@@ -295,6 +306,7 @@ class FastLoop:
                     timer.resume()
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
+        self._check_compiled()
         if self._skipped_dev is not None:
             self.skipped_steps += int(self._skipped_dev.item())
         extra = dict(self.ctx.stats)

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fastloop._torch_private import dynamo_counters
+from fastloop._torch_private import compiled_graph_count, dynamo_counters, first_graph_break
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters", "compiled_by_user"]
+__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters", "compiled_by_user", "compiled_nothing",
+           "graphs_so_far"]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -96,3 +97,19 @@ class Compile(Speedup):
             return None
         mode = "max-autotune-no-cudagraphs" if self.compile_mode() == "max-autotune" else "default"
         return Compile(mode=mode)
+
+
+def graphs_so_far() -> tuple[int, int]:
+    """(graphs Dynamo compiled, frames it tried) in this process: taken before the run trains,
+    for :func:`compiled_nothing` after it."""
+    return compiled_graph_count()
+
+
+def compiled_nothing(before: tuple[int, int]) -> str | None:
+    """Why a run that asked for compile ran eagerly (frames were tried since ``before`` and none
+    gave a graph), or None. Both adapters record it the same way: ``fallback`` with this reason."""
+    graphs, frames = compiled_graph_count()
+    if graphs == before[0] and frames > before[1]:
+        why = first_graph_break() or "no frame of the model was compiled"
+        return f"torch.compile compiled no graph, the steps ran eagerly: {why}"
+    return None
