@@ -229,7 +229,8 @@ def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch
 
 def test_default_ladders_per_recipe_and_device():
     from fastloop.drivers.ladder import DEFAULT_RUNGS, default_rungs
-    from fastloop.drivers.targets import RECIPE_RUNGS
+    from fastloop.drivers.targets import recipe_rungs
+    RECIPE_RUNGS = {n: recipe_rungs(n)[1] for n in ("gpt", "imagenet")}
 
     cpu = default_rungs("cpu", "imagenet")
     assert "cudnn_benchmark" not in cpu and "pin_memory" not in cpu and "gpu_resident" not in cpu  # CUDA-only

@@ -25,6 +25,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastloop._compat import LightningModule
 
+LADDER = ["workers", "bf16", "fused_optimizer"]
+"""This recipe's own default ladder (the CPU main job: no compile, which costs tens of seconds a
+process on a CPU)."""
+
 __all__ = ["Records", "TabularMLP", "make"]
 
 

@@ -17,6 +17,9 @@ import torch
 from fastloop.recipes.gpt.data import TokenData
 from fastloop.recipes.gpt.module import GPTModule
 
+EXTRA_RUNGS = ["fp8", "fused_loss"]
+"""Recipe-level speedups this recipe's default ladder adds to the generic rungs (tried once compile is in)."""
+
 __all__ = ["make"]
 
 

@@ -15,6 +15,9 @@ from fastloop.errors import FastloopError
 from fastloop.recipes.imagenet.data import ImageData
 from fastloop.recipes.imagenet.module import ImageClassifier
 
+EXTRA_RUNGS = ["cudnn_benchmark"]
+"""Recipe-level speedups this recipe's default ladder adds to the generic rungs."""
+
 __all__ = ["make", "parse_options"]
 
 

@@ -35,7 +35,7 @@ from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
 from fastloop.speedups.base import Context, default_ladder, resolve
 from fastloop.drivers.subproc import run_in_subprocess
-from fastloop.drivers.targets import RECIPE_LADDER, RECIPE_RUNGS
+from fastloop.drivers.targets import recipe_rungs
 
 __all__ = ["DEFAULT_RUNGS", "default_budget", "default_measure_s", "default_rungs", "run_ladder", "select_order"]
 
@@ -63,7 +63,8 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     """The default ladder for a device (and recipe): rungs that cannot apply there are left out."""
 
     ctx = Context(torch.device(device))
-    names = RECIPE_LADDER.get(target or "") or DEFAULT_RUNGS + RECIPE_RUNGS.get(target or "", [])
+    own, extra = recipe_rungs(target)
+    names = own or DEFAULT_RUNGS + extra
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
@@ -96,7 +97,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
     if rungs is None and mode == "sequential":
         # feed the fast step: data speedups are tried once the step is as fast as the others make
         # it (a loader that keeps up with an fp32 step may be the wall after compile)
-        chosen = select_order(chosen, set(RECIPE_RUNGS.get(target or "", [])))
+        chosen = select_order(chosen, set(recipe_rungs(target)[1]))
     taken = {b.split(":")[0] for b in base_names}
     if rungs is None:
         chosen = [s for s in chosen if s.name not in taken]

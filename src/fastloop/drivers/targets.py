@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LIGHTNING_DEFAULT_MAX_EPOCHS, Callback, LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
-__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "RECIPE_LADDER", "RECIPE_RUNGS", "TrainingLength", "build_target",
+__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "TrainingLength", "build_target",
            "check_trainer_kwargs",
-           "load_target"]
+           "load_target", "recipe_rungs"]
 
 OWNED_TRAINER_KWARGS: dict[str, str] = {
     **{k: "fastloop sets how long a measured run trains (configure_optimizers still sees this length: "
@@ -95,11 +95,15 @@ RECIPES: dict[str, str] = {
     "imagenet": "fastloop.recipes.imagenet.target:make",
 }
 
-# recipe-level speedups a recipe's default ladder adds to the generic ones
-RECIPE_RUNGS: dict[str, list[str]] = {"imagenet": ["cudnn_benchmark"], "gpt": ["fp8", "fused_loss"]}
-# recipes whose default ladder is their own list (the demo: the CPU main job, no compile, which
-# costs tens of seconds per process on a CPU)
-RECIPE_LADDER: dict[str, list[str]] = {"demo": ["workers", "bf16", "fused_optimizer"]}
+def recipe_rungs(name: str | None) -> tuple[list[str] | None, list[str]]:
+    """A built-in recipe's ladder: its own list of rungs (``LADDER`` in its target module) or
+    None, and the rungs it adds to the default ladder (``EXTRA_RUNGS``); (None, []) for any
+    other target. The recipes hold their rungs; the drivers know no speedup by name."""
+    if name not in RECIPES:
+        return None, []
+    module = importlib.import_module(RECIPES[name].split(":")[0])
+    own = getattr(module, "LADDER", None)
+    return (list(own) if own else None), list(getattr(module, "EXTRA_RUNGS", []))
 
 
 def load_target(spec: str) -> Callable[..., Any]:
