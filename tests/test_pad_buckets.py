@@ -146,3 +146,25 @@ def test_cuda_graph_keeps_one_whole_step_graph_per_bucket_and_trains_the_same():
     assert "batch shapes captured" in rec["cuda_graph"]["detail"]
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager["losses"], graphed["losses"]))
     assert worst <= 1e-4, worst
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore")
+def test_the_plain_loop_also_keeps_one_graph_per_bucket():
+    """Issue 49: FastLoop's capture (adapters/graph_step.py) keeps a graph per batch shape too,
+    up to MAX_GRAPHS, and trains as the eager loop does."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from fastloop.loop import FastLoop
+
+    def train(spec):
+        module, loader = masked_text(batch_size=2)
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        return FastLoop(module, opt, loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"], speedups=spec,
+                        device="cuda").train(steps=40, warmup=4)
+
+    eager, graphed = train("pad_buckets:8"), train("pad_buckets:8,cuda_graph")
+    shapes = graphed.extra["cuda_graph_shapes"]
+    assert shapes["graphs"] >= 2, shapes
+    worst = max(abs(a - b) / abs(a) for a, b in zip(eager.losses, graphed.losses))
+    assert worst <= 1e-4, worst

@@ -21,6 +21,7 @@ from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot
 from fastloop.measure.sync_site import user_site
 from fastloop.data import map_tensors
 from fastloop.errors import GraphIneligible
+from fastloop.speedups.cuda_graph import MAX_GRAPHS
 
 __all__ = ["GraphIneligible", "GraphedStep", "make_capturable", "sync_lr"]
 
@@ -99,6 +100,11 @@ class GraphedStep:
         self.static_loss: torch.Tensor | None = None
         self._shape_key: list | None = None
         self._lr_tensors: list[tuple[dict, torch.Tensor]] = []
+        self._graphs: dict[tuple, tuple] = {}  # batch shape -> (graph, static batch, static loss)
+        self._seen_once: set[tuple] = set()  # shapes met once after the first capture (captured at the second)
+        self._no_graph: set[tuple] = set()  # shapes whose capture failed: eager
+        self._pool: Any = None
+        self.late_captures: list[float] = []  # seconds of each capture after the first
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -150,9 +156,12 @@ class GraphedStep:
             torch.cuda.set_sync_debug_mode(prev_mode)
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()  # one pool for the graphs of every shape
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self.static_loss = self._one(self.static_batch)
             self.graph = graph
+            self._graphs[tuple(self._shape_key)] = (graph, self.static_batch, self.static_loss)
         except RuntimeError as err:
             torch.cuda.set_sync_debug_mode(prev_mode)
             torch.cuda.synchronize()
@@ -179,13 +188,29 @@ class GraphedStep:
         return time.perf_counter() - t0
 
     def fits(self, batch: Any) -> bool:
-        return self.graph is not None and shapes_of(batch) == self._shape_key
+        return tuple(shapes_of(batch)) in self._graphs
 
     def __call__(self, batch: Any) -> torch.Tensor:
-        """Run one step: replay if the batch matches the captured shapes, else eagerly."""
-        if self.fits(batch):
-            copy_into(self.static_batch, batch)
-            self.graph.replay()  # type: ignore[union-attr]
-            return self.static_loss.detach().clone()  # type: ignore[union-attr]
+        """Run one step: replay the graph of the batch's shape; a shape met for the second time
+        (a bucket of ``pad_buckets``) is captured first, up to ``MAX_GRAPHS``; else eagerly."""
+        key = tuple(shapes_of(batch))
+        if key not in self._graphs and self._graphs and key in self._seen_once and len(self._graphs) < MAX_GRAPHS:
+            self._seen_once.discard(key)
+            try:
+                self.late_captures.append(self.capture(batch))
+            except GraphIneligible:
+                self._no_graph.add(key)
+        if key in self._graphs:
+            graph, static_batch, static_loss = self._graphs[key]
+            copy_into(static_batch, batch)
+            graph.replay()
+            return static_loss.detach().clone()
+        if self._graphs and key not in self._no_graph:
+            self._seen_once.add(key)
         self.optimizer.zero_grad(set_to_none=True)
         return self._one(batch).detach()
+
+    def shapes_captured(self) -> dict:
+        """The graphs per batch shape, as the Lightning capture reports them."""
+        return {"graphs": len(self._graphs), "late_captures": len(self.late_captures),
+                "late_capture_s": round(sum(self.late_captures), 3), "late_failed": None}

@@ -37,6 +37,7 @@ from fastloop.data import map_tensors
 from fastloop.adapters.graph_step import GraphIneligible, copy_into, shapes_of, make_capturable, sync_lr
 from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
+from fastloop.speedups.cuda_graph import MAX_GRAPHS
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 
@@ -104,7 +105,6 @@ def _hyperparameters(optimizer: Any) -> list[dict]:
     return [{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)} for g in opt.param_groups]
 
 
-MAX_GRAPHS = 8  # the most batch shapes (pad_buckets' buckets) captured, a graph each in one memory pool
 
 
 class WholeStepGraph:

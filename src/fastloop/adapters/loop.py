@@ -309,6 +309,8 @@ class FastLoop:
         self._check_compiled()
         if self._skipped_dev is not None:
             self.skipped_steps += int(self._skipped_dev.item())
+        if self.graphed is not None:
+            self.ctx.stats["cuda_graph_shapes"] = self.graphed.shapes_captured()
         extra = dict(self.ctx.stats)
         if self.scaler is not None:
             extra["fp16_skipped_steps"] = self.skipped_steps

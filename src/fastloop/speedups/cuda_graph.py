@@ -15,7 +15,11 @@ from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CudaGraph"]
+__all__ = ["CudaGraph", "MAX_GRAPHS"]
+
+MAX_GRAPHS = 8
+"""The most batch shapes captured (one whole-step graph each, all in one memory pool): the buckets
+of ``pad_buckets``; a shape past them runs eagerly. Both adapters' captures read it."""
 
 
 @register
