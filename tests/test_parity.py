@@ -180,3 +180,25 @@ def test_compile_that_compiled_nothing_is_the_same_fallback_in_both_adapters():
     rec = plain.records[0]
     assert lit_rec["status"] == rec.status == "fallback", (lit_rec, rec)
     assert "compiled no graph" in rec.reason and rec.reason.split(":")[0] == lit_rec["reason"].split(":")[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore")
+def test_a_step_that_draws_on_the_host_drops_one_tier_in_the_plain_loop_as_under_lightning():
+    """Issue 47: a whole step that cannot be captured (a host draw) drops to forward+backward
+    through compile's CUDA graphs in the same run, in FastLoop as in the callbacks; not to eager."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import random
+
+    module, loader = tiny_mlp()
+
+    def step(m, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(m(x * (1 + 0.01 * random.random())), y)
+
+    res = FastLoop(module, torch.optim.AdamW(module.parameters(), lr=1e-3), loader, step_fn=step,
+                   speedups="cuda_graph", device="cuda").train(steps=8, warmup=3)
+    rec = res.records[0]
+    assert rec.status == "applied" and res.extra["cuda_graph_tier"] == "forward+backward graphed", (rec, res.extra)
+    assert "random" in rec.detail or "draw" in rec.detail, rec.detail

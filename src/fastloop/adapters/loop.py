@@ -260,10 +260,8 @@ class FastLoop:
                 self.ctx.stats[f"{owner}_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
                 self.ctx.stats[f"{owner}_tier"] = "whole step"
                 self.graphed = graphed
-            except GraphIneligible as err:
-                self.ctx.stats[f"{owner}_tier"] = "eager"
-                self.run.graph_owner = None
-                self.ctx.record(owner, "fallback", str(err))
+            except GraphIneligible as err:  # one tier down, in the same run, as under Lightning
+                self._compiled_graphs(owner, str(err))
                 return self._eager_step(batch)
         loss = self.graphed(batch)
         self._step_scheduler(skipped=False)
