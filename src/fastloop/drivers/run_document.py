@@ -208,10 +208,11 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
     peak = peak_tflops(gpu, dtype)
     ceiling = load_measured_ceiling(gpu, dtype)
     mfu = mfu_measured = None
-    if measure.flops_per_step and peak and med:
-        mfu = measure.flops_per_step / mean / (peak * 1e12)
-    if measure.flops_per_step and ceiling and med:
-        mfu_measured = measure.flops_per_step / mean / (ceiling * 1e12)
+    flops = measure.mean_flops_per_step()
+    if flops and peak and med:
+        mfu = flops / mean / (peak * 1e12)
+    if flops and ceiling and med:
+        mfu_measured = flops / mean / (ceiling * 1e12)
     losses = measure.loss_values()
     return {
         "speedups": [r.to_dict() for r in records],
@@ -243,8 +244,8 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "warmup_overhead_s": stats.compile_s,
         "mfu": mfu,
         "mfu_detail": {
-            "flops_per_step": measure.flops_per_step,
-            "convention": measure.flops_convention if measure.flops_per_step else None,
+            "flops_per_step": flops,
+            "convention": measure.flops_convention if flops else None,
             "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
             "measured_ceiling_tflops": ceiling, "mfu_vs_measured_ceiling": mfu_measured,
             "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device" if ceiling

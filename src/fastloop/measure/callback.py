@@ -32,10 +32,8 @@ from fastloop.measure.shapes import ShapeTally
 from fastloop.measure.stats import change_point, half_ratio, is_steady
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 
-MIN_MEASURED_STEPS = 10
-"""The fewest measured steps ``measure_s`` leaves a run."""
-MAX_MEASURED_STEPS = 50_000
-"""The most steps a ``measure_s`` window measures (a 40 us step in a 2 s window)."""
+MIN_MEASURED_STEPS = 10  # the fewest measured steps measure_s leaves a run
+MAX_MEASURED_STEPS = 50_000  # the most steps a measure_s window measures (a 40 us step in a 2 s window)
 WINDOW_OVERRUN = 3.0
 """A ``measure_s`` window ends on the host's clock once it has run this many times longer than
 asked (and measured at least MIN_MEASURED_STEPS): a warm-up fed from a full prefetch buffer can
@@ -95,6 +93,7 @@ class MeasureCallback(Callback):
         """Why the window holds less than ``measure_s`` of measured steps (None: it holds them)."""
         self.manual = False
         self._item_counts: list = []  # items_per_batch() of each batch, where the module declares it
+        self._flop_counts: list = []  # flops_per_batch() of each batch, likewise
         self._manual_loss: torch.Tensor | None = None
         self.steady = steady and warmup > 0
         """Extend the warm-up, one step at a time, until step times are steady (the last three
@@ -165,11 +164,14 @@ class MeasureCallback(Callback):
         if callable(items):  # counted every batch (text: real tokens vary), read once at the end
             count = items(batch)
             self._item_counts.append(count.detach() if torch.is_tensor(count) else int(count))
+        fpb = getattr(pl_module, "flops_per_batch", None)
+        if callable(fpb):  # per batch too: padded to a few buckets, a batch's FLOPs vary
+            flops = fpb(batch)
+            self._flop_counts.append(flops.detach() if torch.is_tensor(flops) else float(flops))
         if self.items_per_step is None:
             self.items_per_step = int(self._item_counts[0]) if callable(items) else batch_items(batch, trainer)
-            fpb = getattr(pl_module, "flops_per_batch", None)
             if callable(fpb):
-                self.flops_per_step = float(fpb(batch))
+                self.flops_per_step = float(self._flop_counts[0])
                 self.flops_convention = getattr(pl_module, "flops_convention", "flops_per_batch() of the module")
             elif self.count_flops and not is_compiled(pl_module):
                 from torch.utils.flop_counter import FlopCounterMode
@@ -375,13 +377,18 @@ class MeasureCallback(Callback):
         stats.set_warmup_overhead(self.wall_s)
         return stats
 
+    def _measured_mean(self, counts: list, first: float | None) -> float | None:
+        counts = counts[self.warmup:self._measured_end] if counts else []
+        return float(sum(float(c) for c in counts)) / len(counts) if counts else first
+
     def mean_items_per_step(self) -> float | None:
         """Items per measured step: the mean of the module's ``items_per_batch`` over the measured
         steps where it declares one (real tokens of padded text), else the first batch's count."""
-        counts = self._item_counts[self.warmup:self._measured_end] if self._item_counts else []
-        if not counts:
-            return self.items_per_step
-        return float(sum(float(c) for c in counts)) / len(counts)
+        return self._measured_mean(self._item_counts, self.items_per_step)
+
+    def mean_flops_per_step(self) -> float | None:
+        """FLOPs per measured step: the mean of ``flops_per_batch`` likewise, else the first step's."""
+        return self._measured_mean(self._flop_counts, self.flops_per_step)
 
     def loss_values(self) -> list[float | None]:
         """One entry per step: the loss, or None where training_step returned None (with manual
