@@ -225,7 +225,7 @@ def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
 
     order = [s.name for s in select_order(resolve(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"]), set(RECIPE_RUNGS["gpt"]))]
     assert order.index("fp8") > order.index("compile") and order.index("fused_loss") > order.index("cuda_graph")
-    assert order[-5:] == ["workers", "pin_memory", "prefetch", "pad_buckets", "dali"]  # the data rungs last
+    assert order[-5:] == ["workers", "pad_buckets", "pin_memory", "prefetch", "dali"]  # the data rungs last
     assert sorted(order) == sorted(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"])
 
 

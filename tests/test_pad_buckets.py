@@ -168,3 +168,11 @@ def test_the_plain_loop_also_keeps_one_graph_per_bucket():
     assert shapes["graphs"] >= 2, shapes
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager.losses, graphed.losses))
     assert worst <= 1e-4, worst
+
+
+def test_the_padding_applies_before_the_feed_wraps_the_loader():
+    """H100 round 21: in the ladder's feed bundle, prefetch had wrapped the loader in a
+    CUDAPrefetcher before pad_buckets came to it, and the padding skipped itself there. It now
+    applies before pin_memory and prefetch (and after workers, whose rebuilt loader it keeps)."""
+    names = [s.name for s in resolve("prefetch,pin_memory,pad_buckets,workers")]
+    assert names.index("pad_buckets") < names.index("pin_memory") < names.index("prefetch")

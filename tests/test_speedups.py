@@ -242,7 +242,7 @@ def test_default_ladders_per_recipe_and_device():
     assert "cudnn_benchmark" not in default_rungs("cpu", "gpt")  # dali is a rung of every default ladder where
     # DALI is installed: a user's image folder translates; elsewhere the run's data rules it out unmeasured
     full = [s.name for s in resolve(DEFAULT_RUNGS + RECIPE_RUNGS["imagenet"])]  # what a GPU machine runs
-    assert full[-1] == "dali" and full[:5] == ["gpu_augment", "gpu_resident", "workers", "pin_memory", "prefetch"]
+    assert full[-1] == "dali" and full[:6] == ["gpu_augment", "gpu_resident", "workers", "pad_buckets", "pin_memory", "prefetch"]
     assert full.index("tf32") < full.index("cudnn_benchmark") < full.index("bf16") < full.index("compile")
 
 

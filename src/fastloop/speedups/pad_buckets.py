@@ -298,7 +298,7 @@ class PadBuckets(Speedup):
     name = "pad_buckets"
     changes = "data"
     fixes_shapes = True
-    order = 13  # after the CPU feed: its rebuilt loader keeps their workers
+    order = 11  # before prefetch, which hands the step a CUDAPrefetcher (no collate left to wrap)
     in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder_search)
     ablation_rank = 5  # padding is more work: taken out to check that it pays
     option_help = "pad_buckets:N with N a whole number, the bucket multiple (default: a quarter of the longest length seen)"
