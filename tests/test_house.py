@@ -40,3 +40,14 @@ def test_the_search_and_the_fork_server_name_no_speedup_in_their_code():
         code = [ln.split("#")[0] for i, ln in enumerate((SRC / rel).read_text().splitlines(), 1) if i not in doc_lines]
         hits = [ln for ln in code if pattern.search(ln)]
         assert hits == [], f"{rel} names speedups: {hits}"
+
+
+def test_every_package_is_in_the_distribution():
+    """pyproject's explicit package list names every package under src/fastloop (a non-editable
+    install left fastloop.adapters and fastloop.drivers out)."""
+    root = SRC.parents[1]
+    text = (root / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(fastloop[\w.]*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    src = root / "src"
+    found = {".".join(p.parent.relative_to(src).parts) for p in (src / "fastloop").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
