@@ -155,21 +155,25 @@ class PadPlan:
 
     def pad(self, batch: Any) -> Any:
         """``batch`` with each planned tensor padded to its bucket (unchanged past the cap)."""
-        by_index = {p.index: p for p in self.pads}
+        by_index: dict[int, list[TensorPad]] = {}
+        for p in self.pads:
+            by_index.setdefault(p.index, []).append(p)
         counter = iter(range(1 << 30))
 
         def one(t: torch.Tensor) -> torch.Tensor:
-            p = by_index.get(next(counter))
-            if p is None or t.dim() <= p.dim:
-                return t
-            length = t.shape[p.dim]
-            target = self.bucket(length)
-            if target is None or target == length:
-                return t
-            widths = [0, 0] * (t.dim() - p.dim - 1) + ([0, target - length] if p.side == "tail" else [target - length, 0])
-            if t.dtype == torch.bool:  # F.pad does not take bool tensors
-                return F.pad(t.to(torch.uint8), widths, value=int(p.value)).bool()
-            return F.pad(t, widths, value=p.value)
+            for p in by_index.get(next(counter), []):  # each varying dimension of this tensor
+                if t.dim() <= p.dim:
+                    continue
+                length = t.shape[p.dim]
+                target = self.bucket(length)
+                if target is None or target == length:
+                    continue
+                widths = [0, 0] * (t.dim() - p.dim - 1) + ([0, target - length] if p.side == "tail" else [target - length, 0])
+                if t.dtype == torch.bool:  # F.pad does not take bool tensors
+                    t = F.pad(t.to(torch.uint8), widths, value=int(p.value)).bool()
+                else:
+                    t = F.pad(t, widths, value=p.value)
+            return t
 
         return map_tensors(one, batch)
 
@@ -229,16 +233,13 @@ def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets
                 found.append((i, d, ts))
     if not found:
         raise Skip("the batches keep one shape apart from the batch dimension: nothing to pad")
-    sides = {}
-    for i, d, ts in found:
-        for side in ("tail", "head"):
-            sides[(i, side)] = _pad_value(ts, d, side)
-    tail = sum(sides[(i, "tail")][2] for i, _, _ in found)
-    head = sum(sides[(i, "head")][2] for i, _, _ in found)
+    sides = {(i, d, side): _pad_value(ts, d, side) for i, d, ts in found for side in ("tail", "head")}
+    tail = sum(sides[(i, d, "tail")][2] for i, d, _ in found)
+    head = sum(sides[(i, d, "head")][2] for i, d, _ in found)
     side = "head" if head > tail else "tail"
     pads, alone, lengths = [], {}, []
     for i, d, ts in found:
-        value, why, _ = sides[(i, side)]
+        value, why, _ = sides[(i, d, side)]
         if why is not None:
             alone[names[i]] = f"{names[i]} (dim {d}) left alone: {why}"
             continue
