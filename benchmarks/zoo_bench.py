@@ -39,7 +39,19 @@ from pathlib import Path
 from fastloop.compare import Runs, compare, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
-MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug")
+MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug",
+           "resnet50_folder", "unet_paired")
+
+
+def _prepare(module: str) -> None:
+    """A module's data made once before anything is timed (the JPEG folder of resnet50_folder)."""
+    import importlib
+
+    prep = getattr(importlib.import_module(f"benchmarks.zoo.{module}"), "prepare", None)
+    if prep is not None:
+        t0 = time.perf_counter()
+        prep()
+        print(f"{module}: data prepared in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def _ladder(module: str, out: Path) -> tuple[dict, float, int]:
@@ -55,6 +67,7 @@ def _ladder(module: str, out: Path) -> tuple[dict, float, int]:
     return doc, wall, proc.returncode
 
 
+BEFORE: dict[str, str] = {}  # module -> an earlier pick measured beside (``--before``)
 DEVICE = "cuda"  # ``--device cpu``: a smoke test of the benchmark itself
 
 
@@ -73,6 +86,7 @@ def _ci(a: Runs, b: Runs) -> dict | None:
 
 def ladder_phase(module: str, out: Path) -> dict:
     """The default ladder on ``module``; its pick and timing, written as ``ladder_MODULE.json``."""
+    _prepare(module)
     ladder, wall, code = _ladder(module, out)
     rec = {"module": module, "ladder_wall_s": round(wall, 1), "ladder_clock_s": ladder.get("wall_s"),
            "ladder_runs": ladder.get("runs"), "selected": ladder.get("selected_spec") or "none",
@@ -90,6 +104,9 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
             "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
             "pick_vs_expert": _ci(sides["expert"], sides["pick"]), "expert_vs_plain": _ci(sides["plain"], sides["expert"]),
             "pick_vs_plain": _ci(sides["plain"], sides["pick"]),
+            **({"before": sides["before"].spec, "pick_vs_before": _ci(sides["before"], sides["pick"])}
+               if "before" in sides else {}),
+            "data_wait": {k: m.get("data_wait_frac") for k, m in merged.items()},
             "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),
                            "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier")} if graph else None,
             "failures": {k: r.failures for k, r in sides.items() if r.failures}, "rounds": rounds,
@@ -102,8 +119,8 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
 def compare_phase(ladders: dict[str, dict], out: Path, rounds: int, max_s: float) -> list[dict]:
     """Plain, expert and pick of every module, interleaved in fresh processes, round by round
     (a call cut short by ``max_s`` leaves every module with the same number of rounds)."""
-    sides = {m: {"plain": Runs("none"), "expert": Runs("none"), "pick": Runs(lad["selected"])}
-             for m, lad in ladders.items()}
+    sides = {m: {"plain": Runs("none"), "expert": Runs("none"), "pick": Runs(lad["selected"]),
+                 **({"before": Runs(BEFORE[m])} if m in BEFORE else {})} for m, lad in ladders.items()}
     t0, rows, per_round = time.perf_counter(), [], []
     for r in range(rounds):
         if per_round and time.perf_counter() - t0 + 1.2 * max(per_round) > max_s:
@@ -165,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-s", type=float, default=1e9, help="start no new comparison round after this many seconds")
     p.add_argument("--clock", default=None,
                    help="MODULE[:SPEC]: also check the report against an outside wall clock (default SPEC: the pick)")
+    p.add_argument("--before", action="append", default=[], metavar="MODULE=SPEC",
+                   help="also measure MODULE with SPEC (an earlier ladder's pick) interleaved: pick_vs_before")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = args.device
+    BEFORE.update(b.split("=", 1) for b in args.before)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     modules = [m for m in args.modules.split(",") if m]
@@ -184,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         ladders = {m: json.loads((Path(args.from_dir) / f"ladder_{m}.json").read_text()) for m in modules}
     else:
         ladders = {m: ladder_phase(m, out) for m in modules}
+    if args.only == "compare":
+        for m in modules:
+            _prepare(m)
     if args.only == "ladder":
         print(f"{'module':18} {'ladder s':>9} {'runs':>5}  selected")
         for m, lad in ladders.items():
@@ -204,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{pe['ratio']:.2f} [n/a]") if pe.get("ratio") else "-"
         print(f"{r['module']:18} {t['plain'] or 0:>10,.0f} {t['expert'] or 0:>10,.0f} {t['pick'] or 0:>10,.0f} "
               f"{span:>16} {r['ladder_wall_s']:>9.0f}  {r['selected']}  graph={((r['cuda_graph'] or {}).get('tier'))}")
+        wait = ", ".join(f"{k} {v:.0%}" for k, v in r["data_wait"].items() if v is not None)
+        before = r.get("pick_vs_before") or {}
+        if before.get("ratio"):
+            print(f"{'':18} before ({r['before']}): {t.get('before') or 0:,.0f}; pick/before {before['ratio']:.2f} "
+                  f"[{before.get('ci_low') or 0:.2f},{before.get('ci_high') or 0:.2f}]")
+        print(f"{'':18} data wait: {wait}")
     return 0
 
 
