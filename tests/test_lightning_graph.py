@@ -149,7 +149,8 @@ def test_a_hook_inside_the_step_keeps_compiles_graphs():
 
 
 def test_make_capturable_turns_lr_into_a_tensor_a_scheduler_reaches():
-    from fastloop.adapters.graph_step import GraphIneligible, make_capturable, sync_lr
+    from fastloop.errors import GraphIneligible
+    from fastloop.speedups.graph_capture import make_capturable, sync_lr
 
     p = [torch.nn.Parameter(torch.randn(3))]
     fused_sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True)

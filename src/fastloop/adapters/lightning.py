@@ -201,8 +201,8 @@ class SpeedupCallback(Callback):
                                       f"captured (after {graph.warmup} warm-up steps)")
             else:
                 self.ctx.describe(self.speedup.name, graph.detail())
-                if graph.capture_s is not None:
-                    self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(graph.capture_s, 3)
+                if graph.graphs.capture_s is not None:
+                    self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(graph.graphs.capture_s, 3)
                 self.ctx.stats[f"{self.speedup.name}_shapes"] = graph.shapes_captured()
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())

@@ -26,7 +26,6 @@ Example (needs a GPU):
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import torch
@@ -34,10 +33,9 @@ import torch
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.data import map_tensors
-from fastloop.adapters.graph_step import GraphIneligible, copy_into, shapes_of, make_capturable, sync_lr
-from fastloop.adapters.step_source import host_rng_changed, host_rng_snapshot, step_reads_counters
-from fastloop.measure.sync_site import user_site, warnings_with_stacks
-from fastloop.speedups.cuda_graph import MAX_GRAPHS
+from fastloop.adapters.step_source import step_reads_counters
+from fastloop.errors import GraphIneligible
+from fastloop.speedups.graph_capture import StepGraphs, copy_into, make_capturable, sync_lr
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 
@@ -133,7 +131,9 @@ class WholeStepGraph:
         self.steps = 0
         self.replays = 0
         self.eager_after_capture = 0
-        self.capture_s: float | None = None
+        self.graphs = StepGraphs()
+        """The capture core: each captured batch shape's (graph, static batch, closure result, logs,
+        baked hyperparameters), one memory pool, which shape replays, is captured or stays eager."""
         self._static: Any = None
         self._shape_key: tuple | None = None
         self._result: Any = None
@@ -144,15 +144,7 @@ class WholeStepGraph:
         self._clean = False
         self._warm_key: tuple | None = None
         self._use_static = False
-        self._graphs: dict[tuple, tuple] = {}
-        """Each captured batch shape: (graph, static batch, closure result, logs, baked hyperparameters)."""
-        self._seen_once: set[tuple] = set()
-        """Shapes met once after the first capture: their first step runs eagerly (compile, warm-up)."""
-        self._no_graph: set[tuple] = set()  # shapes whose capture failed: eager
         self._capturing = False
-        self.late_captures: list[float] = []  # seconds of each capture after the first (a shape seen later)
-        self._pool: Any = None
-        self.late_failed: str | None = None  # why a shape seen after the first capture stays eager
         original_b2d = trainer.strategy.batch_to_device
         self._original_step = pl_module.optimizer_step
 
@@ -195,7 +187,7 @@ class WholeStepGraph:
         self._use_static = False
         if not self.active or self.steps < self.warmup - 1:
             return batch
-        key = tuple(shapes_of(batch))
+        key = StepGraphs.key(batch)
         if self.graph is None:
             if not self._clean:  # the checked step's batch: the capture will want this shape
                 self._warm_key = key
@@ -206,22 +198,21 @@ class WholeStepGraph:
             self._shape_key = key
             self._use_static = True
             return self._static
-        if key in self._graphs:
+        route = self.graphs.route(key)
+        if route == "replay":
             self._select(key)
             copy_into(self._static, batch)
             self._use_static = True
             return self._static
-        if len(self._graphs) < MAX_GRAPHS and key in self._seen_once:  # its second step: captured
+        if route == "capture":  # a shape's second step after the first capture: captured
             self._static = map_tensors(lambda t: t.clone(), batch)
             self._shape_key, self._capturing, self._use_static = key, True, True
             return self._static
-        if len(self._graphs) < MAX_GRAPHS and key not in self._no_graph:
-            self._seen_once.add(key)
         return batch
 
     def _select(self, key: tuple) -> None:
         """Replay the graph captured for batch shape ``key`` from now on."""
-        self.graph, self._static, self._result, self._logs, self._baked = self._graphs[key]
+        self.graph, self._static, self._result, self._logs, self._baked = self.graphs.entries[key]
         self._shape_key = key
 
     def _step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
@@ -252,34 +243,14 @@ class WholeStepGraph:
         graph if anything in it synchronizes with the host."""
         if self.failed is not None:
             return self._original_step(*args, **kwargs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        prev = torch.cuda.get_sync_debug_mode()
-        rng = host_rng_snapshot()
-        with warnings_with_stacks() as seen:
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with torch.cuda.stream(side):
-                    out = self._original_step(*args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode(prev)
-        torch.cuda.current_stream().wait_stream(side)
-        drew = host_rng_changed(rng)
-        if drew:  # in code the source check cannot see (a library's transform): the replay would freeze it
-            self.fail(f"the step draws random numbers on the host ({drew}): a graph would replay the first draw")
-            return out
-        syncs = [(w, stack) for w, stack in seen if "synchroniz" in str(w.message)]
-        for w, _ in seen:
-            if "synchroniz" not in str(w.message):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        self._clean = not syncs
-        if syncs:
+        out, why = StepGraphs.checked(lambda: self._original_step(*args, **kwargs))
+        self._clean = why is None
+        if why is not None and "random numbers" in why:  # in code the source check cannot see (a library's transform)
+            self.fail(why)
+        elif why is not None:
             self._sync_checks -= 1
             if self._sync_checks <= 0:
-                msg = str(syncs[0][0].message).splitlines()[0]
-                site = user_site(syncs[0][1])
-                where = f" at {site}" if site else ""
-                self.fail(f"the step synchronizes with the host{where} (e.g. .item(), .cpu(), printing a tensor): {msg}")
+                self.fail(why)
         return out
 
     def _capture(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
@@ -292,16 +263,12 @@ class WholeStepGraph:
             logs.append((name, value, a, kw, current_hook(module)))
 
         module.log = log  # type: ignore[method-assign]
-        graph = torch.cuda.CUDAGraph()
         err: str | None = None
-        late = bool(self._graphs)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()  # one pool for the graphs of every shape
-        try:  # torch.cuda.graph synchronizes before it captures
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-        except RuntimeError as e:
-            err = f"capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        late = bool(self.graphs.entries)
+        try:
+            graph, _ = self.graphs.capture(lambda: self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs))
+        except GraphIneligible as e:
+            err = str(e)
         finally:
             del module.log
         if err is None:
@@ -314,10 +281,8 @@ class WholeStepGraph:
         self._capturing = False
         if err is not None and late:  # this shape stays eager; the shapes captured before replay on
             torch.cuda.synchronize()
-            self._seen_once.discard(self._shape_key)
-            self._no_graph.add(self._shape_key)  # never retried
-            self._select(next(iter(self._graphs)))
-            self.late_failed = err
+            self.graphs.refuse(self._shape_key, err)
+            self._select(next(iter(self.graphs.entries)))
             return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
         if err is not None:
             torch.cuda.synchronize()
@@ -327,14 +292,10 @@ class WholeStepGraph:
         self.graph, self._logs = graph, logs
         self._result = peek_closure_result(closure)
         self._baked = _hyperparameters(optimizer)
-        self._graphs[self._shape_key] = (graph, self._static, self._result, logs, self._baked)
+        self.graphs.add(self._shape_key, (graph, self._static, self._result, logs, self._baked), time.perf_counter() - t0)
         graph.replay()  # this step, for real
         closure_result(closure, self._result)  # this step's outputs must not alias the graph's buffers
         self._relog(original_log)
-        if late:
-            self.late_captures.append(time.perf_counter() - t0)
-        else:
-            self.capture_s = time.perf_counter() - t0
         return None
 
     def _replay(self, closure: Any) -> None:
@@ -366,10 +327,8 @@ class WholeStepGraph:
                 self.on_fallback(reason)
 
     def shapes_captured(self) -> dict:
-        """The graphs per batch shape: how many, the late captures' seconds (after warm-up: in the
-        measured steps) and why a shape stayed eager."""
-        return {"graphs": len(self._graphs), "late_captures": len(self.late_captures),
-                "late_capture_s": round(sum(self.late_captures), 3), "late_failed": self.late_failed}
+        """The graphs per batch shape (:meth:`StepGraphs.summary`)."""
+        return self.graphs.summary()
 
     def detail(self) -> str:
         """What happened, for the run record."""
@@ -377,11 +336,8 @@ class WholeStepGraph:
             return f"whole step not captured: {self.failed}"
         if self.graph is None:
             return "whole step: not captured yet"
-        out = f"whole step (forward, backward, optimizer) captured in {self.capture_s:.2f} s, {self.replays} replays"
-        if self.late_captures:
-            out += (f"; {len(self._graphs)} batch shapes captured (one graph each, one memory pool), "
-                    f"{len(self.late_captures)} after the first in {sum(self.late_captures):.2f} s")
+        out = (f"whole step (forward, backward, optimizer) captured in {self.graphs.capture_s:.2f} s, "
+               f"{self.replays} replays" + self.graphs.describe())
         if self.eager_after_capture:
             out += f", {self.eager_after_capture} steps of another batch shape eager"
         return out
-

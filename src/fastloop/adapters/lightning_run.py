@@ -33,6 +33,7 @@ from fastloop.adapters.lightning_changes import (cycled_hyperparameters, compila
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
+from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
 from fastloop.speedups.fused_optimizer import why_not_fused, apply_fused_optimizer
 from fastloop.speedups.run import Run, eval_loss
 
@@ -248,23 +249,25 @@ class LightningRun(Run):
 
     def graph_step(self) -> None:
         """The whole step (training_step, backward, optimizer) as one graph where nothing in the
-        step needs the host (lightning_graph.py); otherwise forward+backward through compile's
-        CUDA graphs ("reduce-overhead"). If the compile speedup compiled the children already, its
-        mode is raised instead: one compilation (compile is lazy: nothing was compiled yet)."""
+        step needs the host (lightning_graph.py); otherwise the tier :func:`tier_below_whole`
+        gives (the policy is cuda_graph's, the same for the plain loop). If the compile speedup
+        compiled the children already, its mode is raised instead: one compilation (compile is
+        lazy: nothing was compiled yet)."""
         assert self.speedup is not None
         already = _COMPILE_MODE.get(self.model)
-        blocker = whole_step_blocker(self.trainer, self.model) if self.ctx.cuda else "no CUDA"
+        blocker = (common_blocker(cuda=self.ctx.cuda, scale_loss=self.scale_loss)
+                   or whole_step_blocker(self.trainer, self.model))
         self.fit_start.append(self._fuse_for_graph)
         if already not in CUDAGRAPH_MODES and blocker is None:
             self.graph = WholeStepGraph(self.trainer, self.model, lambda obj, attr, value: patch_attr(obj, attr, value, self.undo),
                                         on_fallback=self._graph_fallback)
-            self.tier = "whole step"
+            self.tier = TIERS[0]
             self.ctx.describe(self.speedup.name, self.graph.detail())
             self.fit_start.append(self._prepare_graph)
             return
         if blocker is not None:
             self.ctx.stats[f"{self.speedup.name}_whole_step"] = f"not captured whole: {blocker}"
-        self._compiled_graphs(blocker or "compile's CUDA graphs were asked for")
+        self._below_whole(blocker or "compile's CUDA graphs were asked for")
 
     def _fuse_for_graph(self) -> None:
         """The graph's optimizer step runs fused where it can (graphed all the same where not)."""
@@ -285,55 +288,37 @@ class LightningRun(Run):
         else:
             self.graph.prepare_optimizer(self.trainer.optimizers[0], self.undo)
 
-    def _compiled_graphs(self, why_not_whole: str) -> None:
-        """The second tier: forward and backward through compile's CUDA graphs
-        ("reduce-overhead", each step marked in on_train_batch_start), the optimizer fused and
-        eager. If the compile speedup compiled the children already, its mode is raised instead
-        (compile is lazy: before the first step nothing was compiled yet)."""
+    def _below_whole(self, why_not_whole: str) -> None:
+        """The tier cuda_graph's policy gives a step not captured whole: compile's CUDA graphs of
+        forward and backward (each step marked in on_train_batch_start), compiled without graphs,
+        or eager; the children compiled here (or the compile speedup's mode raised: compile is
+        lazy, nothing was compiled before the first step)."""
         assert self.speedup is not None
         name, module = self.speedup.name, self.model
         already = _COMPILE_MODE.get(module)
-        unsafe = graphs_unsafe(self.trainer, module) if already not in CUDAGRAPH_MODES else None
-        if unsafe:
-            self._compiled_only(why_not_whole, unsafe)
-            return
-        self.tier, self.tier_why = "forward+backward graphed", why_not_whole
-        if already in CUDAGRAPH_MODES:
+        children = compilable_children(module)
+        tier = tier_below_whole(why_not_whole, compiled_mode=already,
+                                graphs_unsafe=graphs_unsafe(self.trainer, module) if already not in CUDAGRAPH_MODES else None,
+                                can_compile=bool(children) or already is not None)
+        self.tier, self.tier_why = tier.name, why_not_whole
+        if tier.compile_mode is not None:
+            if already is None or tier.compile_mode in CUDAGRAPH_MODES:
+                for _, child in children:
+                    self._compile(child, tier.compile_mode)
+            if already is not None and tier.compile_mode != already:
+                self.ctx.stats[name] = f"compile's mode raised from {already} to {tier.compile_mode}"
+            _COMPILE_MODE[module] = tier.compile_mode
+            self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
+        elif already in CUDAGRAPH_MODES:
             self.ctx.stats[name] = f"captured by compile:{already}"
+        if tier.status == "fallback":
+            self.ctx.stats[f"{name}_tier"] = tier.name
+            self._fail("fallback", tier.detail)
         else:
-            children = compilable_children(module)
-            if not children:
-                self.tier = "eager"
-                self._fail("fallback", f"whole step: {why_not_whole}; {type(module).__name__} has no child module "
-                                       f"with parameters for compile's CUDA graphs: the steps run eagerly")
-                return
-            for _, child in children:
-                self._compile(child, "reduce-overhead")
-            if already is not None:
-                self.ctx.stats[name] = f"compile's mode raised from {already} to reduce-overhead"
-            _COMPILE_MODE[module] = "reduce-overhead"
-            self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
-        self.ctx.describe(name, f"{self.tier}; whole step: {why_not_whole}")
-
-    def _compiled_only(self, why_not_whole: str, why_no_graphs: str) -> None:
-        """The third tier: the children compiled without CUDA graphs (or as the compile speedup
-        compiled them); ``fallback``, with why neither graphed tier runs."""
-        assert self.speedup is not None
-        name, module = self.speedup.name, self.model
-        children = [] if _COMPILE_MODE.get(module) is not None else compilable_children(module)
-        for _, child in children:
-            self._compile(child, "default")
-        if children:
-            _COMPILE_MODE[module] = "default"
-            self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
-        compiled = bool(children) or _COMPILE_MODE.get(module) is not None
-        self.tier, self.tier_why = ("compiled, no graphs" if compiled else "eager"), why_not_whole
-        self.ctx.stats[f"{name}_tier"] = self.tier
-        self._fail("fallback", f"whole step: {why_not_whole}; compile's CUDA graphs: {why_no_graphs}; "
-                               + ("compiled without graphs" if compiled else "the steps run eagerly"))
+            self.ctx.describe(name, tier.detail)
 
     def _graph_fallback(self, reason: str) -> None:
         """The whole step cannot be replayed (found while the run is under way): drop one tier, to
         compile's CUDA graphs of forward and backward, in the same run."""
         self.graph = None
-        self._compiled_graphs(reason)
+        self._below_whole(reason)

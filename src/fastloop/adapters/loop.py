@@ -31,10 +31,12 @@ from fastloop.data import to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.adapters.step_source import host_draws
-from fastloop.adapters.graph_step import GraphedStep, GraphIneligible
+from fastloop.adapters.graph_step import GraphedStep
+from fastloop.errors import GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
 from fastloop.speedups.compile import apply_compile, compiled_by_user, compiled_nothing, graphs_so_far
+from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
@@ -62,6 +64,7 @@ class LoopRun(Run):
         """The loop's loss of a batch, ``step_fn(model, batch)`` (for :meth:`batch_loss`)."""
         self.autocast_dtype: torch.dtype | None = None
         self.scale_loss = False
+        self.compile_mode: str | None = None  # the mode compile_step compiled with
         self.batch_fns: list[Callable[[Any], Any]] = []
         self.on_device = False
         """The loader delivers batches on the device (prefetch): the step does not copy them."""
@@ -83,6 +86,7 @@ class LoopRun(Run):
         if compiled_by_user(model):
             raise Skip("the model is already compiled by your code (torch.compile returned it): left as it is")
         self.model = apply_compile(model, mode)
+        self.compile_mode = mode
 
     def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
         fn(self._need(self.optimizer, "optimizer"))
@@ -185,20 +189,26 @@ class FastLoop:
         self._graphs_before = graphs_so_far() if any(s.compiles for s in self.speedups) else None
         self.mark_steps = False
         """Forward and backward run through compile's CUDA graphs: each step is marked."""
-        if self.run.graph_owner and self.run.scale_loss:
-            self._compiled_graphs(self.run.graph_owner, "fp16's GradScaler checks for infs on the host every step")
+        blocker = common_blocker(cuda=self.device.type == "cuda", scale_loss=self.run.scale_loss)
+        if self.run.graph_owner and blocker:
+            self._below_whole(self.run.graph_owner, blocker)
 
-    def _compiled_graphs(self, owner: str, why_not_whole: str) -> None:
-        """cuda_graph's second tier, as under Lightning: forward and backward through compile's
-        CUDA graphs ("reduce-overhead", each step marked), the optimizer step eager."""
+    def _below_whole(self, owner: str, why_not_whole: str) -> None:
+        """The tier cuda_graph's policy gives a step not captured whole (as under Lightning):
+        forward and backward through compile's CUDA graphs ("reduce-overhead", each step marked),
+        the optimizer step eager; or the reason it runs eagerly."""
         self.run.graph_owner = None
-        if compiled_by_user(self.model):
-            self.ctx.record(owner, "fallback", f"whole step: {why_not_whole}; the model is compiled by your code")
-            return
-        self.model = apply_compile(self.model, "reduce-overhead")
-        self.mark_steps = True
-        self.ctx.stats[f"{owner}_tier"] = "forward+backward graphed"
-        self.ctx.describe(owner, f"forward+backward graphed (whole step: {why_not_whole})")
+        tier = tier_below_whole(why_not_whole, compiled_mode=self.run.compile_mode, graphs_unsafe=None,
+                                can_compile=any(True for _ in self.model.parameters()),
+                                user_compiled=compiled_by_user(self.model))
+        self.ctx.stats[f"{owner}_tier"] = tier.name
+        if tier.compile_mode is not None:  # compile is lazy: a mode set before the first step is the one used
+            self.model = apply_compile(self.model, tier.compile_mode)
+        self.mark_steps = tier.name == TIERS[1]
+        if tier.status == "fallback":
+            self.ctx.record(owner, "fallback", tier.detail)
+        else:
+            self.ctx.describe(owner, tier.detail)
 
     def _check_compiled(self) -> None:
         """A compile that compiled nothing is a ``fallback`` with torch's first graph-break reason,
@@ -261,7 +271,7 @@ class FastLoop:
                 self.ctx.stats[f"{owner}_tier"] = "whole step"
                 self.graphed = graphed
             except GraphIneligible as err:  # one tier down, in the same run, as under Lightning
-                self._compiled_graphs(owner, str(err))
+                self._below_whole(owner, str(err))
                 return self._eager_step(batch)
         loss = self.graphed(batch)
         self._step_scheduler(skipped=False)

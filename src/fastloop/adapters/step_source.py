@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import ast
 import inspect
-import random
 import textwrap
 from typing import Any
 
-import numpy as np
-import torch
-
 from fastloop._compat import LightningModule
 
-__all__ = ["COUNTERS", "host_draws", "host_rng_changed", "host_rng_snapshot", "step_reads_counters"]
+__all__ = ["COUNTERS", "host_draws", "step_reads_counters"]
 
 COUNTERS = ("global_step", "current_epoch")
 """Trainer counters a training step may read (a warm-up factor, an annealed weight)."""
@@ -192,33 +188,5 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     return _reads(node, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module)  # (self, batch, batch_idx)
 
 
-def host_rng_snapshot() -> tuple:
-    """The host's random states (torch's CPU generator, Python's ``random``, numpy's global
-    generator), to tell afterwards whether a step drew on the host, whatever code drew."""
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def host_rng_changed(before: tuple) -> str | None:
-    """Which host generator moved since ``before`` (:func:`host_rng_snapshot`), or None. A captured
-    step would replay the first draw: a library's crop offsets or a mixup weight would freeze.
-
-    Example:
-        >>> snap = host_rng_snapshot()
-        >>> print(host_rng_changed(snap))
-        None
-        >>> _ = torch.rand(())
-        >>> host_rng_changed(snap)
-        "torch's CPU generator"
-    """
-    torch_state, py_state, np_state = before
-    moved = []
-    if not torch.equal(torch_state, torch.get_rng_state()):
-        moved.append("torch's CPU generator")
-    if py_state != random.getstate():
-        moved.append("Python's random")
-    now = np.random.get_state()
-    if not (np.array_equal(np_state[1], now[1]) and np_state[2:] == now[2:]):
-        moved.append("numpy's global generator")
-    return ", ".join(moved) or None
 
 

@@ -224,6 +224,7 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "window_extended_steps": measure.window_extended,  # added because the planned count fell short of measure_s
         "window_short": _window_short(measure, sum(stats.step_s)),  # why it holds less than measure_s (None: it does)
         "warmup_steps": stats.warmup_steps,
+        "one_off_steps": stats.one_off,  # measured steps left out: one-off work (a late CUDA graph capture)
         "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
         "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
         "warmup_steady": measure.warmup_steady,

@@ -30,7 +30,17 @@ import torch
 
 from fastloop.measure.stats import summarize
 
-__all__ = ["StepStats", "StepTimer", "collect_garbage"]
+__all__ = ["StepStats", "StepTimer", "collect_garbage", "one_off_step"]
+
+_ONE_OFF: list[str] = []
+"""What the step under way did once (set by :func:`one_off_step`, read by the next ``step_end``)."""
+
+
+def one_off_step(why: str) -> None:
+    """The step under way does one-off work, ``why`` (a CUDA graph captured for a batch shape first
+    seen after warm-up): every :class:`StepTimer` leaves it out of its step statistics and counts
+    it (``StepStats.one_off``)."""
+    _ONE_OFF.append(why)
 
 
 def collect_garbage() -> float:
@@ -67,6 +77,9 @@ class StepStats:
     """Per-step host (wall-clock) time from the end of the previous step's issue to this one's."""
     host_copy_s: list[float] | None = None
     """Of ``host_wait_s``, the copy to the device's part (where it was timed apart)."""
+    one_off: list[dict] | None = None
+    """Steps after warm-up left out of the statistics for one-off work (:func:`one_off_step`):
+    each with its index, its seconds and why."""
 
     @property
     def steps(self) -> int:
@@ -128,6 +141,8 @@ class StepTimer:
         the caller timed them apart (:class:`~fastloop.measure.callback.FeedClock`); else None."""
         self._copy: list[float | None] = []
         """Per step, the copy to the device's part of ``_feed`` (None where not timed apart)."""
+        self._one_off: dict[int, str] = {}
+        """Step index -> the one-off work it did (left out of the statistics)."""
         self._resumed: dict[int, tuple[Any, float]] = {}
         """Step index -> (mark, host clock) where that step starts instead of at the previous
         step's end (see :meth:`resume`)."""
@@ -160,6 +175,9 @@ class StepTimer:
 
     def step_end(self) -> None:
         self._step_end.append(self._mark(2))
+        if _ONE_OFF:
+            self._one_off[len(self._step_end) - 1] = "; ".join(_ONE_OFF)
+            _ONE_OFF.clear()
 
     def resume(self) -> None:
         """The next step starts now: what ran since the last ``step_end`` (the full garbage
@@ -204,6 +222,7 @@ class StepTimer:
         if self.cuda and n:
             self._step_end[n - 1].synchronize()
         step_s, wait_s, host_step, host_wait = [], [], [], []
+        one_off: list[dict] = []
         fs, fe, se = self._host
         feed, host_copy = _timed_apart(self._feed[self.warmup:n]), _timed_apart(self._copy[self.warmup:n])
         for k, i in enumerate(range(self.warmup, n)):
@@ -211,6 +230,9 @@ class StepTimer:
             # to its own end; its first step starts at its own fetch.
             resumed = self._resumed.get(i)
             start = resumed[0] if resumed else self._step_end[i - 1] if i > 0 else self._fetch_start[i]
+            if i in self._one_off:  # timed and reported, not a step of the steady rate
+                one_off.append({"step": i, "s": round(self._elapsed(start, self._step_end[i]), 4), "why": self._one_off[i]})
+                continue
             step_s.append(self._elapsed(start, self._step_end[i]))
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
             if self.cuda:
@@ -220,5 +242,7 @@ class StepTimer:
                 wait_s[-1] = min(wait_s[-1], feed[k])
         if not self.cuda:  # the work is synchronous: the host's clock is the only one
             host_step, host_wait = step_s, wait_s
+        if one_off and host_copy is not None:  # the copies timed apart, of the steps kept
+            host_copy = [host_copy[k] for k, i in enumerate(range(self.warmup, n)) if i not in self._one_off]
         return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
-                         host_wait_s=host_wait, host_step_s=host_step, host_copy_s=host_copy)
+                         host_wait_s=host_wait, host_step_s=host_step, host_copy_s=host_copy, one_off=one_off or None)

@@ -3,23 +3,89 @@ step; forward and backward through compile's CUDA graphs; compiled without graph
 would train wrong; eager with the cause).
 
 The card, with when it helps, when it hurts, what each tier costs and which patterns of ordinary
-Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. The Lightning capture is in
-:mod:`fastloop.adapters.lightning_graph`, the tiers in :class:`fastloop.lightning.SpeedupCallback`, the
-plain loop's in :mod:`fastloop.adapters.graph_step`.
+Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. Written once, for both
+adapters: the tier policy here (:func:`common_blocker`: what keeps any step from being captured
+whole; :func:`tier_below_whole`: where a step that is not captured whole goes, and what the
+record says), the capture core in :mod:`fastloop.speedups.graph_capture` (one graph per batch
+shape, one memory pool). The adapters carry out the tier they are given: the plain loop's step
+in :mod:`fastloop.adapters.graph_step`, Lightning's patching in
+:mod:`fastloop.adapters.lightning_graph` (with the Lightning patterns its
+``whole_step_blocker`` finds: gradient accumulation, hooks inside the step, counters read).
+
+Example:
+    >>> common_blocker(cuda=True, scale_loss=True)
+    "fp16's GradScaler checks for infs on the host every step"
+    >>> tier_below_whole("a sync", compiled_mode=None, graphs_unsafe=None, can_compile=True).name
+    'forward+backward graphed'
+    >>> tier_below_whole("a sync", compiled_mode=None, graphs_unsafe="2 processes with manual optimization",
+    ...                  can_compile=True).status
+    'fallback'
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastloop.errors import GraphIneligible
 from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.compile import CUDAGRAPH_MODES
+from fastloop.speedups.graph_capture import MAX_GRAPHS
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CudaGraph", "MAX_GRAPHS"]
+__all__ = ["CudaGraph", "MAX_GRAPHS", "TIERS", "Tier", "common_blocker", "tier_below_whole"]
 
-MAX_GRAPHS = 8
-"""The most batch shapes captured (one whole-step graph each, all in one memory pool): the buckets
-of ``pad_buckets``; a shape past them runs eagerly. Both adapters' captures read it."""
+TIERS = ("whole step", "forward+backward graphed", "compiled, no graphs", "eager")
+"""cuda_graph's tiers, best first."""
+
+@dataclass(frozen=True)
+class Tier:
+    """The tier a step reaches below the whole step: its name (one of :data:`TIERS`), what to
+    compile the model's children with (None: nothing to compile), the record's status
+    (``applied`` or ``fallback``) and its detail."""
+
+    name: str
+    compile_mode: str | None
+    status: str
+    detail: str
+
+
+def common_blocker(*, cuda: bool, scale_loss: bool) -> str | None:
+    """What keeps the whole step out of one graph in either adapter, known before the first
+    step (each adapter adds what only it can see: Lightning's hooks and counters, a step
+    function's host draws), or None."""
+    if not cuda:
+        return "no CUDA"
+    if scale_loss:
+        return "fp16's GradScaler checks for infs on the host every step"
+    return None
+
+
+def tier_below_whole(why_not_whole: str, *, compiled_mode: str | None, graphs_unsafe: str | None,
+                     can_compile: bool, user_compiled: bool = False) -> Tier:
+    """Where a step that is not captured whole goes, the same in both adapters.
+
+    Args:
+        why_not_whole: why the whole step is not one graph.
+        compiled_mode: the mode the compile speedup compiled with already (None: not compiled).
+        graphs_unsafe: why compile's CUDA graphs would train wrong here (None: they would not).
+        can_compile: the model has something to compile (a child module with parameters).
+        user_compiled: the user's code compiled the model itself (fastloop leaves it alone).
+    """
+    whole = f"whole step: {why_not_whole}"
+    if compiled_mode in CUDAGRAPH_MODES:
+        return Tier(TIERS[1], None, "applied", f"{TIERS[1]}; {whole} (captured by compile:{compiled_mode})")
+    if user_compiled:
+        return Tier(TIERS[3], None, "fallback", f"{whole}; the model is compiled by your code")
+    if graphs_unsafe:
+        compiled = can_compile or compiled_mode is not None
+        return Tier(TIERS[2] if compiled else TIERS[3], "default" if can_compile and compiled_mode is None else None,
+                    "fallback", f"{whole}; compile's CUDA graphs: {graphs_unsafe}; "
+                    + ("compiled without graphs" if compiled else "the steps run eagerly"))
+    if not can_compile:
+        return Tier(TIERS[3], None, "fallback", f"{whole}; the model has no child module with parameters for compile's "
+                                                f"CUDA graphs: the steps run eagerly")
+    return Tier(TIERS[1], "reduce-overhead", "applied", f"{TIERS[1]}; {whole}")
 
 
 @register

@@ -1,0 +1,255 @@
+"""The capture core of ``cuda_graph``, one for both adapters: a whole training step captured as
+one CUDA graph per batch shape, every graph in one memory pool, replayed with each batch copied
+into the graph's static buffers.
+
+:class:`StepGraphs` holds what both adapters share: which batch shape replays, is captured or runs
+eagerly (a shape seen after the first capture is captured at its second step, up to
+:data:`~fastloop.speedups.cuda_graph.MAX_GRAPHS`: its first runs eagerly, which is where compile
+builds its code for the shape), the capture itself (PyTorch's "whole network capture": a checked
+eager step on a side stream first, then ``torch.cuda.graph`` in the shared pool), the checks that
+keep a step eager (a host sync, a host random draw) with the same words in both adapters, the
+capturable optimizer (:func:`make_capturable`, :func:`sync_lr`) and the record of what was
+captured. The adapters keep only what is theirs: the plain loop's step function
+(:mod:`fastloop.adapters.graph_step`), and Lightning's patching of ``batch_to_device``,
+``optimizer_step`` and ``log`` (:mod:`fastloop.adapters.lightning_graph`).
+
+Example:
+    >>> graphs = StepGraphs()
+    >>> key = graphs.key(torch.zeros(4, 16))
+    >>> graphs.route(key)  # no graph yet: the adapter captures its first shape when it chooses
+    'eager'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastloop.data import map_tensors
+from fastloop.errors import GraphIneligible
+from fastloop.measure.sync_site import user_site, warnings_with_stacks
+from fastloop.measure.timer import one_off_step
+
+__all__ = ["StepGraphs", "copy_into", "host_rng_changed", "host_rng_snapshot", "make_capturable", "shapes_of",
+           "state_tensors", "sync_lr"]
+
+MAX_GRAPHS = 8
+"""The most batch shapes captured (one whole-step graph each, all in one memory pool): the buckets
+of ``pad_buckets``; a shape past them runs eagerly."""
+
+
+def state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's state tensors (moments, step counters)."""
+    return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+
+
+def shapes_of(batch: Any) -> list:
+    """Every tensor's shape, dtype and device, in the batch's order: a graph's key."""
+    out: list = []
+    map_tensors(lambda t: (out.append((tuple(t.shape), t.dtype, t.device)), t)[1], batch)
+    return out
+
+
+def copy_into(static: Any, batch: Any) -> None:
+    """Copy ``batch``'s tensors into the graph's static buffers (same structure), without a sync."""
+    dst: list[torch.Tensor] = []
+    map_tensors(lambda t: (dst.append(t), t)[1], static)
+    src: list[torch.Tensor] = []
+    map_tensors(lambda t: (src.append(t), t)[1], batch)
+    for d, s in zip(dst, src):
+        d.copy_(s, non_blocking=True)
+
+
+def make_capturable(opt: torch.optim.Optimizer) -> list[tuple[dict, torch.Tensor]]:
+    """Prepare ``opt`` for capture in place: ``capturable=True`` where the optimizer has it, its
+    step counters on the parameters' device, and its lr a device tensor where the implementation
+    reads one (capturable or fused), so that a scheduler's new lr reaches the graph. Returns the
+    (param group, lr tensor) pairs for :func:`sync_lr`. Raises GraphIneligible for an optimizer
+    with no capturable implementation."""
+    if "capturable" not in opt.defaults and not isinstance(opt, torch.optim.SGD):
+        raise GraphIneligible(f"{type(opt).__name__} has no capturable implementation")
+    device = next(p.device for g in opt.param_groups for p in g["params"])
+    pairs = []
+    for g in opt.param_groups:
+        if "capturable" in g:
+            g["capturable"] = True
+        # a float lr would be baked into the graph; a tensor lr can follow a scheduler
+        if ("capturable" in g or g.get("fused")) and not torch.is_tensor(g["lr"]):
+            g["lr"] = torch.tensor(float(g["lr"]), device=device)
+        if torch.is_tensor(g["lr"]):
+            pairs.append((g, g["lr"]))
+    for p, st in opt.state.items():
+        if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+            st["step"] = st["step"].to(p.device)
+    return pairs
+
+
+def sync_lr(pairs: list[tuple[dict, torch.Tensor]]) -> None:
+    """Where a scheduler put a float lr back into a param group, copy it into the group's lr
+    tensor (no host sync) and put the tensor back."""
+    for g, t in pairs:
+        if g["lr"] is not t:
+            t.fill_(float(g["lr"]))
+            g["lr"] = t
+
+
+def host_rng_snapshot() -> tuple:
+    """The host's random states (torch's CPU generator, Python's ``random``, numpy's global
+    generator), to tell afterwards whether a step drew on the host, whatever code drew."""
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def host_rng_changed(before: tuple) -> str | None:
+    """Which host generator moved since ``before`` (:func:`host_rng_snapshot`), or None. A captured
+    step would replay the first draw: a library's crop offsets or a mixup weight would freeze.
+
+    Example:
+        >>> snap = host_rng_snapshot()
+        >>> print(host_rng_changed(snap))
+        None
+        >>> _ = torch.rand(())
+        >>> host_rng_changed(snap)
+        "torch's CPU generator"
+    """
+    torch_state, py_state, np_state = before
+    moved = []
+    if not torch.equal(torch_state, torch.get_rng_state()):
+        moved.append("torch's CPU generator")
+    if py_state != random.getstate():
+        moved.append("Python's random")
+    now = np.random.get_state()
+    if not (np.array_equal(np_state[1], now[1]) and np_state[2:] == now[2:]):
+        moved.append("numpy's global generator")
+    return ", ".join(moved) or None
+
+
+def _sync_reason(message: str, stack: list) -> str:
+    site = user_site(stack)
+    where = f" at {site}" if site else ""
+    return f"the step synchronizes with the host{where} (e.g. .item(), .cpu(), printing a tensor): {message}"
+
+
+class StepGraphs:
+    """The whole-step graphs of one training run, one per batch shape, in one memory pool.
+
+    Args:
+        max_graphs: the most shapes captured; a shape past them runs eagerly.
+    """
+
+    def __init__(self, max_graphs: int = MAX_GRAPHS) -> None:
+        self.max_graphs = max_graphs
+        self.entries: dict[tuple, Any] = {}
+        """Each captured batch shape: what the adapter keeps to replay it (graph, static batch, ...)."""
+        self.seen_once: set[tuple] = set()
+        self.no_graph: set[tuple] = set()  # shapes whose capture failed: eager, never retried
+        self.pool: Any = None
+        self.capture_s: float | None = None  # the first capture (in the warm-up)
+        self.late_captures: list[float] = []  # seconds of each capture after the first (a shape seen later)
+        self.late_failed: str | None = None  # why a shape seen after the first capture stays eager
+
+    @staticmethod
+    def key(batch: Any) -> tuple:
+        """The batch's shape key (every tensor's shape, dtype and device)."""
+        return tuple(shapes_of(batch))
+
+    def route(self, key: tuple) -> str:
+        """``"replay"`` a captured shape; ``"capture"`` a shape at its second step after the first
+        capture (while fewer than ``max_graphs`` are held); else ``"eager"`` (the first capture is
+        the adapter's to start: it knows when warm-up ends)."""
+        if key in self.entries:
+            return "replay"
+        if not self.entries or key in self.no_graph or len(self.entries) >= self.max_graphs:
+            return "eager"
+        if key in self.seen_once:
+            self.seen_once.discard(key)
+            return "capture"
+        self.seen_once.add(key)
+        return "eager"
+
+    @staticmethod
+    def checked(step: Callable[[], Any]) -> tuple[Any, str | None]:
+        """Run ``step`` once eagerly on a side stream (PyTorch's warm-up before a capture) and say
+        why a graph of it would train wrong: a host sync (with the user's line) or a host random
+        draw (a graph would replay the first draw). Other warnings are shown as usual."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        prev = torch.cuda.get_sync_debug_mode()
+        rng = host_rng_snapshot()
+        with warnings_with_stacks() as seen:
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with torch.cuda.stream(side):
+                    out = step()
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+        torch.cuda.current_stream().wait_stream(side)
+        for w, _ in seen:
+            if "synchroniz" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        drew = host_rng_changed(rng)
+        if drew:
+            return out, f"the step draws random numbers on the host ({drew}): a graph would replay the first draw"
+        syncs = [(w, stack) for w, stack in seen if "synchroniz" in str(w.message)]
+        if syncs:
+            return out, _sync_reason(str(syncs[0][0].message).splitlines()[0], syncs[0][1])
+        return out, None
+
+    def capture(self, step: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """Capture ``step()`` into a new graph in the shared pool; returns (graph, what step
+        returned). Raises GraphIneligible with the reason when the capture fails."""
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()  # one pool for the graphs of every shape
+        try:  # torch.cuda.graph synchronizes before it captures
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                out = step()
+        except RuntimeError as err:
+            torch.cuda.synchronize()
+            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+            if "synchroniz" in msg or "capturing" in msg or "not permitted" in msg:
+                raise GraphIneligible(_sync_reason(msg, traceback.extract_tb(err.__traceback__))) from None
+            raise GraphIneligible(f"capture failed: {msg}") from None
+        return graph, out
+
+    def add(self, key: tuple, entry: Any, seconds: float) -> None:
+        """Keep ``entry`` as the graph of shape ``key``, captured in ``seconds``. A capture after the
+        first falls in a measured step: the step timers leave that step out and count it."""
+        if self.entries:
+            self.late_captures.append(seconds)
+            one_off_step(f"a CUDA graph captured for a batch shape first seen after warm-up ({seconds:.2f} s)")
+        else:
+            self.capture_s = seconds
+        self.entries[key] = entry
+
+    def refuse(self, key: tuple, reason: str) -> None:
+        """Shape ``key`` stays eager (its capture failed after the first shape's), for ``reason``."""
+        self.seen_once.discard(key)
+        self.no_graph.add(key)
+        self.late_failed = reason
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[Callable[[], float]]:
+        """The seconds since entering, for :meth:`add`."""
+        t0 = time.perf_counter()
+        yield lambda: time.perf_counter() - t0
+
+    def summary(self) -> dict:
+        """The graphs per batch shape: how many, the late captures' seconds (after warm-up: in the
+        measured steps, whose statistics leave them out) and why a shape stayed eager."""
+        return {"graphs": len(self.entries), "late_captures": len(self.late_captures),
+                "late_capture_s": round(sum(self.late_captures), 3), "late_failed": self.late_failed}
+
+    def describe(self) -> str:
+        """The shapes' part of the record's detail."""
+        if not self.late_captures:
+            return ""
+        return (f"; {len(self.entries)} batch shapes captured (one graph each, one memory pool), "
+                f"{len(self.late_captures)} after the first in {sum(self.late_captures):.2f} s")
