@@ -130,3 +130,24 @@ def test_a_step_the_main_process_cannot_feed_is_described_without_a_share_above_
     detail = ctx._details["workers"]
     assert "cannot keep up with the step's 5,854 samples/s (loading would take 5.4x the step's time)" in detail
     assert "%" not in detail
+
+
+def test_with_the_demand_known_the_fewest_workers_that_cover_it_are_used(monkeypatch):
+    """Workers sized for the step they feed: the U-Net case (16 workers measured fastest alone, a
+    step that eats 4,000 samples/s): the fewest counts delivering 1.5x the demand, and the record
+    says how the count was chosen and what each count measured."""
+    rates = {"0": 900.0, "1": 1_700.0, "2": 3_300.0, "4": 6_400.0, "8": 11_000.0, "16": 14_300.0}
+    # 125 steps/s x 32 = 4,000 samples/s: 4 workers deliver 6,400 >= 1.5 x 4,000
+    monkeypatch.setattr(W, "choose_num_workers", lambda loader, most=None: (16, rates))
+    (s,) = resolve("workers")
+    ctx = Context(CPU, inputs=RunInputs(step_rate=125.0))
+    run = LoopRun(ctx, None, None, _loader(32))
+    apply_all([s], run)
+    assert ctx.records["workers"].status == "applied" and run.loader.num_workers == 4
+    assert "the fewest that deliver 1.5x the step's 4,000 samples/s" in ctx.stats["worker_sizing"]
+    assert "16: 14,300/s" in ctx.stats["worker_sizing"] and "sized for the step" in ctx._details["workers"]
+    # a hungrier step: nothing but the fastest covers it
+    ctx = Context(CPU, inputs=RunInputs(step_rate=400.0))
+    run = LoopRun(ctx, None, None, _loader(32))
+    apply_all([s], run)
+    assert run.loader.num_workers == 16 and "the fastest" in ctx.stats["worker_sizing"]

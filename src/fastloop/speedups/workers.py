@@ -37,7 +37,7 @@ from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, v
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
 
-__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "loader_rate",
+__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "size_for_demand", "loader_rate",
            "predicted_saving", "step_rate_hint"]
 
 
@@ -149,6 +149,25 @@ the prediction leaves out the worker processes' contention for the cores with th
 0.90x, 97% CI 0.79-1.04)."""
 
 
+WORKER_HEADROOM = 1.5
+"""With the step's demand known, the fewest workers whose steady rate alone is this many times the
+demand are used, not the fastest count: every worker past that takes a core the training process
+needs (its Python, the copy to the device, the kernels' launches) and adds nothing the step can
+eat (H200, round 20: a U-Net chose 16 workers at 14,328 samples/s alone, trained at 3.8-4.1k/s
+with 28-33% data wait; an expert's 8 trained as fast or faster)."""
+
+
+def size_for_demand(rates: dict[str, float], demand: float, fastest: int) -> int:
+    """The fewest measured worker counts (up to ``fastest``) whose rate is at least
+    ``WORKER_HEADROOM`` x ``demand`` samples/s; ``fastest`` when none is.
+
+    >>> size_for_demand({"0": 900.0, "2": 2_000.0, "4": 3_900.0, "8": 7_000.0, "16": 9_000.0}, 2_500.0, 16)
+    4
+    """
+    enough = [int(k) for k, v in rates.items() if v == v and int(k) <= fastest and v >= WORKER_HEADROOM * demand]
+    return min(enough) if enough else fastest
+
+
 def step_rate_hint(ctx: Context) -> float | None:
     """Steps per second the training step runs at when it never waits for data, if a driver
     measured it and declared it (:attr:`RunInputs.step_rate`: the ladder tells a feed
@@ -187,8 +206,9 @@ def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
     """The applied record's note on a measured count: the two rates and, when known, the predicted saving."""
     rates = ctx.stats.get("loader_rates") or {}
     main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
-    out = (f" (measured fastest: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
-           if main and fast else " (measured fastest")
+    how = "measured fastest" if ctx.stats.get("worker_fastest", n) == n else "sized for the step"
+    out = (f" ({how}: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
+           if main and fast else f" ({how}")
     if "predicted_saving" in ctx.stats:
         demand = ctx.stats["step_demand"]
         if main and demand > main:  # a share of the time above 100% says nothing: say how far behind it is
@@ -252,6 +272,16 @@ class Workers(Speedup):
             why = _demand_says_no(loader.batch_size, main, fast, n, ctx)
             if why:
                 raise Skip(f"measured loader rates (workers: samples/s) {shown}; {why}")
+            fastest = ctx.stats["worker_fastest"] = n
+            if "step_demand" in ctx.stats:  # sized for the step it feeds, not for the loader alone
+                n = max(loader.num_workers + 1, size_for_demand(rates, ctx.stats["step_demand"], fastest))
+            ctx.stats["worker_sizing"] = (
+                f"{n} of the counts measured ({shown}): " + (
+                    f"the fewest that deliver {WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s "
+                    f"(the fastest, {fastest}, would take cores the training process needs)"
+                    if n < fastest else "the fastest" + (
+                        f" ({WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s needs it)"
+                        if "step_demand" in ctx.stats else " (the step's demand was not measured yet)")))
         ctx.stats["num_workers"] = n
         measured = "" if self.opts.count is not None else _measured_detail(loader, n, ctx)
         ctx.describe(self.name, f"{n} worker processes{measured}")
