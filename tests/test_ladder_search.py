@@ -47,6 +47,16 @@ def test_feed_first_when_the_baseline_waits_for_data():
     assert [s["stage"] for s in doc["stages"]][:2] == ["baseline", "feed first (the baseline waits for data)"]
     assert doc["stages"][0]["bottleneck"] == "data-bound"
     assert set(doc["selected"]) == {"workers", "bf16", "fused_optimizer"}  # kept in the bundle: costs nothing
+    # the report says what the compute rungs were measured on: the feed fixed first
+    compute = next(s for s in doc["stages"] if s["stage"] == "compute stack" and "bundle" in s["action"])
+    assert "measured on the feed fixed first (workers; the step waits 5% for data)" in compute["action"]
+
+
+def test_compute_measured_on_a_feed_nothing_fixed_says_so():
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
+                     measure=_fake(lambda n: 1.0, lambda n: 0.55))
+    compute = next(s for s in doc["stages"] if s["stage"] == "compute stack" and "bundle" in s["action"])
+    assert "measured on the user's feed, which no feed rung improved: the step waits 55% for data" in compute["action"]
 
 
 def test_the_compute_bundle_finds_a_pair_that_helps_only_together_and_ablation_drops_the_rest():

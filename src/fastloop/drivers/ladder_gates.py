@@ -81,3 +81,16 @@ def ablation_order(members: list[str]) -> list[str]:
     ranked = [(REGISTRY[m.split(":")[0]].ablation_rank, i, m) for i, m in enumerate(members)
               if m.split(":")[0] in REGISTRY]
     return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]
+
+
+def compute_feed_note(best: Any, selected: list[str], feed_first_wait: float) -> str:
+    """What the compute rungs are measured on, for the report: the feed fixed first (a data-bound
+    baseline), or the user's feed, and how much of the best step waits for it."""
+    wait = (merge_runs(best).get("data_wait_frac") or 0.0) if best else 0.0
+    feeds = [n for n in (s.split(":")[0] for s in selected) if n in REGISTRY and REGISTRY[n].feeds]
+    if feeds:
+        return f"; measured on the feed fixed first ({','.join(feeds)}; the step waits {wait:.0%} for data)"
+    if wait >= feed_first_wait:
+        return (f"; measured on the user's feed, which no feed rung improved: the step waits {wait:.0%} for data, "
+                f"so a faster step may not show")
+    return ""

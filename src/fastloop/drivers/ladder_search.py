@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_gates import ablation_order, feed_cannot_help, model_says_no
+from fastloop.drivers.ladder_gates import ablation_order, compute_feed_note, feed_cannot_help, model_says_no
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -332,7 +332,8 @@ class StagedSearch:
         todo = [s for s in todo if not ruled_out[s.name]]
         if not todo:
             return
-        self.note(stage, "compute bundle: " + ",".join(s.spec for s in todo))
+        self.note(stage, "compute bundle: " + ",".join(s.spec for s in todo)
+                  + compute_feed_note(self.best(), L.selected, FEED_FIRST_WAIT))
         if len(todo) > 1:
             label = "+" + ",".join(s.spec for s in todo) + " (compute bundle)"
             if self.try_adding(todo, label, tell_rate=False):
