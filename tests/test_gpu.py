@@ -62,9 +62,11 @@ def test_cuda_graph_falls_back_on_item():
     loop = FastLoop(model, torch.optim.AdamW(model.parameters()), loader, step_fn=step, speedups="cuda_graph", device="cuda")
     res = loop.train(steps=5)
     rec = res.records[0]
-    assert rec.status == "fallback" and "synchroniz" in rec.reason, rec
+    # one tier down, as under Lightning (cuda_graph's policy): compile's graphs of forward and backward
+    assert rec.status == "applied" and rec.detail.startswith("forward+backward graphed (whole step: "), rec
+    assert "synchronizes with the host" in rec.detail and "prototype" not in rec.detail, rec
     base, _ = _losses("none", steps=5)
-    _close(base, res.losses, 1e-5)  # the failed capture left the weights as they were
+    _close(base, res.losses, 1e-4)  # the failed capture left the weights as they were (compiled fp32: 1e-4, as under Lightning)
 
 
 def test_cuda_graph_short_last_batch():

@@ -242,8 +242,10 @@ def test_the_plain_loops_whole_step_is_not_captured_over_a_host_draw():
         losses[spec] = result.losses
         if spec == "cuda_graph":
             rec = {r.name: r for r in result.records}["cuda_graph"]
-            assert rec.status == "fallback" and "np.random.beta()" in rec.reason, rec
-    assert losses["none"] == pytest.approx(losses["cuda_graph"], rel=1e-5)  # the same draws, eagerly
+            # one tier down, as under Lightning: the draw stays outside compile's graphs of the model
+            assert rec.status == "applied" and rec.detail.startswith("forward+backward graphed (whole step: "), rec
+            assert "np.random.beta()" in rec.detail, rec
+    assert losses["none"] == pytest.approx(losses["cuda_graph"], rel=1e-4)  # the same draws (compiled fp32: 1e-4)
 
 
 def test_a_draw_on_any_host_generator_is_seen_whatever_code_drew_it():

@@ -74,7 +74,7 @@ def tier_below_whole(why_not_whole: str, *, compiled_mode: str | None, graphs_un
     """
     whole = f"whole step: {why_not_whole}"
     if compiled_mode in CUDAGRAPH_MODES:
-        return Tier(TIERS[1], None, "applied", f"{TIERS[1]}; {whole} (captured by compile:{compiled_mode})")
+        return Tier(TIERS[1], None, "applied", f"{TIERS[1]} ({whole}; captured by compile:{compiled_mode})")
     if user_compiled:
         return Tier(TIERS[3], None, "fallback", f"{whole}; the model is compiled by your code")
     if graphs_unsafe:
@@ -85,7 +85,7 @@ def tier_below_whole(why_not_whole: str, *, compiled_mode: str | None, graphs_un
     if not can_compile:
         return Tier(TIERS[3], None, "fallback", f"{whole}; the model has no child module with parameters for compile's "
                                                 f"CUDA graphs: the steps run eagerly")
-    return Tier(TIERS[1], "reduce-overhead", "applied", f"{TIERS[1]}; {whole}")
+    return Tier(TIERS[1], "reduce-overhead", "applied", f"{TIERS[1]} ({whole})")
 
 
 @register

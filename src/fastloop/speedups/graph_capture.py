@@ -131,6 +131,12 @@ def host_rng_changed(before: tuple) -> str | None:
     return ", ".join(moved) or None
 
 
+def _is_sync(message: str) -> bool:
+    """A warning of CUDA's sync debug mode about a synchronizing call (not its one-time notice
+    that the mode "is a prototype feature and does not yet detect all synchronizing operations")."""
+    return "synchroniz" in message and "prototype" not in message
+
+
 def _sync_reason(message: str, stack: list) -> str:
     site = user_site(stack)
     where = f" at {site}" if site else ""
@@ -192,12 +198,12 @@ class StepGraphs:
                 torch.cuda.set_sync_debug_mode(prev)
         torch.cuda.current_stream().wait_stream(side)
         for w, _ in seen:
-            if "synchroniz" not in str(w.message):
+            if not _is_sync(str(w.message)):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         drew = host_rng_changed(rng)
         if drew:
             return out, f"the step draws random numbers on the host ({drew}): a graph would replay the first draw"
-        syncs = [(w, stack) for w, stack in seen if "synchroniz" in str(w.message)]
+        syncs = [(w, stack) for w, stack in seen if _is_sync(str(w.message))]
         if syncs:
             return out, _sync_reason(str(syncs[0][0].message).splitlines()[0], syncs[0][1])
         return out, None
