@@ -418,3 +418,21 @@ def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_f
     assert [t for t in doc["not_tried"] if t["why"] == "budget"] == [], doc["not_tried"]
     measured = {n for r in doc["rungs"] for n in (r.get("members") or [r.get("rung", "").lstrip("+").split(" ")[0]])}
     assert {"workers", "bf16", "fused_optimizer"} <= measured | set(doc["selected"]), doc["rungs"]
+
+
+def test_a_padding_to_a_few_shapes_is_not_measured_where_the_batches_keep_one_shape():
+    """H100, r22: an ImageFolder ResNet-50's ladder put pad_buckets in the compute bundle and said
+    "the batches change shape" though every batch had one shape (its own check was waived by itself)."""
+    one = {"steps": 40, "distinct": 1, "most_common_share": 1.0, "varying": "-"}
+    base = _fake(lambda n: 1.5 if "bf16" in n else 1.0, lambda n: 0.02)
+
+    def measure(target, spec, **kw):
+        doc = base(target, spec, **kw)
+        checks = {"pad_buckets": "the batches keep one shape apart from the batch dimension: nothing to pad"}
+        return {**doc, "batch_shapes": one, "data_checks": checks, "model_checks": checks}
+
+    doc = run_ladder("x", ["pad_buckets", "bf16", "fused_optimizer"], device="cpu", measure=measure)
+    pad = next(r for r in doc["rungs"] if r["rung"] == "+pad_buckets")
+    assert pad["rung_status"] == "skipped" and "nothing to pad" in pad["rung_reason"]
+    assert not any("change shape" in s["action"] for s in doc["stages"])
+    assert "pad_buckets" not in doc["selected"]

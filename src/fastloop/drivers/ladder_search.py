@@ -319,9 +319,12 @@ class StagedSearch:
         when the bundle is not faster."""
         L = self.L
         todo = [s for s in compute if s.name not in _names(L.selected)]
-        # a padding to a few shapes in the bundle (or kept): the baseline's shape checks do not hold
-        shaped = any(s.fixes_shapes for s in todo) or any(REGISTRY[n].fixes_shapes for n in _names(L.selected) if n in REGISTRY)
-        ruled_out = {s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo}
+        # a padding to a few shapes in the bundle (or kept), itself not ruled out by the baseline's
+        # batches (one shape: nothing to pad): the baseline's shape checks of the others do not hold
+        ruled_out = {s.name: model_says_no(L, s) for s in todo if s.fixes_shapes}
+        shaped = (any(s.fixes_shapes and not ruled_out[s.name] for s in todo)
+                  or any(REGISTRY[n].fixes_shapes for n in _names(L.selected) if n in REGISTRY))
+        ruled_out.update({s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo if not s.fixes_shapes})
         shaper = next((s for s in todo if s.fixes_shapes and not ruled_out[s.name]), None)
         if shaper is not None:
             self.note(stage, f"the batches change shape: padded to a few lengths ({shaper.spec}), so compile and "
