@@ -176,3 +176,26 @@ def test_the_padding_applies_before_the_feed_wraps_the_loader():
     applies before pin_memory and prefetch (and after workers, whose rebuilt loader it keeps)."""
     names = [s.name for s in resolve("prefetch,pin_memory,pad_buckets,workers")]
     assert names.index("pad_buckets") < names.index("pin_memory") < names.index("prefetch")
+
+
+def test_the_check_compares_the_models_outputs_on_the_real_positions_and_says_so():
+    """Where a forward takes the batch (its own keys of a dict batch), the outputs on the real
+    positions are compared, not only the loss; where none does, the record says the outputs were
+    not compared."""
+    from fastloop.drivers.runner import run_configuration
+
+    kw = dict(steps=2, warmup=1, device="cpu")
+    masked = {r["name"]: r for r in run_configuration("tests/targets.py:masked_text", "pad_buckets", **kw)["speedups"]}
+    assert "the model's outputs on the real positions (max difference" in masked["pad_buckets"]["detail"]
+    lm = {r["name"]: r for r in run_configuration("tests/targets.py:padded_lm", "pad_buckets", **kw)["speedups"]}
+    assert "its outputs were not compared" in lm["pad_buckets"]["detail"]
+
+
+def test_the_real_positions_are_cut_at_the_padded_side():
+    from fastloop.speedups.pad_check import _real_part
+
+    like = torch.zeros(2, 3, 4)
+    padded = torch.arange(2 * 5 * 4.0).reshape(2, 5, 4)
+    assert torch.equal(_real_part(padded, like, "tail"), padded[:, :3])
+    assert torch.equal(_real_part(padded, like, "head"), padded[:, 2:])
+    assert _real_part(torch.zeros(2, 5, 6), like, "tail") is None  # lengthened in two dims: not lined up

@@ -54,6 +54,7 @@ from torch.utils.data import DataLoader
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.pad_check import check_equivalence
 from fastloop.speedups.run import Run
 
 __all__ = ["PadBuckets", "PadOptions", "PadPlan", "PaddedCollate", "TensorPad", "find_padding", "tensor_names"]
@@ -266,31 +267,6 @@ def _sample(loader: DataLoader, n: int) -> list[Any]:
     if gen is not None:
         loader.generator.set_state(gen)
     return out
-
-
-def check_equivalence(run: Run, plan: PadPlan, batches: list[Any], rtol: float) -> str:
-    """Compare the step's loss on original and padded batches; the detail line, or :class:`Skip`."""
-    worst, compared = 0.0, 0
-    for b in batches:
-        padded = plan.pad(b)
-        if all(x.shape == y.shape for x, y in zip(_tensors(b), _tensors(padded))):
-            continue  # already a bucket's length: nothing to compare
-        try:
-            a, p = run.batch_loss(b), run.batch_loss(padded)
-        except Skip:
-            raise
-        except Exception as err:  # noqa: BLE001 - the padded batch broke the step: not applied
-            raise Skip(f"the step failed on a padded batch ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
-                       f"padding changes what it can take") from None
-        a, p = float(a), float(p)
-        rel = abs(a - p) / max(abs(a), 1e-12)
-        worst, compared = max(worst, rel), compared + 1
-        if not rel <= rtol:
-            raise Skip(f"the model's output depends on the padding (is the mask used?): its loss was {a:.6g} unpadded "
-                       f"and {p:.6g} padded (relative difference {rel:.2g} > {rtol:g})")
-    if not compared:
-        raise Skip("every sampled batch already had a bucket's length: the padding could not be checked")
-    return f"the step's loss in eval mode agreed on {compared} batch(es) padded and unpadded (max relative difference {worst:.1e})"
 
 
 @register

@@ -40,6 +40,18 @@ def eval_loss(model: torch.nn.Module, loss: Callable[[], Any], seed: int = 0) ->
     """``loss()`` as :meth:`Run.batch_loss` computes it: ``model`` in eval mode, no gradients,
     fp32 matmuls (TF32 off), the random state seeded with ``seed`` and put back after; a dict
     result gives its ``"loss"``."""
+    out = eval_call(model, loss, seed)
+    if isinstance(out, dict):
+        out = out.get("loss")
+    if not torch.is_tensor(out):
+        raise TypeError(f"the step returned {type(out).__name__}, not a loss tensor")
+    return out.detach().float()
+
+
+def eval_call(model: torch.nn.Module, fn: Callable[[], Any], seed: int = 0) -> Any:
+    """``fn()`` with ``model`` in eval mode, no gradients, fp32 matmuls (TF32 off, no autocast),
+    the random state seeded with ``seed`` and put back after (what :func:`eval_loss` and a
+    speedup's output comparison run under)."""
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     was_training = model.training
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
@@ -48,15 +60,11 @@ def eval_loss(model: torch.nn.Module, loss: Callable[[], Any], seed: int = 0) ->
         model.eval()
         with torch.random.fork_rng(devices=devices), torch.no_grad(), torch.autocast("cpu", enabled=False):
             torch.manual_seed(seed)
-            out = loss()
+            out = fn()
     finally:
         model.train(was_training)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
-    if isinstance(out, dict):
-        out = out.get("loss")
-    if not torch.is_tensor(out):
-        raise TypeError(f"the step returned {type(out).__name__}, not a loss tensor")
-    return out.detach().float()
+    return out
 
 
 class Run:
