@@ -83,3 +83,17 @@ def test_what_keeps_any_step_from_one_graph():
     assert common_blocker(cuda=False, scale_loss=False) == "no CUDA"
     assert "GradScaler" in common_blocker(cuda=True, scale_loss=True)
     assert common_blocker(cuda=True, scale_loss=False) is None
+
+
+def test_compile_that_compiled_nothing_is_one_rule_for_both_adapters(monkeypatch):
+    from fastloop.speedups import compile as C
+
+    monkeypatch.setattr(C, "compiled_graph_count", lambda: (3, 9))  # frames tried since, no new graph
+    monkeypatch.setattr(C, "first_graph_break", lambda: "a data-dependent branch")
+    before = (3, 5)
+    assert "compiled no graph" in C.compile_fell_back(before, compile_mode="default", graphed_by_compile=False)
+    assert "a data-dependent branch" in C.compile_fell_back(before, compile_mode=None, graphed_by_compile=True)
+    assert C.compile_fell_back(before, compile_mode=None, graphed_by_compile=False) is None  # nothing compiled by it
+    assert C.compile_fell_back(None, compile_mode="default", graphed_by_compile=False) is None  # not counted
+    monkeypatch.setattr(C, "compiled_graph_count", lambda: (4, 9))  # a graph was compiled
+    assert C.compile_fell_back(before, compile_mode="default", graphed_by_compile=False) is None

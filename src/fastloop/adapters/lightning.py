@@ -26,7 +26,8 @@ from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
-from fastloop.speedups.compile import compiled_nothing, graphs_so_far
+from fastloop.speedups.compile import compile_fell_back, graphs_so_far
+from fastloop.speedups.cuda_graph import TIERS
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
 
@@ -213,8 +214,8 @@ class SpeedupCallback(Callback):
         ctx, name, run = self.ctx, self.speedup.name, self.run
         if ctx is None or run is None or not ctx.applied(name):
             return
-        compiled = self.speedup.compile_mode() is not None or run.tier == "forward+backward graphed"
-        why = compiled_nothing(self._graphs_before) if compiled and self._graphs_before is not None else None
+        why = compile_fell_back(self._graphs_before, compile_mode=self.speedup.compile_mode(),
+                                graphed_by_compile=run.tier == TIERS[1])
         if why:
             run.tier = "eager" if run.tier else None
             self._fail("fallback", why)

@@ -35,7 +35,7 @@ from fastloop.adapters.graph_step import GraphedStep
 from fastloop.errors import GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
-from fastloop.speedups.compile import apply_compile, compiled_by_user, compiled_nothing, graphs_so_far
+from fastloop.speedups.compile import apply_compile, compile_fell_back, compiled_by_user, graphs_so_far
 from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
 from fastloop.speedups.run import Run, eval_loss
 
@@ -212,12 +212,12 @@ class FastLoop:
 
     def _check_compiled(self) -> None:
         """A compile that compiled nothing is a ``fallback`` with torch's first graph-break reason,
-        as under Lightning (one check: :func:`fastloop.speedups.compile.compiled_nothing`)."""
-        if self._graphs_before is None:
-            return
-        why = compiled_nothing(self._graphs_before)
+        as under Lightning (one check: :func:`fastloop.speedups.compile.compile_fell_back`)."""
         for s in self.speedups:
-            if why and s.compiles and self.ctx.applied(s.name) and (s.compile_mode() or self.mark_steps):
+            if not (s.compiles and self.ctx.applied(s.name)):
+                continue
+            why = compile_fell_back(self._graphs_before, compile_mode=s.compile_mode(), graphed_by_compile=self.mark_steps)
+            if why:
                 self.ctx.record(s.name, "fallback", why)
 
     @property

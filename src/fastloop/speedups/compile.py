@@ -105,6 +105,15 @@ def graphs_so_far() -> tuple[int, int]:
     return compiled_graph_count()
 
 
+def compile_fell_back(before: tuple[int, int] | None, *, compile_mode: str | None, graphed_by_compile: bool) -> str | None:
+    """The one rule of both adapters, after the run: a speedup that compiled (its own
+    ``compile_mode``, or cuda_graph's second tier through compile's graphs) when the process
+    compiled no graph since ``before`` is ``fallback`` with this reason; else None."""
+    if before is None or (compile_mode is None and not graphed_by_compile):
+        return None
+    return compiled_nothing(before)
+
+
 def compiled_nothing(before: tuple[int, int]) -> str | None:
     """Why a run that asked for compile ran eagerly (frames were tried since ``before`` and none
     gave a graph), or None. Both adapters record it the same way: ``fallback`` with this reason."""
