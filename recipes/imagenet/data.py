@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningDataModule
+from fastloop.dali_folder import DaliPipeline, DaliSettings, FolderPlan, default_hw_decoder_load
 from fastloop.errors import FastloopError
 
 __all__ = ["DaliLoader", "ImageData", "SyntheticLoader", "check_dali_options", "dali_available", "default_hw_decoder_load",
@@ -92,26 +93,12 @@ def dali_available() -> str | None:
     return None
 
 
-def default_hw_decoder_load(device_id: int | None) -> float:
-    """Share of JPEGs for the GPU's hardware decoder (NVJPG engines) rather than CUDA kernels.
-
-    DALI's default, 0.65, was tuned on the A100. Hopper has more NVJPG engines: on our H200
-    0.99 decoded 22.5k img/s alone vs 20.7k at 0.65, and DALI's own kernels took 1.4 instead of
-    2.1 ms of GPU time per ResNet-50 step (benchmarks/HISTORY.md, round 12). Other GPUs keep DALI's default.
-    """
-    if device_id is None or not torch.cuda.is_available():
-        return 0.65
-    return 0.99 if torch.cuda.get_device_capability(device_id)[0] == 9 else 0.65
-
-
-def _rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-class DaliLoader:
-    """A DALI pipeline as a Lightning-friendly iterable of ``(images, labels)`` torch tensors.
+class DaliLoader(DaliPipeline):
+    """The recipe's ImageNet pipeline as a Lightning-friendly iterable of ``[images, labels]``
+    tensors, built by fastloop's one DALI builder (:class:`fastloop.dali_folder.DaliPipeline`,
+    which the ``dali`` speedup also uses): training draws a random-resized crop (scale 0.08-1,
+    ratio 3/4-4/3) and a flip at p=0.5, validation resizes the shorter side to crop/0.875 and
+    center-crops; both normalise with ImageNet's mean and std.
 
     ``len()`` is the number of batches per epoch for this rank; the last partial batch is
     dropped in training (static shapes for compile and CUDA graphs) and kept in validation.
@@ -119,20 +106,8 @@ class DaliLoader:
     Args:
         device_id: the GPU to decode on ("mixed" nvJPEG decoding); None runs the same pipeline
             on the CPU.
-        num_threads: DALI's CPU threads (file reading, JPEG parsing); default min(8, cores).
-        channels_last: emit NHWC, handed out as NCHW tensors in channels_last memory format.
-        dtype: torch.float32 or torch.float16 images.
-        hw_decoder_load: share of JPEGs for the hardware decoder (NVJPG); default
-            :func:`default_hw_decoder_load` (0.99 on Hopper, DALI's 0.65 elsewhere).
-        prefetch_queue_depth: batches DALI prepares ahead.
-        gpu_labels: hand out labels on the GPU (otherwise on the CPU, copied by the training step).
-        affine: pin DALI's decoder threads to CPU cores.
-        antialias: DALI's antialiasing filter when the random crop is scaled down (DALI's
-            default, True). NVIDIA's ResNet-50 example turns it off (plain linear
-            interpolation), which is cheaper on the GPU.
-        exec_dynamic: DALI's executor: None or True for DALI 2's dynamic executor (batches
-            handed over through DLPack without a copy), False for the older executor (fixed
-            output buffers, copied into torch tensors on torch's stream).
+        the rest: :class:`fastloop.dali_folder.DaliSettings` (threads, channels_last, dtype,
+            hw_decoder_load, prefetch_queue_depth, gpu_labels, affine, antialias, exec_dynamic).
     """
 
     def __init__(self, files: list[str], labels: list[int], batch_size: int, *, train: bool = True, crop: int = 224,
@@ -143,71 +118,15 @@ class DaliLoader:
         reason = dali_available()
         if reason:
             raise FastloopError(reason)
-        from nvidia.dali import fn, pipeline_def, types
-
-        self.shard, self.num_shards = _rank_world()
-        self.batch_size, self.train, self.n = batch_size, train, len(files)
-        if dtype not in (torch.float32, torch.float16):
-            raise FastloopError(f"DALI images can be float32 or float16, got {dtype}")
-        if hw_decoder_load is None:
-            hw_decoder_load = default_hw_decoder_load(device_id)
-        if not 0.0 <= hw_decoder_load <= 1.0:
-            raise FastloopError(f"hw_decoder_load is a fraction in [0, 1], got {hw_decoder_load}")
-        gpu = device_id is not None
-        if gpu:
-            from fastloop.cuda_env import cuda_queues_note
-
-            note = cuda_queues_note()
-            if note:
-                warnings.warn(note, stacklevel=2)
-        layout = "HWC" if channels_last else "CHW"
-        out_type = types.FLOAT if dtype == torch.float32 else types.FLOAT16
-        # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a
-        # large image does not trigger a reallocation mid-epoch, and size the hardware decoder's.
-        dec = dict(device="mixed", hw_decoder_load=hw_decoder_load, affine=affine,
-                   device_memory_padding=211025920, host_memory_padding=140544512,
-                   preallocate_width_hint=5980, preallocate_height_hint=6430) if gpu else dict(device="cpu")
-
-        @pipeline_def
-        def pipe():
-            jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=train, shard_id=self.shard,
-                                         num_shards=self.num_shards, pad_last_batch=not train, name="Reader", seed=seed)
-            if train:
-                images = fn.decoders.image_random_crop(jpegs, output_type=types.RGB, random_aspect_ratio=[0.75, 4 / 3],
-                                                       random_area=[0.08, 1.0], num_attempts=100, **dec)
-                images = fn.resize(images, resize_x=crop, resize_y=crop, antialias=antialias)
-                mirror = fn.random.coin_flip(probability=0.5)
-            else:
-                images = fn.decoders.image(jpegs, output_type=types.RGB, **dec)
-                images = fn.resize(images, resize_shorter=int(crop / 0.875), antialias=antialias)
-                mirror = 0
-            images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=(crop, crop),
-                                              mean=[255 * m for m in MEAN], std=[255 * s for s in STD], mirror=mirror)
-            # labels on the GPU too, so no step copies from pageable host memory (on our H200
-            # this made no measurable difference to throughput; see benchmarks/HISTORY.md)
-            return images, (lab.gpu() if gpu and gpu_labels else lab)
-
-        self.pipe = pipe(batch_size=batch_size, num_threads=num_threads or min(8, os.cpu_count() or 1),
-                         device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth,
-                         exec_dynamic=exec_dynamic)
-        self.pipe.build()
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-        self.it = DALIGenericIterator([self.pipe], ["images", "labels"], reader_name="Reader", auto_reset=True,
-                                      last_batch_policy=LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL)
-        self.channels_last = channels_last
-
-    def __len__(self) -> int:
-        per_shard = -(-self.n // self.num_shards)
-        return per_shard // self.batch_size if self.train else -(-per_shard // self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for out in self.it:
-            d = out[0]
-            images = d["images"]
-            if self.channels_last:  # HWC from DALI, viewed as NCHW in channels_last memory format
-                images = images.permute(0, 3, 1, 2)
-            yield images, d["labels"].squeeze(-1).long()
+        settings = DaliSettings(num_threads=num_threads, channels_last=channels_last, dtype=dtype,
+                                hw_decoder_load=hw_decoder_load, prefetch_queue_depth=prefetch_queue_depth,
+                                gpu_labels=gpu_labels, affine=affine, antialias=antialias, exec_dynamic=exec_dynamic)
+        common = dict(crop=(crop, crop), scale=1 / 255, mean=tuple(MEAN), std=tuple(STD), to_float=True)
+        plan = (FolderPlan(random_crop=((0.08, 1.0), (3 / 4, 4 / 3)), flip=0.5, **common) if train
+                else FolderPlan(resize_shorter=int(crop / 0.875), **common))
+        self.train = train
+        super().__init__(files, labels, plan, batch_size, device_id=device_id, shuffle=train, drop_last=train,
+                         seed=seed, settings=settings)
 
 
 def check_dali_options(options: dict) -> dict:
@@ -293,9 +212,7 @@ class ImageData(LightningDataModule):
         loader = DataLoader(ds, batch_size=self.batch_size, shuffle=train, drop_last=train,
                             num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
                             generator=torch.Generator().manual_seed(self.seed))
-        if train:
-            loader.fastloop_dali = lambda: self.dali_loader(train=True)  # what the `dali` speedup switches to
-        return loader
+        return loader  # an ImageFolder with the standard transforms: the `dali` speedup translates it
 
     def train_dataloader(self):
         if self.loader == "dali":

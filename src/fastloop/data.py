@@ -349,11 +349,7 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     if kw.get("pin_memory_device") in ("", None):
         kw.pop("pin_memory_device", None)
     cls = kw.pop("loader_cls", DataLoader)
-    new = cls(loader.dataset, **kw)
-    for attr in ("fastloop_dali",):  # recipe hooks travel with the loader (see speedups/dali.py)
-        if hasattr(loader, attr):
-            setattr(new, attr, getattr(loader, attr))
-    return new
+    return cls(loader.dataset, **kw)
 
 
 class CUDAPrefetcher:

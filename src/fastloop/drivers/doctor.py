@@ -124,14 +124,15 @@ def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None) -
         if note:
             return f"first, CUDA's hardware queues: {note}."
     if "dali" in applied:
-        return ("DALI itself is the limit: give it more CPU threads (FASTLOOP_IMAGENET_DALI=num_threads=N), "
-                "a larger hardware-decoder share (hw_decoder_load), or a deeper prefetch queue; or lighter augmentation.")
+        return ("DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
+                "disk, lighter augmentation, or a larger batch (fewer steps per image).")
+    gpu_paths = ("for JPEG data in an ImageFolder, decode and augment on the GPU (dali); for in-memory images with a "
+                 "torchvision crop/flip/normalize pipeline, augment each batch on the GPU (gpu_augment)")
     todo = [n for n in ("workers", "pin_memory", "prefetch") if n not in applied]
     if todo:
-        return (f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); "
-                "for JPEG data, decode on the GPU (dali).")
-    return ("the CPU pipeline is at its limit with workers, pinned memory and prefetch: decode on the GPU "
-            "(dali, for JPEG data), cache decoded data, or make per-sample work cheaper.")
+        return f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {gpu_paths}."
+    return (f"the CPU pipeline is at its limit with workers, pinned memory and prefetch: {gpu_paths}; cache decoded "
+            "data, or make per-sample work cheaper.")
 
 
 def _feed_rates(cfg: dict, wait: float) -> str:

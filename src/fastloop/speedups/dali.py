@@ -1,12 +1,13 @@
-"""``dali``: decode and augment JPEGs on the GPU with NVIDIA DALI (a recipe-level pipeline).
+"""``dali``: decode and augment JPEGs on the GPU with NVIDIA DALI.
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/dali.md``.
 Changes the data pipeline. Applies to a user's own ``ImageFolder``/``DatasetFolder`` of JPEG or
 PNG files whose transform is a recognised torchvision pipeline (:mod:`fastloop.dali_folder`:
 the same files, labels, batch size, ``drop_last`` and epoch length, mixed decode on the GPU, each
-op with the user's parameters), and to loaders that offer a DALI equivalent (the imagenet
-recipe's loaders carry a ``fastloop_dali`` factory); others are skipped with the reason naming
-what is not translated. Without a GPU the same DALI pipeline runs on the CPU.
+op with the user's parameters, each rank its shard under DDP); the ImageNet recipe's torchvision
+loader is such a loader, and its own ``loader="dali"`` is built by the same pipeline builder
+(:class:`fastloop.dali_folder.DaliPipeline`). Others are skipped with the reason naming what is
+not translated. Without a GPU the same DALI pipeline runs on the CPU.
 
 Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
 ``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues,
@@ -64,8 +65,6 @@ class Dali(Speedup):
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
     def why_not_data(self, loader: Any) -> str | None:
-        if getattr(loader, "fastloop_dali", None) is not None:
-            return None
         try:
             check_folder(loader)
         except NotTranslated as why:
@@ -73,22 +72,20 @@ class Dali(Speedup):
         return None
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
-        make = getattr(loader, "fastloop_dali", None)
         detail = ""
         if ctx.cuda:
             note = cuda_queues_note()
             detail = f"warning: {note}" if note else f"{CUDA_QUEUES_VAR}={os.environ[CUDA_QUEUES_VAR]}"
-        if make is None:
-            device_id = (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
-            try:
-                out = DaliFolderLoader(loader, device_id=device_id, seed=int(torch.initial_seed() % 2**31))  # type: ignore[arg-type]
-            except NotTranslated as why:
-                raise Skip(f"not served by DALI: {why}") from None
-            p = out.plan
-            ctx.record(self.name, "applied", "", f"DALI reads the folder's {out.n:,} files and decodes them "
-                       f"{'on the GPU (mixed)' if ctx.cuda else 'on the CPU'}: "
-                       + ("random-resized crop" if p.random_crop else f"resize {p.resize_shorter}, center crop")
-                       + f" to {p.crop[0]}x{p.crop[1]}, flip p={p.flip:g}, normalize" + (f"; {detail}" if detail else ""))
-            return out
-        ctx.record(self.name, "applied", "DALI pipeline replaces the training loader (and what was applied to it)", detail)
-        return make()
+        device_id = (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
+        try:
+            out = DaliFolderLoader(loader, device_id=device_id, seed=int(torch.initial_seed() % 2**31))  # type: ignore[arg-type]
+        except NotTranslated as why:
+            raise Skip(f"not served by DALI: {why}") from None
+        p = out.plan
+        ctx.record(self.name, "applied", "", f"DALI reads the folder's {out.n:,} files and decodes them "
+                   f"{'on the GPU (mixed)' if ctx.cuda else 'on the CPU'}: "
+                   + ("random-resized crop" if p.random_crop else f"resize {p.resize_shorter}, center crop")
+                   + f" to {p.crop[0]}x{p.crop[1]}, flip p={p.flip:g}, normalize"
+                   + (f"; rank {out.shard} of {out.num_shards} reads its shard" if out.num_shards > 1 else "")
+                   + (f"; {detail}" if detail else ""))
+        return out
