@@ -88,3 +88,28 @@ def test_values_match_torchvision_within_the_stated_tolerance(folder):
         assert torch.equal(y, yw)  # the same files in the same order without shuffling
         diffs.append((x - xw).abs().mean().item())
     assert max(diffs) < TOLERANCE, diffs
+
+
+def test_each_rank_reads_its_own_shard(folder, monkeypatch):
+    """Under DDP each rank reads its shard of the files (DALI's reader), and ``len`` is per rank."""
+    import fastloop.dali_folder as F
+
+    t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
+    loader = _loader(folder, t, batch_size=2, drop_last=False)  # 21 files
+    seen = []
+    for rank, files in ((0, 10), (1, 11)):  # DALI's split: shard i holds files [21*i//2, 21*(i+1)//2)
+        monkeypatch.setattr(F, "rank_world", lambda r=rank: (r, 2))
+        dali = DaliFolderLoader(loader, device_id=None)
+        batches = list(dali)
+        labels = [int(v) for _, y in batches for v in y]
+        assert (dali.shard, dali.num_shards) == (rank, 2) and len(labels) == files
+        assert len(dali) == -(-files // 2) == len(batches)
+        seen += labels
+    assert sorted(seen) == sorted(c for _, c in loader.dataset.samples)  # every file once, over the two ranks
+
+
+def test_the_recipes_loader_and_the_speedup_share_one_pipeline_builder():
+    from fastloop.dali_folder import DaliPipeline
+    from fastloop.recipes.imagenet.data import DaliLoader
+
+    assert issubclass(DaliLoader, DaliPipeline) and issubclass(DaliFolderLoader, DaliPipeline)

@@ -256,13 +256,16 @@ class DaliPipeline:
                                       last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL)
 
     def __len__(self) -> int:
-        per_shard = -(-self.n // self.num_shards)
+        # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k)
+        per_shard = self.n * (self.shard + 1) // self.num_shards - self.n * self.shard // self.num_shards
         return per_shard // self.batch_size if self.drop_last else -(-per_shard // self.batch_size)
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         for out in self.it:
             d = out[0]
             images = d["images"]
+            if images.shape[0] == 0:  # a shorter shard's end: DALI pads shards alike, PARTIAL trims the padding
+                continue
             if self.channels_last:  # HWC from DALI, viewed as NCHW in channels_last memory format
                 images = images.permute(0, 3, 1, 2)
             yield [images, d["labels"].reshape(-1).long()]
