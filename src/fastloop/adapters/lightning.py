@@ -28,6 +28,7 @@ from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
 from fastloop.speedups.compile import compile_fell_back, graphs_so_far
 from fastloop.speedups.cuda_graph import TIERS
+from fastloop.speedups.precision import held_on_skipped_steps
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
 
@@ -153,17 +154,10 @@ class SpeedupCallback(Callback):
         """fp16: Lightning steps LR schedulers after every batch; an optimizer step the scaler
         skipped (inf/NaN gradients) must not advance the schedule. Costs one host read of the
         scale per scheduler step (only with fp16 and a scheduler)."""
+        assert self.ctx is not None
         for config in trainer.lr_scheduler_configs:
             sched = config.scheduler
-            original = sched.step
-
-            def step(*args: Any, _original=original, **kwargs: Any) -> Any:
-                if self._last_step_skipped(trainer):
-                    assert self.ctx is not None
-                    self.ctx.stats["fp16_scheduler_steps_held"] = self.ctx.stats.get("fp16_scheduler_steps_held", 0) + 1
-                    return None
-                return _original(*args, **kwargs)
-
+            step = held_on_skipped_steps(sched.step, lambda: self._last_step_skipped(trainer), self.ctx)
             patch_attr(sched, "step", step, self._undo())
 
     def _last_step_skipped(self, trainer: Trainer) -> bool:

@@ -37,6 +37,7 @@ from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
 from fastloop.speedups.compile import apply_compile, compile_fell_back, compiled_by_user, graphs_so_far
 from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
+from fastloop.speedups.precision import held_on_skipped_steps
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["FastLoop", "LoopResult", "LoopRun", "resolve_device"]
@@ -184,6 +185,11 @@ class FastLoop:
         self.model, self.optimizer, self.loader = self.run.model, self.run.optimizer, self.run.loader
         self.scaler = torch.amp.GradScaler("cuda") if self.run.scale_loss else None
         self.skipped_steps = 0
+        self._last_skipped = False
+        self._scheduler_step = (held_on_skipped_steps(scheduler.step, lambda: self._last_skipped, self.ctx)
+                                if scheduler is not None and self.scaler is not None else
+                                scheduler.step if scheduler is not None else None)
+        """fp16's rule (the speedup's, as under Lightning): a step the scaler skipped holds the schedule."""
         self._skipped_dev: torch.Tensor | None = None
         self.graphed: GraphedStep | None = None
         self._graphs_before = graphs_so_far() if any(s.compiles for s in self.speedups) else None
@@ -238,23 +244,23 @@ class FastLoop:
         if self.scaler is None:
             loss.backward()
             self.optimizer.step()
-            self._step_scheduler(skipped=False)
+            self._step_scheduler()
             return loss.detach()
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         found = found_inf(self.scaler, self.optimizer)
         self.scaler.update()
         if self.scheduler is not None:  # needs to know now: one host read per step
-            skipped = bool(found.item())
-            self.skipped_steps += int(skipped)
-            self._step_scheduler(skipped)
+            self._last_skipped = bool(found.item())
+            self.skipped_steps += int(self._last_skipped)
+            self._step_scheduler()
         else:  # count on the device, read once at the end
             self._skipped_dev = found if self._skipped_dev is None else self._skipped_dev + found
         return loss.detach()
 
-    def _step_scheduler(self, skipped: bool) -> None:
-        if self.scheduler is not None and not skipped:
-            self.scheduler.step()
+    def _step_scheduler(self) -> None:
+        if self.scheduler is not None:
+            self._scheduler_step()
             if self.graphed is not None:
                 self.graphed.sync_lr()
 
@@ -274,7 +280,7 @@ class FastLoop:
                 self._below_whole(owner, str(err))
                 return self._eager_step(batch)
         loss = self.graphed(batch)
-        self._step_scheduler(skipped=False)
+        self._step_scheduler()
         return loss
 
     def batches(self) -> Iterator[Any]:

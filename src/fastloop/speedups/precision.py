@@ -7,12 +7,41 @@ Both change the train step; they cannot be combined.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
 from fastloop.speedups.run import Run
 
-__all__ = ["BF16", "FP16"]
+__all__ = ["BF16", "FP16", "held_on_skipped_steps"]
+
+HELD_STAT = "fp16_scheduler_steps_held"
+"""The run's ``extra`` key counting scheduler steps held (both adapters)."""
+
+
+def held_on_skipped_steps(step: Callable[..., Any], skipped: Callable[[], bool], ctx: Context) -> Callable[..., Any]:
+    """fp16's rule for LR schedulers, the same in both adapters: a scheduler step that follows an
+    optimizer step the GradScaler skipped (inf/NaN gradients) does not advance the schedule; the
+    held steps are counted in ``ctx.stats[HELD_STAT]``. ``skipped()`` tells about the last
+    optimizer step (one host read of the scale or the inf flag per scheduler step).
+
+    Example:
+        >>> calls = []
+        >>> ctx = Context(torch.device("cpu"))
+        >>> step = held_on_skipped_steps(lambda: calls.append(1), lambda: True, ctx)
+        >>> step(); calls, ctx.stats[HELD_STAT]
+        ([], 1)
+    """
+
+    def step_unless_skipped(*args: Any, **kwargs: Any) -> Any:
+        if skipped():
+            ctx.stats[HELD_STAT] = ctx.stats.get(HELD_STAT, 0) + 1
+            return None
+        return step(*args, **kwargs)
+
+    return step_unless_skipped
 
 
 @register
