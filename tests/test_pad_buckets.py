@@ -199,3 +199,14 @@ def test_the_real_positions_are_cut_at_the_padded_side():
     assert torch.equal(_real_part(padded, like, "tail"), padded[:, :3])
     assert torch.equal(_real_part(padded, like, "head"), padded[:, 2:])
     assert _real_part(torch.zeros(2, 5, 6), like, "tail") is None  # lengthened in two dims: not lined up
+
+
+def test_more_bucket_lengths_than_torchs_recompile_limit_are_said_in_the_record():
+    from fastloop.drivers.runner import run_configuration
+
+    kw = dict(steps=2, warmup=1, device="cpu")
+    few = run_configuration("tests/targets.py:masked_text", "pad_buckets", **kw)
+    many = run_configuration("tests/targets.py:masked_text", "pad_buckets:2", **kw)  # lengths 33-40: 20 buckets
+    assert "recompile limit" not in few["speedups"][0]["detail"]
+    assert len(many["extra"]["pad_buckets"]["buckets"]) > many["extra"]["pad_buckets"]["recompile_limit"]
+    assert "more than torch's recompile limit of" in many["speedups"][0]["detail"]

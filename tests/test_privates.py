@@ -142,3 +142,11 @@ def test_a_failed_rank_makes_rank_zero_leave_with_a_status_not_sigkill():
     finally:
         restore()
     assert cls._terminate_all is original
+
+
+def test_dynamos_recompile_limit_is_read():
+    import torch._dynamo.config as config
+
+    limit, dynamic = tp.recompile_limit()
+    assert limit == getattr(config, "recompile_limit", getattr(config, "cache_size_limit", None)) and limit >= 1
+    assert dynamic is config.automatic_dynamic_shapes

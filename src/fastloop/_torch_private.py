@@ -49,6 +49,16 @@ def compiled_graph_count() -> tuple[int, int]:
     return int(c["stats"].get("unique_graphs", 0)), int(c["frames"].get("total", 0))
 
 
+def recompile_limit() -> tuple[int, bool]:
+    """(Dynamo's recompile limit per frame, whether it marks a dimension dynamic once it sees it
+    change): ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before torch 2.6) and
+    ``automatic_dynamic_shapes``."""
+    import torch._dynamo.config as config
+
+    limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8)
+    return int(limit), bool(getattr(config, "automatic_dynamic_shapes", True))
+
+
 def first_graph_break() -> str | None:
     """The first line of the first graph-break reason Dynamo counted in this process, if any."""
     breaks = dynamo_counters().get("graph_break") or {}

@@ -54,6 +54,7 @@ from torch.utils.data import DataLoader
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop._torch_private import recompile_limit
 from fastloop.speedups.pad_check import check_equivalence
 from fastloop.speedups.run import Run
 
@@ -303,12 +304,19 @@ class PadBuckets(Speedup):
         checked = check_equivalence(run, plan, [to_device(b, device) for b in batches[:o.check_batches]], o.rtol)
         pads = ", ".join(f"{p.name} with {p.value!r}" for p in plan.pads)
         side = plan.pads[0].side
+        limit, dynamic = recompile_limit()
+        shapes = len(plan.buckets())
+        compile_note = "" if shapes <= limit else (
+            f"; {shapes} bucket lengths, more than torch's recompile limit of {limit}: "
+            + ("compile marks the length dynamic after its second shape" if dynamic else
+               "compile falls back to eager past the limit: choose a larger multiple (pad_buckets:N)"))
         ctx.stats["pad_buckets"] = {"buckets": plan.buckets(), "multiple": plan.multiple, "cap": plan.cap,
+                                    "recompile_limit": limit,
                                     "lengths_seen": plan.lengths_seen, "side": side,
                                     "padded": {p.name: p.value for p in plan.pads}, "left_alone": plan.left_alone,
                                     "pad_us_per_batch": round(pad_us, 1), "equivalence": checked}
         ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.cap} "
                      f"(lengths seen {plan.lengths_seen[0]}-{plan.lengths_seen[-1]}); {checked}; "
-                     f"{pad_us:.0f} us of host time per batch in the collate"
+                     f"{pad_us:.0f} us of host time per batch in the collate{compile_note}"
                      + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
         return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan))
