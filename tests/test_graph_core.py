@@ -61,6 +61,10 @@ def test_one_off_work_marks_only_the_step_under_way():
             one_off_step("something once")
         t.step_end()
     assert [o["step"] for o in t.result().one_off] == [1] and t.result().steps == 2
+    one_off_step("outside any timed run")  # a mark left before a new timer belongs to none of its steps
+    t = StepTimer("cpu")
+    t.fetch_start(); t.fetch_end(); t.step_end()
+    assert t.result().one_off is None and t.result().steps == 1
 
 
 @pytest.mark.parametrize("mode,unsafe,children,user,want_tier,want_mode,status", [

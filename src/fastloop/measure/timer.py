@@ -143,6 +143,7 @@ class StepTimer:
         """Per step, the copy to the device's part of ``_feed`` (None where not timed apart)."""
         self._one_off: dict[int, str] = {}
         """Step index -> the one-off work it did (left out of the statistics)."""
+        _ONE_OFF.clear()  # marks from before this timer (work outside any timed run) belong to no step of it
         self._resumed: dict[int, tuple[Any, float]] = {}
         """Step index -> (mark, host clock) where that step starts instead of at the previous
         step's end (see :meth:`resume`)."""
