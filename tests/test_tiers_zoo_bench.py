@@ -81,3 +81,40 @@ def test_zoo_compares_round_by_round_with_the_order_reversed_and_stops_evenly(tm
     saved = json.loads((tmp_path / "zoo_unet.json").read_text())
     assert saved["rounds"] == 2 and saved["selected"] == "bf16,compile"
     assert saved["pick_vs_plain"]["ratio"] == pytest.approx(2.0, rel=0.02)
+
+
+def test_zoo_measures_an_earlier_pick_beside_and_reports_each_sides_data_wait(tmp_path, monkeypatch):
+    """``--before MODULE=SPEC``: a fourth side, interleaved like the others, compared with the pick;
+    each side's data wait in the row (the feed must-shows: data wait before and now)."""
+    bench = _load("zoo_bench")
+    calls: list[tuple[str, str]] = []
+
+    def fake_measure(target, spec, runs):
+        calls.append((Path(target.split(":")[0]).stem, spec))
+        doc = _doc({"none": 0.01, "workers": 0.008, "gpu_augment,bf16": 0.004}.get(spec, 0.01))
+        doc["data_wait_frac"] = 0.3 if spec in ("none", "workers") else 0.02
+        runs.docs.append(doc)
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setitem(bench.BEFORE, "vit_v2aug", "workers")
+    ladders = {"vit_v2aug": {"module": "vit_v2aug", "ladder_wall_s": 200.0, "ladder_runs": 20,
+                             "selected": "gpu_augment,bf16"}}
+    (row,) = bench.compare_phase(ladders, tmp_path, rounds=2, max_s=1e9)
+    assert [s for _, s in calls[:4]] == ["none", "none", "gpu_augment,bf16", "workers"]  # plain, expert, pick, before
+    assert [s for _, s in calls[4:]] == ["workers", "gpu_augment,bf16", "none", "none"]  # reversed
+    assert row["before"] == "workers" and row["pick_vs_before"]["ratio"] == pytest.approx(2.0, rel=0.02)
+    assert row["data_wait"]["before"] == pytest.approx(0.3) and row["data_wait"]["pick"] == pytest.approx(0.02)
+
+
+def test_a_zoo_modules_data_is_prepared_before_anything_is_timed(monkeypatch, tmp_path):
+    """resnet50_folder generates its JPEG folder once (``prepare``), with a lock, before the ladder."""
+    bench = _load("zoo_bench")
+    monkeypatch.setenv("ZOO_JPEG_DIR", str(tmp_path / "jpegs"))
+    monkeypatch.setenv("ZOO_JPEG_N", "20")
+    bench._prepare("resnet50_folder")
+    files = sorted((tmp_path / "jpegs").rglob("*.jpg"))
+    assert len(files) == 20 and (tmp_path / "jpegs" / ".complete").read_text() == "20"
+    stamp = files[0].stat().st_mtime
+    bench._prepare("resnet50_folder")  # once only
+    assert files[0].stat().st_mtime == stamp
+    bench._prepare("cifar_resnet")  # a module with no data to prepare: nothing happens
