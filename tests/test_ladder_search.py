@@ -59,6 +59,13 @@ def test_compute_measured_on_a_feed_nothing_fixed_says_so():
     assert "measured on the user's feed, which no feed rung improved: the step waits 55% for data" in compute["action"]
 
 
+def test_compute_measured_on_a_feed_that_still_waits_says_so():
+    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
+                     measure=_fake(lambda n: 2.0 if "workers" in n else 1.0, lambda n: 0.5))
+    compute = next(s for s in doc["stages"] if s["stage"] == "compute stack" and "bundle" in s["action"])
+    assert "measured on the feed chosen first (workers), which still leaves the step waiting 50% for data" in compute["action"]
+
+
 def test_the_compute_bundle_finds_a_pair_that_helps_only_together_and_ablation_drops_the_rest():
     def speed(n):  # bf16 and compile help only together (1.6x); channels_last does nothing
         return 1.6 if {"bf16", "compile"} <= n else 0.97 if "compile" in n else 1.0

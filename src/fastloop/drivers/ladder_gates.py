@@ -88,8 +88,11 @@ def compute_feed_note(best: Any, selected: list[str], feed_first_wait: float) ->
     baseline), or the user's feed, and how much of the best step waits for it."""
     wait = (merge_runs(best).get("data_wait_frac") or 0.0) if best else 0.0
     feeds = [n for n in (s.split(":")[0] for s in selected) if n in REGISTRY and REGISTRY[n].feeds]
-    if feeds:
+    if feeds and wait < feed_first_wait:
         return f"; measured on the feed fixed first ({','.join(feeds)}; the step waits {wait:.0%} for data)"
+    if feeds:
+        return (f"; measured on the feed chosen first ({','.join(feeds)}), which still leaves the step waiting "
+                f"{wait:.0%} for data, so a faster step may not show")
     if wait >= feed_first_wait:
         return (f"; measured on the user's feed, which no feed rung improved: the step waits {wait:.0%} for data, "
                 f"so a faster step may not show")
