@@ -29,10 +29,9 @@ import torch
 from fastloop._torch_private import found_inf
 from fastloop.data import to_device
 from fastloop.device import resolve_device
-from fastloop.errors import FastloopError
+from fastloop.errors import FastloopError, GraphIneligible
 from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep
-from fastloop.errors import GraphIneligible
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
 from fastloop.speedups.compile import apply_compile, compile_fell_back, compiled_by_user, graphs_so_far
@@ -186,10 +185,9 @@ class FastLoop:
         self.scaler = torch.amp.GradScaler("cuda") if self.run.scale_loss else None
         self.skipped_steps = 0
         self._last_skipped = False
-        self._scheduler_step = (held_on_skipped_steps(scheduler.step, lambda: self._last_skipped, self.ctx)
-                                if scheduler is not None and self.scaler is not None else
-                                scheduler.step if scheduler is not None else None)
-        """fp16's rule (the speedup's, as under Lightning): a step the scaler skipped holds the schedule."""
+        self._scheduler_step = scheduler.step if scheduler is not None else None
+        if scheduler is not None and self.scaler is not None:  # fp16's rule, as under Lightning
+            self._scheduler_step = held_on_skipped_steps(scheduler.step, lambda: self._last_skipped, self.ctx)
         self._skipped_dev: torch.Tensor | None = None
         self.graphed: GraphedStep | None = None
         self._graphs_before = graphs_so_far() if any(s.compiles for s in self.speedups) else None
@@ -205,7 +203,7 @@ class FastLoop:
         the optimizer step eager; or the reason it runs eagerly."""
         self.run.graph_owner = None
         tier = tier_below_whole(why_not_whole, compiled_mode=self.run.compile_mode, graphs_unsafe=None,
-                                can_compile=any(True for _ in self.model.parameters()),
+                                can_compile=next(self.model.parameters(), None) is not None,
                                 user_compiled=compiled_by_user(self.model))
         self.ctx.stats[f"{owner}_tier"] = tier.name
         if tier.compile_mode is not None:  # compile is lazy: a mode set before the first step is the one used
@@ -274,7 +272,7 @@ class FastLoop:
                 if drawn:
                     raise GraphIneligible(f"the step function uses {drawn}")
                 self.ctx.stats[f"{owner}_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
-                self.ctx.stats[f"{owner}_tier"] = "whole step"
+                self.ctx.stats[f"{owner}_tier"] = TIERS[0]
                 self.graphed = graphed
             except GraphIneligible as err:  # one tier down, in the same run, as under Lightning
                 self._below_whole(owner, str(err))

@@ -22,12 +22,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import random
-import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -240,12 +238,6 @@ class StepGraphs:
         self.seen_once.discard(key)
         self.no_graph.add(key)
         self.late_failed = reason
-
-    @contextlib.contextmanager
-    def timed(self) -> Iterator[Callable[[], float]]:
-        """The seconds since entering, for :meth:`add`."""
-        t0 = time.perf_counter()
-        yield lambda: time.perf_counter() - t0
 
     def summary(self) -> dict:
         """The graphs per batch shape: how many, the late captures' seconds (after warm-up: in the

@@ -55,7 +55,7 @@ from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_b
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop._torch_private import recompile_limit
-from fastloop.speedups.pad_check import check_equivalence
+from fastloop.speedups.pad_check import check_equivalence, tensors_of
 from fastloop.speedups.run import Run
 
 __all__ = ["PadBuckets", "PadOptions", "PadPlan", "PaddedCollate", "TensorPad", "find_padding", "tensor_names"]
@@ -110,12 +110,6 @@ def tensor_names(batch: Any) -> list[str]:
 
     walk(batch, "")
     return names
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors(lambda t: found.append(t) or t, batch)
-    return found
 
 
 @dataclass(frozen=True)
@@ -221,7 +215,7 @@ def _pad_value(tensors: list[torch.Tensor], dim: int, side: str) -> tuple[Any, s
 def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets: int = 8) -> PadPlan:
     """Read ``batches`` (the loader's own, at least two) and plan the padding; raise
     :class:`~fastloop.speedups.base.Skip` when no tensor changes length from batch to batch."""
-    per = [_tensors(b) for b in batches]
+    per = [tensors_of(b) for b in batches]
     if len({len(p) for p in per}) != 1 or not per[0]:
         raise Skip("the batches do not hold the same tensors each time (or none)")
     names = tensor_names(batches[0])

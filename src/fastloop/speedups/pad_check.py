@@ -15,10 +15,11 @@ from fastloop.data import map_tensors
 from fastloop.speedups.records import Skip
 from fastloop.speedups.run import Run, eval_call
 
-__all__ = ["check_equivalence"]
+__all__ = ["check_equivalence", "tensors_of"]
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
+def tensors_of(batch: Any) -> list[torch.Tensor]:
+    """Every tensor of ``batch``, in its order."""
     found: list[torch.Tensor] = []
     map_tensors(lambda t: found.append(t) or t, batch)
     return found
@@ -41,7 +42,7 @@ def _forward(model: Any, batch: Any) -> list[torch.Tensor] | None:
         calls.append(lambda: model(batch[0]))
     for call in calls:
         try:
-            out = _tensors(eval_call(model, call))
+            out = tensors_of(eval_call(model, call))
         except Exception:  # noqa: BLE001 - this forward does not take the batch: try the next, else the loss
             continue
         if out and all(t.is_floating_point() for t in out):
@@ -86,7 +87,7 @@ def check_equivalence(run: Run, plan: Any, batches: list[Any], rtol: float) -> s
     worst, compared, out_worst, out_compared = 0.0, 0, 0.0, 0
     for b in batches:
         padded = plan.pad(b)
-        if all(x.shape == y.shape for x, y in zip(_tensors(b), _tensors(padded))):
+        if all(x.shape == y.shape for x, y in zip(tensors_of(b), tensors_of(padded))):
             continue  # already a bucket's length: nothing to compare
         try:
             a, p = run.batch_loss(b), run.batch_loss(padded)
