@@ -29,7 +29,7 @@ def test_every_speedup_with_an_option_has_a_documented_options_dataclass():
 @pytest.mark.parametrize("spec, attr, value", [
     ("workers:4", "count", 4), ("workers", "count", None), ("compile:max-autotune", "mode", "max-autotune"),
     ("compile", "mode", "default"), ("fp8:rowwise", "recipe", "rowwise"), ("gpu_resident:0.3", "share", 0.3),
-    ("ddp_comm:50", "bucket_mb", 50),
+    ("ddp_comm:50", "bucket_mb", 50), ("compile:shapes=static", "shapes", "static"),
 ])
 def test_parsed_options_are_typed(spec, attr, value):
     s = resolve(spec)[0]
@@ -48,3 +48,12 @@ def test_the_python_api_checks_option_values_like_the_parser(cls_name, kwargs, w
         t(**kwargs)
     with pytest.raises(FastloopError):
         REGISTRY[cls_name](mode=next(iter(kwargs.values())))
+
+
+def test_a_keyed_option_sets_that_field_and_a_bad_value_or_key_says_what_is_accepted():
+    s = resolve("compile:shapes=dynamic")[0]
+    assert (s.opts.mode, s.opts.shapes) == ("default", "dynamic")
+    with pytest.raises(FastloopError, match="accepted: auto, static, dynamic"):
+        resolve("compile:shapes=wobbly")
+    with pytest.raises(FastloopError, match="accepted: default"):  # not a field: read as a mode, refused
+        resolve("compile:colour=red")

@@ -265,3 +265,17 @@ def test_none_means_the_baseline_in_every_public_entry_point():
 
     with pytest.raises(TypeError, match="or None"):
         callbacks(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shapes, graphs", [("static", 3), ("auto", 2)])
+def test_compile_shapes_static_compiles_one_graph_per_shape(shapes, graphs):
+    """Three batch lengths: ``static`` specialises a graph to each; torch's ``auto`` recompiles
+    once, on the second, with dynamic sizes that serve the third too."""
+    from fastloop.speedups.compile import apply_compile, compile_counters
+    torch._dynamo.reset()
+    model = apply_compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), "default", shapes)
+    before = compile_counters()["unique_graphs"]
+    for n in (16, 32, 48, 16):
+        model(torch.randn(4, n, 8))
+    assert compile_counters()["unique_graphs"] - before == graphs

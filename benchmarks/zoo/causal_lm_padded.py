@@ -20,9 +20,12 @@ VOCAB, MAX_LEN = 4096, 256
 
 
 class Rows(Dataset):
-    def __init__(self, n: int, seed: int = 0) -> None:
+    def __init__(self, n: int, seed: int = 0, long_tail: bool = False) -> None:
         g = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(32, MAX_LEN + 1, (n,), generator=g).tolist()
+        if long_tail:  # most rows short, a few long, as in real text: a batch's longest row varies widely
+            lengths = (16 + torch.empty(n).exponential_(1 / 40, generator=g)).clamp(max=MAX_LEN).int().tolist()
+        else:
+            lengths = torch.randint(32, MAX_LEN + 1, (n,), generator=g).tolist()
         self.rows = [torch.randint(1, VOCAB, (k,), generator=g) for k in lengths]
 
     def __len__(self) -> int:
@@ -67,7 +70,13 @@ class CausalLM(LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
-def make(batch_size: int = 32, n: int = 32 * 200, seed: int = 0):
+def make(batch_size: int = 32, n: int = 32 * 200, seed: int = 0, long_tail: bool = False):
     torch.manual_seed(seed)
-    return CausalLM(), DataLoader(Rows(n, seed), batch_size=batch_size, shuffle=True, collate_fn=collate,
+    return CausalLM(), DataLoader(Rows(n, seed, long_tail), batch_size=batch_size, shuffle=True, collate_fn=collate,
                                   generator=torch.Generator().manual_seed(seed))
+
+
+def make_long_tail(batch_size: int = 32, n: int = 32 * 200, seed: int = 0):
+    """Rows of 16 + an exponential of mean 40 tokens (cut at 256): a batch's longest row spans
+    about 90-256, so pad_buckets makes several buckets (compile per bucket or dynamic sizes)."""
+    return make(batch_size, n, seed, long_tail=True)

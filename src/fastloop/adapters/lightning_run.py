@@ -139,7 +139,7 @@ class LightningRun(Run):
         self.ctx.describe(self.speedup.name, "applied to " + ", ".join(n for n, _ in children)
                           + f" (Lightning keeps {type(self.model).__name__}; its children were changed)")
 
-    def compile_step(self, mode: str) -> None:
+    def compile_step(self, mode: str, shapes: str = "auto") -> None:
         # Lightning calls training_step, not the module's __call__: compile the children it calls
         module = self.model
         children = compilable_children(module)
@@ -151,17 +151,18 @@ class LightningRun(Run):
         if not children:
             raise Skip(f"your code already compiles {', '.join(theirs)} (torch.compile returned it): left as it is")
         for _, child in children:
-            self._compile(child, mode)
+            self._compile(child, mode, shapes)
         _COMPILE_MODE[module] = mode
         self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         assert self.speedup is not None
         self.ctx.describe(self.speedup.name, "compiled " + describe_children(children)
                           + (f" in mode {mode}" if mode != "default" else "")
+                          + (f", shapes {shapes}" if shapes != "auto" else "")
                           + (f"; {', '.join(theirs)} left as your code compiled it" if theirs else ""))
 
-    def _compile(self, child: torch.nn.Module, mode: str) -> None:
+    def _compile(self, child: torch.nn.Module, mode: str, shapes: str = "auto") -> None:
         before = compiled_call(child)
-        apply_compile(child, mode)
+        apply_compile(child, mode, shapes)
         self.undo.append(lambda: set_compiled_call(child, before))
 
     def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:

@@ -81,11 +81,11 @@ class LoopRun(Run):
     def change_model(self, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
         self.model = fn(self._need(self.model, "model"))
 
-    def compile_step(self, mode: str) -> None:
+    def compile_step(self, mode: str, shapes: str = "auto") -> None:
         model = self._need(self.model, "model")
         if compiled_by_user(model):
             raise Skip("the model is already compiled by your code (torch.compile returned it): left as it is")
-        self.model = apply_compile(model, mode)
+        self.model = apply_compile(model, mode, shapes)
         self.compile_mode = mode
 
     def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:

@@ -107,7 +107,8 @@ class Speedup:
             if "mode" in kw:  # the value typed after the colon
                 value = kw.pop("mode")
                 if value is not None:
-                    kw[first] = value
+                    key, val = _keyed(self.options_type, value)
+                    kw[key or first] = val
             self.opts = self.options_type(**kw)
 
     @classmethod
@@ -116,11 +117,19 @@ class Speedup:
 
         One source: the text is converted to the type of :attr:`options_type`'s first field (an
         int or a float where it is annotated so, else the string) and checked by the dataclass's
-        own ``__post_init__``, the check the Python API runs too; a speedup without
-        ``options_type`` takes no option.
+        own ``__post_init__``, the check the Python API runs too; ``KEY=VALUE`` sets the string
+        field KEY instead (``compile:shapes=static``); a speedup without ``options_type`` takes
+        no option.
         """
         if cls.options_type is None:
             raise FastloopError(f"{cls.name!r} takes no option, got {shorten(f'{cls.name}:{text}', 40)}")
+        key, val = _keyed(cls.options_type, text)
+        if key is not None:  # another field, typed as KEY=VALUE (a string field)
+            try:
+                cls.options_type(**{key: val})
+            except FastloopError as err:
+                raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: {err}; {cls.option_help}") from None
+            return text
         first = dataclasses.fields(cls.options_type)[0]
         kind, value = str(first.type), text
         for convert in (int, float):
@@ -205,6 +214,16 @@ class Speedup:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options or ''})"
+
+
+def _keyed(options_type: type, value: Any) -> tuple[str | None, Any]:
+    """``("KEY", "VALUE")`` where ``value`` is the text ``KEY=VALUE`` naming a field of
+    ``options_type`` other than the first (the one typed plainly), else ``(None, value)``."""
+    if isinstance(value, str) and "=" in value:
+        key, _, val = value.partition("=")
+        if key.strip() in [f.name for f in dataclasses.fields(options_type)[1:]]:
+            return key.strip(), val.strip()
+    return None, value
 
 
 def register(cls: type[Speedup]) -> type[Speedup]:

@@ -1,7 +1,9 @@
 """``compile``: ``torch.compile`` of the model (Inductor: fused kernels, fewer launches).
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/compile.md``.
-Options: ``mode`` (``default``, ``reduce-overhead``, ``max-autotune``, ...): ``compile:max-autotune``.
+Options: ``mode`` (``default``, ``reduce-overhead``, ``max-autotune``, ...): ``compile:max-autotune``;
+``shapes`` (``auto``: torch's rule, a second shape recompiles with dynamic sizes; ``static``: one
+graph per shape; ``dynamic``: dynamic sizes from the first): ``compile:shapes=static``.
 Changes the model.
 """
 
@@ -25,11 +27,19 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 """The modes in which torch.compile replays CUDA graphs."""
 
 
-def apply_compile(model: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
+SHAPES = {"auto": None, "static": False, "dynamic": True}
+"""``shapes`` option -> ``torch.compile(dynamic=...)``: auto (torch's automatic dynamic shapes: a
+second shape recompiles once with dynamic sizes), static (one graph per shape, each specialised:
+under pad_buckets one per bucket), dynamic (one graph with dynamic sizes from the first shape)."""
+
+
+def apply_compile(model: torch.nn.Module, mode: str = "default", shapes: str = "auto") -> torch.nn.Module:
     """Compile ``model`` in place (``nn.Module.compile``), so references to it stay valid."""
     if mode not in MODES:
         raise ValueError(f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}")
-    model.compile(mode=None if mode == "default" else mode)
+    if shapes not in SHAPES:
+        raise ValueError(f"unknown compile shapes {shapes!r}; valid: {', '.join(SHAPES)}")
+    model.compile(mode=None if mode == "default" else mode, dynamic=SHAPES[shapes])
     return model
 
 
@@ -54,10 +64,15 @@ class CompileOptions:
 
     mode: str = field(default="default", metadata={
         "doc": "torch.compile mode: " + ", ".join(MODES) + " (reduce-overhead and max-autotune replay CUDA graphs)"})
+    shapes: str = field(default="auto", metadata={
+        "doc": "batch shapes: auto (torch's rule: a second shape recompiles with dynamic sizes), static (one graph "
+               "per shape: under pad_buckets one per bucket), dynamic (dynamic sizes from the start); compile:shapes=static"})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise FastloopError(f"unknown compile mode {self.mode!r}; accepted: {', '.join(MODES)}")
+        if self.shapes not in SHAPES:
+            raise FastloopError(f"unknown compile shapes {self.shapes!r}; accepted: {', '.join(SHAPES)}")
 
 
 @register
@@ -71,12 +86,13 @@ class Compile(Speedup):
     in_default_ladder = True
     warmup_cost = True
 
-    option_help = f"compile:MODE with MODE one of {', '.join(MODES)}"
+    option_help = (f"compile:MODE with MODE one of {', '.join(MODES)}, or compile:shapes=S with S one of "
+                   f"{', '.join(SHAPES)}")
     options_type = CompileOptions
 
 
     def apply(self, run: Run) -> None:
-        run.compile_step(self.opts.mode)
+        run.compile_step(self.opts.mode, shapes=self.opts.shapes)
 
     def uses_cudagraphs(self) -> bool:
         return self.compile_mode() in CUDAGRAPH_MODES
@@ -96,7 +112,7 @@ class Compile(Speedup):
         if not self.uses_cudagraphs() or "cudagraph" not in f"{err}".lower():
             return None
         mode = "max-autotune-no-cudagraphs" if self.compile_mode() == "max-autotune" else "default"
-        return Compile(mode=mode)
+        return Compile(mode=mode, shapes=self.opts.shapes)
 
 
 def graphs_so_far() -> tuple[int, int]:

@@ -94,9 +94,10 @@ class Run:
         and trains those wrappers (skipped, with the reason, where there are none)."""
         raise self._cannot("change the model")
 
-    def compile_step(self, mode: str) -> None:
-        """``torch.compile`` (in ``mode``) what the train step calls: the model in a plain loop,
-        the LightningModule's children with parameters under Lightning (it calls ``training_step``)."""
+    def compile_step(self, mode: str, shapes: str = "auto") -> None:
+        """``torch.compile`` (in ``mode``, with the ``shapes`` rule of
+        :data:`fastloop.speedups.compile.SHAPES`) what the train step calls: the model in a plain
+        loop, the LightningModule's children with parameters under Lightning (it calls ``training_step``)."""
         raise self._cannot("compile the step")
 
     def change_optimizers(self, fn: Callable[[torch.optim.Optimizer], Any]) -> None:
