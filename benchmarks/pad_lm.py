@@ -8,7 +8,7 @@ Then compile's shape rule, chosen by measurement: on rows with a long tail of le
 one recompile with dynamic sizes) against static (one graph per bucket), each with and without
 cuda_graph, in real tokens/s with the compile time and graph counts.
 
-Usage: ``python3 benchmarks/run.py pad-lm [--steps 60] [--no-shapes]``; writes ``pad_lm.json``
+Usage: ``python3 benchmarks/run.py pad-lm [--steps 60] [--no-shapes | --shapes-only]``; writes ``pad_lm.json``
 under $OUT.
 """
 
@@ -35,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--device", default="cuda")
     p.add_argument("--no-shapes", action="store_true", help="leave out compile's shape-rule comparison")
+    p.add_argument("--shapes-only", action="store_true", help="only compile's shape-rule comparison")
     args = p.parse_args(argv)
     out = Path(os.environ.get("OUT", "pad_lm_out"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.shapes_only:
+        (out / "pad_lm.json").write_text(json.dumps({"shapes": shape_rule(args)}, indent=2, default=str))
+        return 0
     docs = {}
     for spec in ("none", "pad_buckets", "pad_buckets,bf16,compile,cuda_graph"):
         docs[spec] = run_in_subprocess(TARGET, spec, steps=args.steps, warmup=5, device=args.device, profile=False)

@@ -210,3 +210,17 @@ def test_more_bucket_lengths_than_torchs_recompile_limit_are_said_in_the_record(
     assert "recompile limit" not in few["speedups"][0]["detail"]
     assert len(many["extra"]["pad_buckets"]["buckets"]) > many["extra"]["pad_buckets"]["recompile_limit"]
     assert "more than torch's recompile limit of" in many["speedups"][0]["detail"]
+
+
+def test_nothing_is_padded_past_the_longest_length_seen():
+    """r23, on the GPU: long-tailed rows whose sampled batches reached 200 tokens were padded on to
+    280 (a multiple past every length seen) and a 256-position model crashed. A batch is padded at
+    most to the longest length sampled; a longer one is left at its own length."""
+    ids = [torch.arange(1, n + 1) for n in (20, 50, 130, 200)]
+    batches = [{"ids": torch.nn.utils.rnn.pad_sequence([ids[0], r], batch_first=True)} for r in ids[1:]]
+    plan = find_padding(batches)
+    assert plan.top == 200 and plan.multiple == 56  # a quarter of 200, rounded up to 8
+    assert plan.buckets() == [56, 112, 168, 200] and max(plan.buckets()) == 200
+    assert plan.pad({"ids": torch.ones(2, 190, dtype=torch.long)})["ids"].shape[1] == 200  # not 224
+    assert plan.bucket(250) is None and plan.pad({"ids": torch.ones(2, 250, dtype=torch.long)})["ids"].shape[1] == 250
+    assert len(find_padding(batches, max_buckets=2).buckets()) <= 2  # the default multiple raised to fit

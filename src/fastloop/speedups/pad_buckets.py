@@ -31,8 +31,8 @@ Example:
     >>> plan = find_padding(batches, multiple=4)
     >>> [(p.name, p.dim, p.side, p.value) for p in plan.pads]
     [('ids', 1, 'tail', 0), ('mask', 1, 'tail', False)]
-    >>> plan.buckets()  # multiples of 4 up to the longest length seen (5, rounded up to 8)
-    [4, 8]
+    >>> plan.buckets()  # multiples of 4 below the longest length seen, then that length (5)
+    [4, 5]
     >>> padded = plan.pad(batches[1])
     >>> padded["ids"].tolist(), padded["mask"].shape
     ([[4, 0, 0, 0], [4, 4, 4, 0]], torch.Size([2, 4]))
@@ -71,8 +71,9 @@ class PadOptions:
     multiple: int | None = field(default=None, metadata={
         "doc": "bucket lengths are multiples of this; None: a quarter of the longest length seen, rounded up to 8"})
     max_buckets: int = field(default=8, metadata={
-        "doc": "at most this many bucket lengths (under torch.compile's recompile limit); a longer batch is left alone"})
-    sample_batches: int = field(default=8, metadata={"doc": "batches read to find what varies and its pad value"})
+        "doc": "at most this many bucket lengths with the default multiple (under torch.compile's recompile limit)"})
+    sample_batches: int = field(default=32, metadata={
+        "doc": "batches read (collate only, no workers) to find what varies, its pad value and the longest length"})
     check_batches: int = field(default=4, metadata={"doc": "batches whose loss is compared padded and unpadded"})
     rtol: float = field(default=1e-4, metadata={"doc": "relative tolerance of that loss comparison (fp32, TF32 off)"})
 
@@ -131,26 +132,25 @@ class PadPlan:
 
     pads: list[TensorPad]
     multiple: int
-    cap: int
-    """The longest bucket: a batch longer than this is left alone."""
     top: int = 0
-    """The longest length seen, rounded up to 8: the last bucket of those seen (0: none)."""
+    """The longest length seen in the sampled batches: the last bucket. Nothing is ever padded
+    past it (a model's position table may end there); a longer batch is left alone (0: none)."""
     left_alone: dict[str, str] = field(default_factory=dict)
     lengths_seen: list[int] = field(default_factory=list)
 
     def bucket(self, length: int) -> int | None:
-        """The bucket length for ``length`` (None: longer than the cap, left alone)."""
-        b = math.ceil(length / self.multiple) * self.multiple
-        if length <= self.top:
-            return min(b, self.top)
-        return b if b <= self.cap else None
+        """The bucket length for ``length`` (None: longer than every length seen, left alone:
+        padding it on could pass the end of what the model accepts)."""
+        if length > self.top:
+            return None
+        return min(math.ceil(length / self.multiple) * self.multiple, self.top)
 
     def buckets(self) -> list[int]:
-        """The bucket lengths up to the longest seen (longer batches get multiples up to the cap)."""
+        """The bucket lengths: multiples of :attr:`multiple` below the longest seen, then it."""
         return sorted({self.bucket(n) or n for n in range(1, self.top + 1)})
 
     def pad(self, batch: Any) -> Any:
-        """``batch`` with each planned tensor padded to its bucket (unchanged past the cap)."""
+        """``batch`` with each planned tensor padded to its bucket (unchanged past the longest seen)."""
         by_index: dict[int, list[TensorPad]] = {}
         for p in self.pads:
             by_index.setdefault(p.index, []).append(p)
@@ -243,10 +243,9 @@ def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets
         lengths += [t.shape[d] for t in ts]
     if not pads:
         raise Skip("no pad value could be established: " + "; ".join(alone.values()))
-    top = math.ceil(max(lengths) / 8) * 8
-    m = multiple or max(8, math.ceil(top / 4 / 8) * 8)
-    cap = max(top, m * max_buckets)
-    return PadPlan(pads, m, cap, top=top, left_alone=alone, lengths_seen=sorted(set(lengths)))
+    top = max(lengths)
+    m = multiple or max(8, math.ceil(top / 4 / 8) * 8, math.ceil(top / max_buckets / 8) * 8)
+    return PadPlan(pads, m, top=top, left_alone=alone, lengths_seen=sorted(set(lengths)))
 
 
 def _sample(loader: DataLoader, n: int) -> list[Any]:
@@ -304,13 +303,14 @@ class PadBuckets(Speedup):
             f"; {shapes} bucket lengths, more than torch's recompile limit of {limit}: "
             + ("compile marks the length dynamic after its second shape" if dynamic else
                "compile falls back to eager past the limit: choose a larger multiple (pad_buckets:N)"))
-        ctx.stats["pad_buckets"] = {"buckets": plan.buckets(), "multiple": plan.multiple, "cap": plan.cap,
+        ctx.stats["pad_buckets"] = {"buckets": plan.buckets(), "multiple": plan.multiple, "longest": plan.top,
                                     "recompile_limit": limit,
                                     "lengths_seen": plan.lengths_seen, "side": side,
                                     "padded": {p.name: p.value for p in plan.pads}, "left_alone": plan.left_alone,
                                     "pad_us_per_batch": round(pad_us, 1), "equivalence": checked}
-        ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.cap} "
-                     f"(lengths seen {plan.lengths_seen[0]}-{plan.lengths_seen[-1]}); {checked}; "
+        ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.top}, "
+                     f"the longest length in {len(batches)} sampled batches (lengths seen {plan.lengths_seen[0]}-"
+                     f"{plan.lengths_seen[-1]}; a longer batch is left alone: never padded past a length seen); {checked}; "
                      f"{pad_us:.0f} us of host time per batch in the collate{compile_note}"
                      + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
         return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan))
