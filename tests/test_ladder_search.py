@@ -209,7 +209,7 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
     attributes (replaces_loader, changes_workload, ablation_rank, advice_pattern), as a new
     speedup module would be: no list of names in the drivers to extend."""
     from fastloop.drivers.doctor import without_measured
-    from fastloop.drivers.ladder_search import _replaces_loader, ablation_order, split_groups
+    from fastloop.drivers.ladder_gates import ablation_order, replaces_loader as _replaces_loader, split_groups
     from fastloop.speedups.base import REGISTRY, Speedup
 
     class GpuFeed(Speedup):
@@ -443,3 +443,38 @@ def test_a_padding_to_a_few_shapes_is_not_measured_where_the_batches_keep_one_sh
     assert pad["rung_status"] == "skipped" and "nothing to pad" in pad["rung_reason"]
     assert not any("change shape" in s["action"] for s in doc["stages"])
     assert "pad_buckets" not in doc["selected"]
+
+
+def _step_outruns_the_feed(n):
+    """The r23 H100 ViT (issue 50), in miniature: the fp32 step barely waits (10%); the compute
+    bundle makes it 2x faster and then it waits 30%, which the feed fixes (1.4x)."""
+    return (2.0 if {"bf16", "compile"} <= n else 1.0) * (1.4 if "workers" in n and "compile" in n else 1.0)
+
+
+def _its_wait(n):
+    if {"bf16", "compile"} <= n:
+        return 0.02 if "workers" in n else 0.3
+    return 0.1
+
+
+def test_a_compute_bundle_whose_step_then_waits_for_data_is_ablated_after_the_feed():
+    doc = run_ladder("x", ["workers", "bf16", "compile"], device="cpu", measure=_fake(_step_outruns_the_feed, _its_wait))
+    rungs = doc["rungs"]
+    feed = next(i for i, r in enumerate(rungs) if r["rung"] == "+workers")
+    ablations = [i for i, r in enumerate(rungs) if r.get("ablation") in ("bf16", "compile")]
+    assert ablations and feed < min(ablations), [r["rung"] for r in rungs]
+    assert rungs[feed]["decision"].startswith("kept")
+    stages = [(s["stage"], s["action"]) for s in doc["stages"]]
+    assert any("its ablation waits until the feed is checked: the faster step waits 30% for data" in a for _, a in stages)
+    assert "compute bundle ablated after the feed" in [st for st, _ in stages]
+    assert {"workers", "bf16", "compile"} <= set(doc["selected"])
+
+
+def test_a_budget_that_fits_the_bundle_and_the_feed_measures_the_feed_before_any_ablation():
+    """The r23 ViT's ladder spent its 5 minutes on the compute bundle's ablation and left the feed
+    that would have fixed the 28% wait 'not tried: budget': a budget short of the ablations (about
+    14 runs of 0.1 s) leaves them out, never the feed."""
+    doc = run_ladder("x", ["workers", "bf16", "compile"], device="cpu", budget=1.4,
+                     measure=_fake(_step_outruns_the_feed, _its_wait, sleep=0.1))
+    assert not any(t["name"] == "workers" for t in doc["not_tried"]), doc["not_tried"]
+    assert "workers" in doc["selected"], [(r["rung"], r.get("decision")) for r in doc["rungs"]]

@@ -11,7 +11,8 @@ from fastloop.speedups.base import REGISTRY
 if TYPE_CHECKING:
     from fastloop.drivers.ladder_state import LadderState
 
-__all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no"]
+__all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no", "replaces_loader",
+           "spec_names", "split_groups"]
 
 FEED_BUSY = 0.95
 FEED_WAIT = 0.02
@@ -97,3 +98,24 @@ def compute_feed_note(best: Any, selected: list[str], feed_first_wait: float) ->
         return (f"; measured on the user's feed, which no feed rung improved: the step waits {wait:.0%} for data, "
                 f"so a faster step may not show")
     return ""
+
+
+def split_groups(speedups: list) -> tuple[list, list, list]:
+    """(feed, compute, the rest): the data pipeline, everything that changes the step, and the
+    speedups that change the workload itself (``batch_size``). A speedup that pads batches to a
+    few shapes (``fixes_shapes``) changes the data but goes with the compute stack: compile and
+    CUDA graphs pay only with it (it is ruled out where the baseline's batches keep one shape)."""
+    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload and not s.fixes_shapes]
+    compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.changes_workload]
+    rest = [s for s in speedups if s.changes_workload]
+    return feed, compute, rest
+
+
+def spec_names(specs: list[str]) -> set[str]:
+    """The speedup names of ``specs`` (``compile:max-autotune`` -> ``compile``)."""
+    return {s.split(":")[0] for s in specs}
+
+
+def replaces_loader(names: set[str]) -> bool:
+    """Does one of ``names`` replace the training loader (a GPU pipeline such as dali)?"""
+    return any(REGISTRY[n].replaces_loader for n in names if n in REGISTRY)

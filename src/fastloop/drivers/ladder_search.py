@@ -15,7 +15,9 @@ processes, run-level intervals):
    channels_last, compile, cuda_graph, and the padding to a few shapes where the batches change
    shape) as one candidate on top of the best so far, kept when significantly faster, then
    **ablated** (each member out in turn, left out when not significantly missed). A bundle that
-   is not faster (or fails) is tried one speedup at a time instead.
+   is not faster (or fails) is tried one speedup at a time instead. Where the faster step now
+   waits for data (>= ``FEED_FIRST_WAIT``), the ablation waits until the feed is checked: a
+   member taken out would hide behind the wait, and the budget must reach the feed.
 4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
    moved is tried again after it moved.
 5. Whatever is left (``batch_size``), one at a time.
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_gates import ablation_order, compute_feed_note, feed_cannot_help, model_says_no
+from fastloop.drivers.ladder_gates import (ablation_order, compute_feed_note, feed_cannot_help, model_says_no,
+                                          replaces_loader, spec_names, split_groups)
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -51,25 +54,6 @@ ABLATION_LOSS = 0.02
 even where the interval is too wide to call it significant."""
 
 
-def split_groups(speedups: list) -> tuple[list, list, list]:
-    """(feed, compute, the rest): the data pipeline, everything that changes the step, and the
-    speedups that change the workload itself (``batch_size``). A speedup that pads batches to a
-    few shapes (``fixes_shapes``) changes the data but goes with the compute stack: compile and
-    CUDA graphs pay only with it (it is ruled out where the baseline's batches keep one shape)."""
-    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload and not s.fixes_shapes]
-    compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.changes_workload]
-    rest = [s for s in speedups if s.changes_workload]
-    return feed, compute, rest
-
-
-def _names(specs: list[str]) -> set[str]:
-    return {s.split(":")[0] for s in specs}
-
-
-def _replaces_loader(names: set[str]) -> bool:
-    return any(REGISTRY[n].replaces_loader for n in names if n in REGISTRY)
-
-
 class StagedSearch:
     """One staged search over a :class:`~fastloop.ladder._Ladder`'s machinery (its measurement,
     rung documents and selected set)."""
@@ -81,6 +65,8 @@ class StagedSearch:
         """Speedups that skipped themselves or fell back inside a run: never tried again."""
         self.deferred: list[str] = []
         """Feed bundle members kept feed-first whose ablation waits until the compute bundle was measured."""
+        self.deferred_compute: list[str] = []
+        """Compute bundle members kept whose ablation waits until the feed was checked."""
         self.dropped_under: dict[str, str] = {}
         """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
         self.in_bundle: set[str] = set()  # measured in a compute bundle that was not faster
@@ -134,7 +120,7 @@ class StagedSearch:
             return True
         # a member of a bundle that was measured and not faster was tried: only not alone
         why = "alone: budget (measured in the compute bundle, which was not faster)" \
-            if _names(specs) <= self.in_bundle else "budget"
+            if spec_names(specs) <= self.in_bundle else "budget"
         self.not_tried(specs, why, plan=L.plan(runs, cand if cand in L.spec_s else None))
         return False
 
@@ -145,7 +131,7 @@ class StagedSearch:
 
     def _own_records(self, runs: Runs, specs: list[str]) -> dict[str, dict]:
         doc = runs.docs[-1] if runs.docs else {}
-        names = _names(specs)
+        names = spec_names(specs)
         return {r["name"]: r for r in doc.get("speedups", []) if r["name"] in names}
 
     # -- one measured move ---------------------------------------------------------------------
@@ -280,8 +266,8 @@ class StagedSearch:
         ``defer_ablation``, its members are noted in :attr:`deferred` and ablated later: the
         compute bundle's comparison comes first, as it is where most of the budget should go)."""
         L = self.L
-        chosen = _names(L.selected)
-        if _replaces_loader(chosen):
+        chosen = spec_names(L.selected)
+        if replaces_loader(chosen):
             return
         now = self._kind()
         todo = [s for s in feed if s.name not in chosen and s.name not in self.inactive
@@ -314,16 +300,19 @@ class StagedSearch:
             else:
                 self.ablate(kept)
 
-    def compute(self, compute: list, stage: str) -> None:
+    def compute(self, compute: list, stage: str, *, feed_next: bool = False) -> None:
         """The whole applicable compute stack as one candidate, then its ablation; one at a time
-        when the bundle is not faster."""
+        when the bundle is not faster. With ``feed_next`` (the feed is checked after this stage),
+        a kept bundle whose faster step now waits for data has its ablation deferred
+        (:attr:`deferred_compute`): the feed is measured first, and a member taken out is then not
+        hidden behind the wait (a data-bound step looks no slower without compile)."""
         L = self.L
-        todo = [s for s in compute if s.name not in _names(L.selected)]
+        todo = [s for s in compute if s.name not in spec_names(L.selected)]
         # a padding to a few shapes in the bundle (or kept), itself not ruled out by the baseline's
         # batches (one shape: nothing to pad): the baseline's shape checks of the others do not hold
         ruled_out = {s.name: model_says_no(L, s) for s in todo if s.fixes_shapes}
         shaped = (any(s.fixes_shapes and not ruled_out[s.name] for s in todo)
-                  or any(REGISTRY[n].fixes_shapes for n in _names(L.selected) if n in REGISTRY))
+                  or any(REGISTRY[n].fixes_shapes for n in spec_names(L.selected) if n in REGISTRY))
         ruled_out.update({s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo if not s.fixes_shapes})
         shaper = next((s for s in todo if s.fixes_shapes and not ruled_out[s.name]), None)
         if shaper is not None:
@@ -340,12 +329,19 @@ class StagedSearch:
         if len(todo) > 1:
             label = "+" + ",".join(s.spec for s in todo) + " (compute bundle)"
             if self.try_adding(todo, label, tell_rate=False):
-                self.ablate([s.spec for s in todo if s.spec in L.selected])
+                kept = [s.spec for s in todo if s.spec in L.selected]
+                wait = merge_runs(self.best()).get("data_wait_frac") or 0.0
+                if feed_next and wait >= FEED_FIRST_WAIT:
+                    self.note(stage, f"its ablation waits until the feed is checked: the faster step waits {wait:.0%} "
+                                     f"for data, and a member taken out would be hidden behind the wait")
+                    self.deferred_compute = kept
+                else:
+                    self.ablate(kept)
                 return
             self.note(stage + ": one at a time", "the bundle was not faster: each compute speedup alone")
             self.in_bundle |= {s.name for s in todo}
         for i, s in enumerate(todo):
-            if s.name not in _names(L.selected):
+            if s.name not in spec_names(L.selected):
                 self.queue(len(todo) - i - 1)
                 self.try_adding([s], f"+{s.spec}", tell_rate=False)
         self.queue(0)
@@ -388,8 +384,14 @@ class StagedSearch:
             resident = [s for s in feed if s.needs_in_memory_tensors and data.get("in_memory_tensors")]
             # in-memory tensors: the data on the GPU goes in with the compute stack (an expert's
             # first move; it costs nothing when it does not help)
-            self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""))
+            self.queue(1 if feed else 0)  # the feed's first look is kept out of the bundle's extensions
+            self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""),
+                         feed_next=bool(feed))
+            self.queue(0)
             self.feed(feed, "feed checked for the faster step")
+            if self.deferred_compute:
+                self.note("compute bundle ablated after the feed", "ablation: " + ",".join(self.deferred_compute))
+                self.ablate(self.deferred_compute)
         if rest:
             self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
             self.singles(rest)
