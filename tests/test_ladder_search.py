@@ -478,3 +478,19 @@ def test_a_budget_that_fits_the_bundle_and_the_feed_measures_the_feed_before_any
                      measure=_fake(_step_outruns_the_feed, _its_wait, sleep=0.1))
     assert not any(t["name"] == "workers" for t in doc["not_tried"]), doc["not_tried"]
     assert "workers" in doc["selected"], [(r["rung"], r.get("decision")) for r in doc["rungs"]]
+
+
+def test_stored_images_augmented_on_the_gpu_go_in_with_the_compute_stack(monkeypatch):
+    """Issue 50 item 5: where the data checks let gpu_augment serve the stored images, the compute
+    rungs are measured with it (the step never waits on the CPU augmentation), as gpu_resident is
+    for fixed in-memory tensors; the stage says so."""
+    from fastloop.speedups import REGISTRY
+
+    monkeypatch.setattr(REGISTRY["gpu_augment"], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["gpu_augment", "workers", "bf16", "compile"], device="cpu",
+                     measure=_fake(lambda n: (2.0 if {"bf16", "compile"} <= n else 1.0) * (1.4 if "gpu_augment" in n else 1.0),
+                                   lambda n: 0.0 if "gpu_augment" in n else 0.1))
+    bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
+    assert "gpu_augment" in bundle["members"] and bundle["decision"].startswith("kept")
+    assert any(s["stage"] == "compute stack with the data on the GPU" for s in doc["stages"])
+    assert "gpu_augment" in doc["selected"] and "workers" not in doc["selected"]

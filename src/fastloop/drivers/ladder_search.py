@@ -7,7 +7,7 @@ processes, run-level intervals):
 
 1. **Baseline**, and its bottleneck.
 2. **Feed first** when the baseline is data-bound (data wait >= ``FEED_FIRST_WAIT``): the data
-   on the GPU (``gpu_resident``) where the dataset is in-memory tensors, else the recipe's GPU
+   on the GPU (``gpu_resident``, ``gpu_augment``) where the dataset's checks allow, else a GPU
    pipeline (``dali``), else the CPU feed as one bundle (``workers``, ``pin_memory``,
    ``prefetch``), ablated once the compute bundle has been measured (the budget reaches the
    larger lever first).
@@ -381,9 +381,11 @@ class StagedSearch:
             self.feed(feed, "feed re-checked after the compute stack")
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
-            resident = [s for s in feed if s.needs_in_memory_tensors and data.get("in_memory_tensors")]
-            # in-memory tensors: the data on the GPU goes in with the compute stack (an expert's
-            # first move; it costs nothing when it does not help)
+            resident = [s for s in feed if s.stored_on_device and not model_says_no(L, s)
+                        and (data.get("in_memory_tensors") or not s.needs_in_memory_tensors)]
+            # stored tensors the checks let the GPU serve (as they are, or augmented per batch) go
+            # in with the compute stack: an expert's first move, and the compute rungs are then
+            # measured without waiting on the CPU feed (it costs nothing when it does not help)
             self.queue(1 if feed else 0)  # the feed's first look is kept out of the bundle's extensions
             self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""),
                          feed_next=bool(feed))

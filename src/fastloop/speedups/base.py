@@ -76,6 +76,10 @@ class Speedup:
     """A feed serving batches on the GPU in place of the loader: with it, the CPU feed has nothing to do."""
     needs_in_memory_tensors: ClassVar[bool] = False
     """It applies only to a dataset of in-memory tensors (the ladder reads the run's dataset)."""
+    stored_on_device: ClassVar[bool] = False
+    """It serves the dataset's stored tensors from the device's memory (``gpu_resident``,
+    ``gpu_augment``): where the run's data checks let it apply, the ladder measures the compute
+    stack with it (an expert's first move: the step is then measured without waiting on the CPU)."""
     fixes_shapes: ClassVar[bool] = False
     """It pads batches whose shape changes to a few shapes: the ladder puts it in the compute
     bundle where the baseline's batches change shape, and does not hold the baseline's shape

@@ -217,6 +217,7 @@ class GPUAugment(Speedup):
     __doc__ = __doc__
     name = "gpu_augment"
     replaces_loader = True
+    stored_on_device = True
     changes = "data"
     feeds = True
     order = 9  # before the CPU feed, which has nothing left to do once it applies

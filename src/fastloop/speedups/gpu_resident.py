@@ -152,6 +152,7 @@ class GPUResident(Speedup):
     name = "gpu_resident"
     replaces_loader = True
     needs_in_memory_tensors = True
+    stored_on_device = True
     changes = "data"
     feeds = True
     order = 9
