@@ -665,6 +665,36 @@ def masked_text(batch_size: int = 16, seed: int = 0, use_mask: bool = True):
                        generator=torch.Generator().manual_seed(seed)))
 
 
+class TypedTextClassifier(TextClassifier):
+    """A BERT-style classifier that adds a token-type embedding (``token_type_ids``: all 0 for
+    one sentence, padded per batch with the ids, as Hugging Face's tokenizers give them)."""
+
+    def __init__(self) -> None:
+        super().__init__(dropout=0.0)
+        self.types = torch.nn.Embedding(2, 32)
+
+    def training_step(self, batch, batch_idx):
+        ids, keep = batch["input_ids"], batch["attention_mask"].bool()
+        x = self.enc(self.emb(ids) + self.types(batch["token_type_ids"]), src_key_padding_mask=~keep)
+        pooled = (x * keep[..., None]).sum(1) / keep.sum(1, keepdim=True)
+        loss = torch.nn.functional.cross_entropy(self.head(pooled), batch["labels"])
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+
+def typed_collate(samples):
+    b = pad_collate(samples)
+    return {**b, "token_type_ids": torch.zeros_like(b["input_ids"])}
+
+
+def typed_text(batch_size: int = 16, seed: int = 0):
+    """Text padded per batch with token_type_ids beside the ids (a Hugging Face BERT batch)."""
+    torch.manual_seed(seed)
+    return (TypedTextClassifier(),
+            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=typed_collate,
+                       generator=torch.Generator().manual_seed(seed)))
+
+
 def unmasked_text(batch_size: int = 16, seed: int = 0):
     return masked_text(batch_size, seed, use_mask=False)
 

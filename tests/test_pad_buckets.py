@@ -102,7 +102,7 @@ def test_a_model_that_ignores_its_mask_is_refused_with_the_reason():
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("target", ["masked_text", "padded_lm"])
+@pytest.mark.parametrize("target", ["masked_text", "padded_lm", "typed_text"])
 def test_the_loss_trajectory_matches_the_unpadded_one(target):
     """The model masks its padding (labels -100 on the LM's): padded, the same losses within 1e-5
     relative (fp32 on the CPU: only the summation order of the masked positions differs)."""
@@ -224,3 +224,38 @@ def test_nothing_is_padded_past_the_longest_length_seen():
     assert plan.pad({"ids": torch.ones(2, 190, dtype=torch.long)})["ids"].shape[1] == 200  # not 224
     assert plan.bucket(250) is None and plan.pad({"ids": torch.ones(2, 250, dtype=torch.long)})["ids"].shape[1] == 250
     assert len(find_padding(batches, max_buckets=2).buckets()) <= 2  # the default multiple raised to fit
+
+
+def _hf_batch(lens, position_ids=False):
+    """A Hugging Face-style BERT batch: ids and mask padded with 0, token_type_ids all 0 (one
+    sentence), optionally position_ids as an arange over the padded length."""
+    g = torch.Generator().manual_seed(sum(lens))
+    n = max(lens)
+    ids, mask = torch.zeros(len(lens), n, dtype=torch.long), torch.zeros(len(lens), n, dtype=torch.long)
+    for i, k in enumerate(lens):
+        ids[i, :k], mask[i, :k] = torch.randint(5, 100, (k,), generator=g), 1
+    b = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
+         "labels": torch.arange(len(lens)) % 2}
+    if position_ids:
+        b["position_ids"] = torch.arange(n).expand(len(lens), n).clone()
+    return b
+
+
+def test_a_tensor_that_changes_length_with_a_padded_one_is_padded_with_it():
+    """token_type_ids all 0 ends alike in every row (its own tail says nothing), yet it changes
+    length with input_ids: padded with the value it holds where input_ids is padded, so the batch
+    keeps one length (left alone, the model would get ids of 16 and token types of 12)."""
+    plan = find_padding([_hf_batch([5, 9, 3]), _hf_batch([12, 4, 7]), _hf_batch([6, 6, 2])], multiple=8)
+    assert {(p.name, p.value) for p in plan.pads} == {("input_ids", 0), ("attention_mask", 0), ("token_type_ids", 0)}
+    assert plan.left_alone == {}
+    out = plan.pad(_hf_batch([5, 9, 3]))
+    assert out["token_type_ids"].shape == out["input_ids"].shape == (3, 12)
+    assert out["labels"].shape == (3,)
+
+
+def test_a_tensor_in_step_with_the_padding_whose_pad_cannot_be_read_is_left_alone_with_the_reason():
+    """position_ids as an arange holds many values where input_ids is padded: left alone, said so
+    (the equivalence check then runs the step on the padded batch, and refuses it if it breaks)."""
+    plan = find_padding([_hf_batch([5, 9, 3], True), _hf_batch([12, 4, 7], True)])
+    assert "position_ids" not in {p.name for p in plan.pads}
+    assert "changes length with input_ids but holds more than one value" in plan.left_alone["position_ids"]

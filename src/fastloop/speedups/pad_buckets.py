@@ -212,6 +212,21 @@ def _pad_value(tensors: list[torch.Tensor], dim: int, side: str) -> tuple[Any, s
     return value, None, evidence
 
 
+def _value_where_padded(ts: list[torch.Tensor], d: int, sibs: list[torch.Tensor], sib: TensorPad) -> Any:
+    """The one value the tensors ``ts`` hold where their sibling (padded as ``sib``, the same
+    length along ``d``) holds its padding at its padded end (``token_type_ids`` all 0 beside
+    ``input_ids`` padded with 0); None where that is not one value, or nothing is padded."""
+    seen: set = set()
+    for t, s in zip(ts, sibs):
+        eq = (s == sib.value).movedim(sib.dim, 1).reshape(s.shape[0], s.shape[sib.dim], -1).all(dim=2)
+        run = eq.flip(1).cumprod(1).flip(1) if sib.side == "tail" else eq.cumprod(1)  # the padded end's run
+        vals = t.movedim(d, 1)[run.bool()]
+        seen |= set(vals.reshape(-1).tolist())
+        if len(seen) > 1:
+            return None
+    return next(iter(seen)) if len(seen) == 1 else None
+
+
 def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets: int = 8) -> PadPlan:
     """Read ``batches`` (the loader's own, at least two) and plan the padding; raise
     :class:`~fastloop.speedups.base.Skip` when no tensor changes length from batch to batch."""
@@ -243,6 +258,18 @@ def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets
         lengths += [t.shape[d] for t in ts]
     if not pads:
         raise Skip("no pad value could be established: " + "; ".join(alone.values()))
+    for i, d, ts in found:  # a tensor that changes length with a padded one is padded with it
+        sib = next((p for p in pads if p.dim == d and all(t.shape[:1] + t.shape[d:d + 1] == q[p.index].shape[:1]
+                                                          + q[p.index].shape[d:d + 1] for t, q in zip(ts, per))), None)
+        if names[i] not in alone or sib is None:
+            continue
+        value = _value_where_padded(ts, d, [q[sib.index] for q in per], sib)
+        if value is None:  # the check then runs the step on batches of two lengths: refused if it breaks
+            alone[names[i]] = (f"{names[i]} (dim {d}) left alone: it changes length with {sib.name} but holds more "
+                               f"than one value where {sib.name} is padded")
+            continue
+        del alone[names[i]]
+        pads.append(TensorPad(i, names[i], d, side, value))
     top = max(lengths)
     m = multiple or max(8, math.ceil(top / 4 / 8) * 8, math.ceil(top / max_buckets / 8) * 8)
     return PadPlan(pads, m, top=top, left_alone=alone, lengths_seen=sorted(set(lengths)))
