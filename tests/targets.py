@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import UserDict
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -692,6 +693,29 @@ def typed_text(batch_size: int = 16, seed: int = 0):
     torch.manual_seed(seed)
     return (TypedTextClassifier(),
             DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=typed_collate,
+                       generator=torch.Generator().manual_seed(seed)))
+
+
+class Encoding(UserDict):
+    """A mapping that is not a dict, with attribute access to its keys, as Hugging Face's
+    ``BatchEncoding`` (what ``DataCollatorWithPadding`` returns) is."""
+
+    def __getattr__(self, name):
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def encoded_collate(samples):
+    return Encoding(typed_collate(samples))
+
+
+def encoded_text(batch_size: int = 16, seed: int = 0):
+    """typed_text's batches as an Encoding (a UserDict), as a tokenizer's collate gives them."""
+    torch.manual_seed(seed)
+    return (TypedTextClassifier(),
+            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=encoded_collate,
                        generator=torch.Generator().manual_seed(seed)))
 
 

@@ -102,7 +102,7 @@ def test_a_model_that_ignores_its_mask_is_refused_with_the_reason():
 
 
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.parametrize("target", ["masked_text", "padded_lm", "typed_text"])
+@pytest.mark.parametrize("target", ["masked_text", "padded_lm", "typed_text", "encoded_text"])
 def test_the_loss_trajectory_matches_the_unpadded_one(target):
     """The model masks its padding (labels -100 on the LM's): padded, the same losses within 1e-5
     relative (fp32 on the CPU: only the summation order of the masked positions differs)."""

@@ -11,10 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,14 @@ __all__ = ["WHOLE_BATCHES", "CUDAPrefetcher", "first_tensor", "fixed_samples", "
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
-    """Apply ``fn`` to every tensor in tensors, tuples, lists, dicts and dataclasses."""
+    """Apply ``fn`` to every tensor in tensors, tuples, lists, mappings (BatchEncoding too) and dataclasses."""
     if torch.is_tensor(batch):
         return fn(batch)
-    if isinstance(batch, dict):
-        return type(batch)((k, map_tensors(fn, v)) for k, v in batch.items())
+    if isinstance(batch, Mapping):  # dicts, and UserDicts such as Hugging Face's BatchEncoding
+        out = {k: map_tensors(fn, v) for k, v in batch.items()}
+        with contextlib.suppress(Exception):  # its own type, where it can be built from a dict
+            return type(batch)(out)
+        return out
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(map_tensors(fn, v) for v in batch))
     if isinstance(batch, (list, tuple)):

@@ -3,6 +3,7 @@ ready, and the samples in a step's batch."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader
@@ -49,5 +50,5 @@ def batch_items(batch: Any, trainer: Trainer) -> int:
     several = loaders if isinstance(loaders, (dict, list, tuple)) else getattr(loaders, "iterables", None)
     if isinstance(several, (dict, list, tuple)) and len(several) > 1 and isinstance(batch, (dict, list, tuple)) \
             and len(batch) == len(several):
-        return sum(first(b) for b in (batch.values() if isinstance(batch, dict) else batch))
+        return sum(first(b) for b in (batch.values() if isinstance(batch, Mapping) else batch))
     return first(batch)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +99,7 @@ def tensor_names(batch: Any) -> list[str]:
     def walk(x: Any, prefix: str) -> None:
         if torch.is_tensor(x):
             names.append(prefix or "batch")
-        elif isinstance(x, dict):
+        elif isinstance(x, Mapping):
             for k, v in x.items():
                 walk(v, f"{prefix}.{k}" if prefix else str(k))
         elif isinstance(x, (list, tuple)):

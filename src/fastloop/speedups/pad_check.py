@@ -7,6 +7,7 @@ the padding (is the mask used?)". The record says which were compared.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,14 +31,14 @@ def _forward(model: Any, batch: Any) -> list[torch.Tensor] | None:
     keys only, else
     ``model(batch)``, then ``model(batch[0])``), as a list of tensors; None where no such forward
     takes the batch."""
-    if isinstance(batch, dict):  # the keys its forward names (labels are the loss's, not the forward's)
+    if isinstance(batch, Mapping):  # the keys its forward names (labels are the loss's, not the forward's)
         try:
             params = inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
             return None
         takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         args = {k: v for k, v in batch.items() if takes_all or k in params}
-    calls = [lambda: model(**args)] if isinstance(batch, dict) else [lambda: model(batch)]
+    calls = [lambda: model(**args)] if isinstance(batch, Mapping) else [lambda: model(batch)]
     if isinstance(batch, (list, tuple)) and batch:
         calls.append(lambda: model(batch[0]))
     for call in calls:
