@@ -259,3 +259,18 @@ def test_a_tensor_in_step_with_the_padding_whose_pad_cannot_be_read_is_left_alon
     plan = find_padding([_hf_batch([5, 9, 3], True), _hf_batch([12, 4, 7], True)])
     assert "position_ids" not in {p.name for p in plan.pads}
     assert "changes length with input_ids but holds more than one value" in plan.left_alone["position_ids"]
+
+
+def test_ids_padded_with_the_eos_every_row_ends_with_get_it_from_the_mask_beside_them():
+    """GPT-2 style: the pad id is the EOS that ends every row, so the ids' own tails all end alike;
+    the mask beside them says where the padding is, and there the ids hold the EOS."""
+    eos = 50256
+
+    def batch(lens):
+        ids, mask = torch.full((len(lens), max(lens)), eos), torch.zeros(len(lens), max(lens), dtype=torch.long)
+        for i, n in enumerate(lens):
+            ids[i, :n - 1], mask[i, :n] = torch.arange(5, 4 + n), 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    plan = find_padding([batch([5, 9, 3]), batch([12, 4, 7])])
+    assert {(p.name, p.value) for p in plan.pads} == {("input_ids", eos), ("attention_mask", 0), ("labels", -100)}
