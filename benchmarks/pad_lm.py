@@ -75,12 +75,12 @@ def shape_rule(args: argparse.Namespace) -> dict:
                       "compile_counters": comp, "batch_shapes": d.get("batch_shapes"),
                       "speedups": [(r["name"], r["status"], r.get("reason")) for r in d["speedups"]]}
     print("\ncompile's shape rule on 3 buckets (make_long_tail):")
-    print("| configuration | real tokens/s | step median ms | compile s | graphs | recompiles |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| configuration | real tokens/s | step median ms | compile s | graphs |")
+    print("| --- | --- | --- | --- | --- |")
     for k, r in rows.items():
         c = r["compile_counters"] or {}
         print(f"| {k} | {r['tokens_s']:,.0f} | {1e3 * r['step_s']['median']:.2f} | {r['compile_s'] or 0:.1f} | "
-              f"{c.get('unique_graphs')} | {c.get('recompiles')} |")
+              f"{c.get('unique_graphs')} |")
     return rows
 
 

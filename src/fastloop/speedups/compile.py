@@ -51,11 +51,12 @@ def compiled_by_user(model: torch.nn.Module) -> bool:
 
 
 def compile_counters() -> dict:
-    """Dynamo's graph and recompile counters (process-wide)."""
+    """Dynamo's graph and recompile counters (process-wide); ``recompiles`` is None where this
+    torch keeps no such counter (2.14 does not: a 0 there would claim none happened)."""
     counters = dynamo_counters()
     return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
             "graph_breaks": int(sum(counters["graph_break"].values())),
-            "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0}
+            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else None}
 
 
 @dataclass(frozen=True)
