@@ -274,3 +274,28 @@ def test_ids_padded_with_the_eos_every_row_ends_with_get_it_from_the_mask_beside
 
     plan = find_padding([batch([5, 9, 3]), batch([12, 4, 7])])
     assert {(p.name, p.value) for p in plan.pads} == {("input_ids", eos), ("attention_mask", 0), ("labels", -100)}
+
+
+def test_batches_longer_than_every_sampled_length_are_left_alone_and_counted_across_workers():
+    import multiprocessing
+
+    from fastloop.speedups.pad_buckets import PaddedCollate
+
+    rows = [{"input_ids": torch.arange(1, n + 1), "label": 0} for n in [4, 9, 6, 3] * 4 + [20, 3, 30, 2]]
+    plan = find_padding([pad_collate(rows[i:i + 2]) for i in range(0, 16, 2)], multiple=4)
+    assert plan.top == 9
+    longer = multiprocessing.get_context().Value("i", 0)
+    loader = DataLoader(rows, batch_size=2, num_workers=2, collate_fn=PaddedCollate(pad_collate, plan, longer))
+    lengths = [b["input_ids"].shape[1] for b in loader]
+    assert set(lengths[:8]) <= set(plan.buckets()) == {4, 8, 9}
+    assert lengths[8:] == [20, 30]  # left alone: never padded past a length seen
+    assert longer.value == 2
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_run_reports_how_many_batches_were_longer_than_the_sample():
+    doc = run_configuration("tests/targets.py:masked_text", "pad_buckets", steps=6, warmup=1, device="cpu",
+                            steady_warmup=False, target_kwargs={"batch_size": 4})
+    assert doc["speedups"][0]["status"] == "applied"
+    assert isinstance(doc["extra"]["pad_buckets_longer_batches"], int)  # reported, from the collate's counter
+    assert "counted: pad_buckets_longer_batches" in doc["speedups"][0]["detail"]

@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import math
+import multiprocessing
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -149,6 +150,12 @@ class PadPlan:
         """The bucket lengths: multiples of :attr:`multiple` below the longest seen, then it."""
         return sorted({self.bucket(n) or n for n in range(1, self.top + 1)})
 
+    def longer_than_seen(self, batch: Any) -> bool:
+        """Is one of ``batch``'s planned tensors longer than every length sampled (left alone)?"""
+        ts = tensors_of(batch)
+        return any(p.index < len(ts) and ts[p.index].dim() > p.dim and ts[p.index].shape[p.dim] > self.top
+                   for p in self.pads)
+
     def pad(self, batch: Any) -> Any:
         """``batch`` with each planned tensor padded to its bucket (unchanged past the longest seen)."""
         by_index: dict[int, list[TensorPad]] = {}
@@ -177,11 +184,18 @@ class PadPlan:
 class PaddedCollate:
     """The user's collate function, then :meth:`PadPlan.pad` (picklable: it runs in loader workers)."""
 
-    def __init__(self, collate: Callable, plan: PadPlan) -> None:
+    def __init__(self, collate: Callable, plan: PadPlan, longer: Any = None) -> None:
         self.collate, self.plan = collate, plan
+        self.longer = longer
+        """A shared ``multiprocessing.Value`` counting the batches left alone as longer than every
+        length sampled (the workers count into it; None: not counted)."""
 
     def __call__(self, samples: Any) -> Any:
-        return self.plan.pad(self.collate(samples))
+        batch = self.collate(samples)
+        if self.longer is not None and self.plan.longer_than_seen(batch):
+            with self.longer.get_lock():
+                self.longer.value += 1
+        return self.plan.pad(batch)
 
 
 def _end_values(t: torch.Tensor, dim: int, side: str) -> list[Any]:
@@ -337,7 +351,15 @@ class PadBuckets(Speedup):
                                     "pad_us_per_batch": round(pad_us, 1), "equivalence": checked}
         ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.top}, "
                      f"the longest length in {len(batches)} sampled batches (lengths seen {plan.lengths_seen[0]}-"
-                     f"{plan.lengths_seen[-1]}; a longer batch is left alone: never padded past a length seen); {checked}; "
+                     f"{plan.lengths_seen[-1]}; a longer batch is left alone, never padded past a length seen, and "
+                     f"counted: pad_buckets_longer_batches); {checked}; "
                      f"{pad_us:.0f} us of host time per batch in the collate{compile_note}"
                      + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
-        return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan))
+        mp = getattr(loader, "multiprocessing_context", None) or multiprocessing.get_context()  # the workers' own
+        self.longer = mp.Value("i", 0)
+        return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan, self.longer))
+
+    def run_stats(self) -> dict:
+        """The batches left alone as longer than every sampled length, counted in the collate."""
+        longer = getattr(self, "longer", None)
+        return {"pad_buckets_longer_batches": int(longer.value)} if longer is not None else {}
