@@ -753,6 +753,44 @@ class AugmentedImages(Dataset):
         return img, self.targets[i]
 
 
+class PilCifar(Dataset):
+    """As torchvision's ``CIFAR10`` holds its data: uint8 HWC arrays in memory, each sample made a
+    PIL image in ``__getitem__`` and passed to a v1 pipeline (crop, flip, ToTensor, Normalize)."""
+
+    def __init__(self, n: int = 256, size: int = 16, seed: int = 0, transform=None) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        self.data = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+        self.targets = rng.integers(0, 4, n).tolist()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.fromarray(self.data[i])
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[i]
+
+
+def v1_pipeline(size: int = 16, padding: int = 2):
+    from torchvision import transforms as T
+
+    return T.Compose([T.RandomCrop(size, padding=padding), T.RandomHorizontalFlip(), T.ToTensor(),
+                      T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+
+
+def pil_cifar(batch_size: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    return (Classifier(conv=True, batch_size=batch_size),
+            DataLoader(PilCifar(seed=seed, transform=v1_pipeline()), batch_size=batch_size, shuffle=True,
+                       generator=torch.Generator().manual_seed(seed)))
+
+
 def v2_pipeline(size: int = 16, padding: int = 2):
     from torchvision.transforms import v2
 

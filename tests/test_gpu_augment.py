@@ -104,3 +104,29 @@ def test_training_on_the_augmented_batches_tracks_the_cpu_pipeline():
     _, again = augmented_images()
     a, b = train(cpu), train(make_augmented(again, CPU))
     assert abs(a - b) / a < 0.15, (a, b)
+
+
+def test_pil_images_made_from_stored_hwc_arrays_are_read_once_as_chw():
+    """torchvision's CIFAR10 hands its transform a PIL image made from a stored HWC uint8 array:
+    the images are read once as CHW uint8 (ToTensor's layout, unscaled), and the v1 pipeline's
+    ops run on each batch, giving the CPU pipeline's shapes and dtypes and, with the random ops
+    set aside, its exact values."""
+    from tests.targets import PilCifar, pil_cifar
+
+    _, loader = pil_cifar()
+    _, again = pil_cifar()
+    assert augment_why_not(again) is None
+    aug = make_augmented(again, CPU)
+    stored = aug.resident.tensors[0]
+    assert stored.dtype == torch.uint8 and stored.shape[1:] == (3, 16, 16)
+    assert torch.equal(stored[0].permute(1, 2, 0), torch.from_numpy(again.dataset.data[0]))
+    for (x, y), (xa, ya) in zip(loader, aug):
+        assert xa.shape == x.shape and xa.dtype == x.dtype and torch.equal(torch.as_tensor(y), ya)
+    from torchvision import transforms as T
+
+    fixed = T.Compose([T.ToTensor(), T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    ds = PilCifar(n=4)
+    got = run_ops(torch.stack([torch.from_numpy(a).permute(2, 0, 1) for a in ds.data]),
+                  [op for op in translate(T.Compose([T.RandomHorizontalFlip(p=0.0), fixed])) if op.kind != "hwc_to_chw"],
+                  torch.Generator())
+    assert torch.allclose(got, torch.stack([fixed(ds[i][0]) for i in range(4)]), atol=1e-6)

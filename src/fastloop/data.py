@@ -79,14 +79,14 @@ _RNG_TYPES: tuple[type, ...] = (torch.Generator, random.Random, np.random.Genera
 
 FIXED_TRANSFORMS = frozenset({"ToTensor", "PILToTensor", "ToImage", "ToDtype", "ToPureTensor", "ConvertImageDtype",
                               "Normalize", "Resize", "CenterCrop", "Grayscale", "Pad"})
-"""torchvision transforms (v1 and v2) that give the same output for the same input: a dataset
-whose ``transform`` is one of them, or a ``Compose`` of them, is still read once."""
+"""torchvision transforms giving the same output for the same input (a Compose of them too)."""
 
 
 def _random_part(transform: Any) -> str | None:
-    """None when ``transform`` is one of :data:`FIXED_TRANSFORMS` or a Compose of them; else the
-    name of the part that may draw anew (any other callable may)."""
+    """None for a transform in :data:`FIXED_TRANSFORMS` (or a Compose of them); else the part that may draw anew."""
     cls = type(transform)
+    if getattr(transform, "fixed_output", False) is True:  # declared so: gpu_augment's layout converter
+        return None
     if not cls.__module__.startswith("torchvision.transforms"):
         return getattr(transform, "__name__", None) or cls.__name__
     if cls.__name__ == "Compose":

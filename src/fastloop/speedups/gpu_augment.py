@@ -4,14 +4,16 @@ from the GPU with the transform run there on each whole batch, every sample with
 The card (when it helps, when it hurts, what it costs): ``docs/speedups/gpu_augment.md``.
 
 **Finding the stored images.** The dataset's ``transform`` attribute (a torchvision v1 or v2
-``Compose``, or one op) is translated op by op; with it set to None for a moment (and a
-``VisionDataset``'s ``transforms`` with it), the dataset must give fixed samples
+``Compose``, or one op) is translated op by op; with it replaced for a moment by a layout
+converter (:func:`as_chw`: a PIL image or an HWC array, what torchvision's ``CIFAR10`` hands its
+transform, becomes a CHW tensor of the same dtype; a tensor stays as it is) and a
+``VisionDataset``'s ``transforms`` set to None, the dataset must give fixed samples
 (:func:`fastloop.data.fixed_samples`: in memory, the same values for the same index). Those
 samples, the images as stored (uint8 stays uint8: 4x less memory than float), are read once onto
 the GPU, as ``gpu_resident`` reads a dataset; each batch is indexed there in the order of the
 loader's own sampler, and the translated ops run on the batch's images (the sample's first
-element). Anything else (another op, a dict sample, PIL images behind the transform, a
-``target_transform``) is skipped with the reason naming it.
+element). Anything else (another op, a dict sample, a ``target_transform``) is skipped with the
+reason naming it.
 
 **Recognised ops**, each with torchvision's parameters and distribution of draws: ``RandomCrop``
 (size, constant padding with its fill; every offset equally likely), ``RandomHorizontalFlip``
@@ -37,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -46,7 +49,7 @@ from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
 from fastloop.speedups.run import Run
 
-__all__ = ["GPUAugment", "GPUAugmentLoader", "Op", "make_augmented", "run_ops", "translate"]
+__all__ = ["GPUAugment", "GPUAugmentLoader", "Op", "as_chw", "make_augmented", "run_ops", "translate"]
 
 LAYOUT_OPS = frozenset({"ToImage", "PILToTensor", "ToPureTensor"})
 FLOAT_OPS = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype"})
@@ -104,6 +107,22 @@ def _one(t: Any) -> list[Op]:
         return [Op("normalize", {"mean": [float(m) for m in t.mean], "std": [float(s) for s in t.std]})]
     raise Skip(f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
                f"RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize)")
+
+
+def as_chw(image: Any) -> Any:
+    """A PIL image or an HWC (or HW) array as a CHW tensor of its own dtype, as torchvision's
+    ``ToTensor``/``ToImage`` lay it out (without scaling); a tensor (already CHW) is returned as is."""
+    if torch.is_tensor(image):
+        return image
+    if isinstance(image, np.ndarray) or hasattr(image, "getbands"):  # an array, or a PIL image
+        image = np.array(image)  # a copy: writable, contiguous
+    if isinstance(image, np.ndarray) and image.ndim in (2, 3):
+        t = torch.from_numpy(image)
+        return t[None] if t.dim() == 2 else t.permute(2, 0, 1).contiguous()
+    return image
+
+
+as_chw.fixed_output = True  # type: ignore[attr-defined]  # the same output for the same input: read once
 
 
 def translate(transform: Any) -> list[Op]:
@@ -164,18 +183,19 @@ def augment_why_not(loader: Any) -> str | None:
         translate(transform)
     except Skip as why:
         return why.reason
-    with _without_transform(dataset):
+    with _transform_as(dataset, as_chw):
         found = fixed_samples(dataset)
     return f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
 
 
 @contextlib.contextmanager
-def _without_transform(dataset: Any) -> Iterator[None]:
-    """The dataset with its ``transform`` (and a VisionDataset's ``transforms``) set to None."""
+def _transform_as(dataset: Any, transform: Any = None) -> Iterator[None]:
+    """The dataset with its ``transform`` set to ``transform`` (and a VisionDataset's
+    ``transforms`` to None)."""
     saved = {k: getattr(dataset, k) for k in ("transform", "transforms") if hasattr(dataset, k)}
     try:
         for k in saved:
-            setattr(dataset, k, None)
+            setattr(dataset, k, transform if k == "transform" else None)
         yield
     finally:
         for k, v in saved.items():
@@ -193,19 +213,20 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
         raise Skip(f"the dataset ({type(dataset).__name__}) has no transform attribute to run on the GPU")
     if getattr(dataset, "target_transform", None) is not None:
         raise Skip(f"the dataset has a target_transform ({type(dataset.target_transform).__name__}), not translated")
-    ops = translate(transform)
-    with _without_transform(dataset):
+    ops = [op for op in translate(transform) if op.kind != "hwc_to_chw"]  # the images are read as CHW
+    with _transform_as(dataset):
         sample = dataset[0]
-        if not isinstance(sample, (tuple, list)) or not hasattr(sample[0], "shape"):
-            raise Skip(f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
-                       f" samples, not (image array or tensor, ...) tuples")
+    if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
+        raise Skip(f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
+                   f" samples, not (image, ...) tuples of tensors, arrays or PIL images")
+    with _transform_as(dataset, as_chw):
         try:
             resident = make_resident(loader, device, share=share)
         except NotResident as why:
             raise Skip(f"the stored images behind the transform cannot be read once: {why}") from None
     with torch.random.fork_rng(devices=[]):  # the check draws nothing from the user's random state
-        want = transform(sample[0] if torch.is_tensor(sample[0]) else sample[0].copy())
-    got = run_ops(torch.as_tensor(sample[0])[None].to(device), ops, torch.Generator(device=device))
+        want = transform(sample[0].copy() if hasattr(sample[0], "copy") and not torch.is_tensor(sample[0]) else sample[0])
+    got = run_ops(as_chw(sample[0])[None].to(device), ops, torch.Generator(device=device))
     if tuple(got.shape[1:]) != tuple(want.shape) or got.dtype != want.dtype:
         raise Skip(f"the translated transform gives {tuple(got.shape[1:])} {got.dtype}, the dataset's "
                    f"{tuple(want.shape)} {want.dtype}: not translated")
