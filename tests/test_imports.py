@@ -236,3 +236,24 @@ def test_the_layer_check_sees_an_arrow_back_up(monkeypatch):
     fake = {"fastloop.measure.timer": {"fastloop.drivers.ladder"}}
     up = [(a, b) for a, ts in fake.items() for b in ts if layer_of(b, table) > layer_of(a, table)]
     assert up == [("fastloop.measure.timer", "fastloop.drivers.ladder")]
+
+
+def ladder_state_private_uses() -> list[str]:
+    """``X._name`` where X is the ladder's state (``L``, ``ladder``, ``self.L``) in the modules
+    that drive it: the search, the sequential path and the gates."""
+    found = []
+    for name, path in _modules().items():
+        if not name.startswith("fastloop.drivers.ladder_") or name.endswith("ladder_state"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                if owner in ("L", "ladder", "self.L"):
+                    found.append(f"{name}:{node.lineno}: {owner}.{node.attr}")
+    return found
+
+
+def test_the_ladders_state_is_used_through_its_public_members_only():
+    """Issue 47: the ladder's state is one public object the search, the sequential path and the
+    gates use without private members (there were 50 such uses)."""
+    assert ladder_state_private_uses() == []

@@ -42,7 +42,7 @@ def feed_cannot_help(ladder: LadderState, s: Any) -> str | None:
     most a faster feed could gain is below what the ladder can detect, so it is not measured."""
     if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
         return None
-    best = ladder.best_runs.get(ladder._spec())
+    best = ladder.best_runs.get(ladder.spec_with())
     if best is None or not best.docs:
         return None
     doc = merge_runs(best)
@@ -58,13 +58,13 @@ def feed_cannot_help(ladder: LadderState, s: Any) -> str | None:
         host, part = host * min(1.0, copy / fetch), "copying batches to the device"
     if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
         bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
-        return (f"not measured: the best configuration so far ({ladder._spec()}) keeps the GPU busy {100 * busy:.0f}% "
+        return (f"not measured: the best configuration so far ({ladder.spec_with()}) keeps the GPU busy {100 * busy:.0f}% "
                 f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
     if host is not None and max(wait, host) <= FEED_WAIT:
         # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
         # host-bound one at most the host's time getting it (host): the larger bounds both
         bound = 1 / max(1e-9, 1 - max(wait, host))
-        return (f"not measured: the best configuration so far ({ladder._spec()}) spends {100 * host:.1f}% of its "
+        return (f"not measured: the best configuration so far ({ladder.spec_with()}) spends {100 * host:.1f}% of its "
                 f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
                 f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
     return None

@@ -55,7 +55,7 @@ even where the interval is too wide to call it significant."""
 
 
 class StagedSearch:
-    """One staged search over a :class:`~fastloop.ladder._Ladder`'s machinery (its measurement,
+    """One staged search over a :class:`~fastloop.drivers.ladder_state.LadderState`'s public machinery (its measurement,
     rung documents and selected set)."""
 
     def __init__(self, ladder: LadderState) -> None:
@@ -73,7 +73,7 @@ class StagedSearch:
 
     # -- helpers -----------------------------------------------------------------------------
     def best(self) -> Runs | None:
-        return self.L.best_runs.get(self.L._spec())
+        return self.L.best_runs.get(self.L.spec_with())
 
     def bottleneck(self) -> dict:
         runs = self.best()
@@ -86,9 +86,9 @@ class StagedSearch:
         """A line of the story: the stage, the bottleneck of the best configuration then, what was done."""
         self.stage = stage
         b = self.bottleneck()
-        self.L.stages.append({"stage": stage, "configuration": self.L._spec(), "bottleneck": b.get("bottleneck"),
+        self.L.stages.append({"stage": stage, "configuration": self.L.spec_with(), "bottleneck": b.get("bottleneck"),
                               "evidence": b.get("evidence"), "action": action})
-        self.L._update()
+        self.L.publish()
 
     def fits(self, runs: int) -> bool:
         """Do ``runs`` more runs, and the final comparison after them, fit the budget?"""
@@ -113,9 +113,9 @@ class StagedSearch:
         and the base's top-up), predicted at the candidate's cost where it ran before, and the
         final comparison's reserve? Where it does not, the rung is listed not tried, with the plan."""
         L = self.L
-        base = L.best_runs.get(L._spec())
+        base = L.best_runs.get(L.spec_with())
         runs = L.min_repeats + max(0, L.min_repeats - (len(base.docs) if base is not None else 0))
-        cand = L._spec(specs)
+        cand = L.spec_with(specs)
         if L.fits(runs, spec=cand if cand in L.spec_s else None):
             return True
         # a member of a bundle that was measured and not faster was tried: only not alone
@@ -142,23 +142,23 @@ class StagedSearch:
         specs = [s.spec for s in add]
         if not self._starts(specs):
             return False
-        base_spec, cand_spec = L._spec(), L._spec(specs)
-        fresh, ci, n = L._compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None,
+        base_spec, cand_spec = L.spec_with(), L.spec_with(specs)
+        fresh, ci, n = L.compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None,
                                            tell_rate=tell_rate)
         if L.base_runs is None:
-            L._baseline(fresh[L.base_spec])
+            L.set_baseline(fresh[L.base_spec])
         cand, base = fresh[cand_spec], fresh[base_spec]
         if cand.failures or base.failures or not cand.docs:
             why = (cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
                    if base.failures else "no run finished")
-            doc = L._rung_doc(label, cand_spec, cand, "failed", why)
+            doc = L.rung_doc(label, cand_spec, cand, "failed", why)
             doc.update(stage=self.stage, members=specs)
             L.rungs.append(doc)
-            L._update()
+            L.publish()
             return False
         own = self._own_records(cand, specs)
         inactive = {n: r for n, r in own.items() if r["status"] != "applied"}
-        doc = L._rung_doc(label, cand_spec, cand, "applied", "")
+        doc = L.rung_doc(label, cand_spec, cand, "applied", "")
         doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, members=specs)
         if inactive:
             doc["inactive"] = {n: f"{r['status']}: {r['reason']}" for n, r in inactive.items()}
@@ -169,9 +169,9 @@ class StagedSearch:
             doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}"
             before = self._kind()
             L.selected.extend(active)
-            L.best_runs = {L._spec(): cand}  # members that did nothing change nothing: the same runs
+            L.best_runs = {L.spec_with(): cand}  # members that did nothing change nothing: the same runs
             if base_spec == L.base_spec:
-                L.vs_baseline = ({L.base_spec: base, L._spec(): cand}, ci)
+                L.vs_baseline = ({L.base_spec: base, L.spec_with(): cand}, ci)
             self._moved(doc, before)
         else:
             if not active:
@@ -188,7 +188,7 @@ class StagedSearch:
             for s in specs:
                 self.dropped_under[s.split(":")[0]] = self._kind()
         L.rungs.append(doc)
-        L._update()
+        L.publish()
         return kept
 
     def _moved(self, doc: dict, before: str) -> None:
@@ -213,18 +213,18 @@ class StagedSearch:
                 self.not_tried([f"ablation of {spec}"], plan=L.plan(L.min_repeats))
                 continue
             without = [s for s in L.selected if s != spec]
-            base_spec = L._spec()
+            base_spec = L.spec_with()
             cand_spec = ",".join(L.base + without) or "none"
-            fresh, ci, n = L._compare_adaptive(base_spec, cand_spec)
+            fresh, ci, n = L.compare_adaptive(base_spec, cand_spec)
             cand = fresh[cand_spec]
             label = f"-{spec}"
             if cand.failures or not cand.docs:
-                doc = L._rung_doc(label, cand_spec, cand, "failed", cand.failures[-1] if cand.failures else "")
+                doc = L.rung_doc(label, cand_spec, cand, "failed", cand.failures[-1] if cand.failures else "")
                 doc.update(stage=self.stage, decision=f"kept {spec}: the configuration without it failed")
                 L.rungs.append(doc)
-                L._update()
+                L.publish()
                 continue
-            doc = L._rung_doc(label, cand_spec, cand, "applied", "")
+            doc = L.rung_doc(label, cand_spec, cand, "applied", "")
             doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, ablation=spec)
             # left out only when not missed: not significantly slower without it AND no more than
             # ABLATION_LOSS slower at the point estimate (a wide interval is not evidence of no effect)
@@ -246,7 +246,7 @@ class StagedSearch:
                 if cand_spec == L.base_spec:
                     L.vs_baseline = None
             L.rungs.append(doc)
-            L._update()
+            L.publish()
 
     def _tie(self, doc: dict, kept: str, other: str, ci: dict | None) -> None:
         """Two configurations the comparison could not tell apart (an interval straddling 1, or
@@ -320,7 +320,7 @@ class StagedSearch:
                              f"CUDA graphs are measured on its few shapes")
         for s in todo:
             if ruled_out[s.name]:
-                L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", ruled_out[s.name]))
+                L.rungs.append(L.rung_doc(f"+{s.spec}", L.spec_with([s.spec]), None, "skipped", ruled_out[s.name]))
         todo = [s for s in todo if not ruled_out[s.name]]
         if not todo:
             return
@@ -358,14 +358,14 @@ class StagedSearch:
         for s in candidates:
             reason = s.why_not(ctx)
             if reason:
-                L.rungs.append(L._rung_doc(f"+{s.spec}", L._spec([s.spec]), None, "skipped", reason))
+                L.rungs.append(L.rung_doc(f"+{s.spec}", L.spec_with([s.spec]), None, "skipped", reason))
             else:
                 usable.append(s)
         feed, compute, rest = split_groups(usable)
         fresh: dict[str, Runs] = {}
         # one run tells the bottleneck; the first comparison tops the baseline up, interleaved
-        L._measure([L.base_spec], 1, fresh)
-        L._baseline(fresh[L.base_spec])
+        L.measure_runs([L.base_spec], 1, fresh)
+        L.set_baseline(fresh[L.base_spec])
         L.best_runs = {L.base_spec: fresh[L.base_spec]}
         self.note("baseline", "measured")
         if (merge_runs(self.best()).get("data_wait_frac") or 0.0) >= FEED_FIRST_WAIT:

@@ -45,24 +45,24 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
         label = f"+{s.spec}"
         reason = s.why_not(ctx) or model_says_no(ladder, s) or feed_cannot_help(ladder, s)
         if reason:
-            ladder.rungs.append(ladder._rung_doc(label, ladder._spec([s.spec]), None, "skipped", reason))
-            ladder._update()
+            ladder.rungs.append(ladder.rung_doc(label, ladder.spec_with([s.spec]), None, "skipped", reason))
+            ladder.publish()
             continue
-        base_spec = ladder._spec()
-        cand_spec = ladder._spec([s.spec])
+        base_spec = ladder.spec_with()
+        cand_spec = ladder.spec_with([s.spec])
         # a feed candidate's runs learn what the step consumes (workers weighs its loader against it)
-        fresh, ci, n = ladder._compare_adaptive(base_spec, cand_spec, own=s.spec, tell_rate=s.feeds)
+        fresh, ci, n = ladder.compare_adaptive(base_spec, cand_spec, own=s.spec, tell_rate=s.feeds)
         if ladder.base_runs is None:
-            ladder._baseline(fresh[ladder.base_spec])
+            ladder.set_baseline(fresh[ladder.base_spec])
             prev_bottleneck = ladder.rungs[0].get("bottleneck", {}).get("bottleneck")
         cand, base = fresh[cand_spec], fresh[base_spec]
         if cand.failures or base.failures:  # a process died: no verdict, the ladder goes on
             why = cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
-            ladder.rungs.append(ladder._rung_doc(label, cand_spec, cand, "failed", why))
-            ladder._update()
+            ladder.rungs.append(ladder.rung_doc(label, cand_spec, cand, "failed", why))
+            ladder.publish()
             continue
         own = own_record(cand.docs[-1], s.spec)
-        doc = ladder._rung_doc(label, cand_spec, cand, "applied", "")
+        doc = ladder.rung_doc(label, cand_spec, cand, "applied", "")
         doc["vs_spec"] = base_spec
         doc["runs_per_side"] = n
         if own and own["status"] != "applied":
@@ -70,7 +70,7 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
             doc["speedup_vs_prev"] = None
             doc["decision"] = f"dropped: {own['status']} inside its process ({own['reason']})"
             ladder.rungs.append(doc)
-            ladder._update()
+            ladder.publish()
             continue
         doc["speedup_vs_prev"] = ci
         keep = ladder.mode == "cumulative" or bool(ci and ci["significant"] and ci["ratio"] > 1)
@@ -98,15 +98,15 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
                                            f"next: {doc['bottleneck']['recommendation']}")
                 prev_bottleneck = now
         ladder.rungs.append(doc)
-        ladder._update()
+        ladder.publish()
     if ladder.base_runs is None:  # nothing could be measured on top of it: the baseline alone
         fresh = {}
-        ladder._measure([ladder.base_spec], ladder.min_repeats, fresh)
-        ladder._baseline(fresh[ladder.base_spec])
+        ladder.measure_runs([ladder.base_spec], ladder.min_repeats, fresh)
+        ladder.set_baseline(fresh[ladder.base_spec])
     if len(ladder.selected) == 1 and last_kept is not None and last_kept[1] == ladder.base_spec:
         # the one kept speedup was already measured against the baseline, interleaved
         fresh, _ = last_kept
-        ladder._final_from(fresh)
+        ladder.final_from(fresh)
     else:
-        ladder._final()
+        ladder.final_comparison()
     return ladder.document()

@@ -73,15 +73,15 @@ class LadderState(BudgetPlan):
 
     def final_ready(self) -> bool:
         """Has the selected set already been measured against the baseline, interleaved?"""
-        spec = self._spec()
+        spec = self.spec_with()
         return self.vs_baseline is not None and spec in self.vs_baseline[0] and self.base_spec in self.vs_baseline[0]
 
-    def _spec(self, extra: list[str] | None = None) -> str:
+    def spec_with(self, extra: list[str] | None = None) -> str:
         """The configuration: the base, the kept candidates, and ``extra``."""
         return join_specs(self.base + self.selected + list(extra or []))
 
     # -- measurement -------------------------------------------------------------------------
-    def _measure(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
+    def measure_runs(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
                  own: str | None = None, told: dict[str, float | None] | None = None,
                  order: list[str] | None = None) -> None:
         """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
@@ -100,7 +100,7 @@ class LadderState(BudgetPlan):
             return True
 
         measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
-                            device=self.device, runs=fresh, progress=self.progress, on_run=self._update, up_to=up_to,
+                            device=self.device, runs=fresh, progress=self.progress, on_run=self.publish, up_to=up_to,
                             done=done, stop=stop, told=told, order=order)
         self._pending = None
 
@@ -108,7 +108,7 @@ class LadderState(BudgetPlan):
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
         return [1] + looks if early else looks
 
-    def _compare_adaptive(self, base: str, cand: str, own: str | None = None,
+    def compare_adaptive(self, base: str, cand: str, own: str | None = None,
                           tell_rate: bool = False) -> tuple[dict[str, Runs], dict | None, int]:
         """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
 
@@ -131,7 +131,7 @@ class LadderState(BudgetPlan):
             if i > 0 and ci is not None and not self.fits(needed, queued=True):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
-            self._measure([base, cand], n, fresh, up_to=n, own=own, order=order,
+            self.measure_runs([base, cand], n, fresh, up_to=n, own=own, order=order,
                           told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
             self.best_runs[base] = fresh[base]
             if self.cut_by_budget:  # the budget ended this look early: decide on what ran
@@ -158,23 +158,23 @@ class LadderState(BudgetPlan):
         return fresh, ci, n
 
     # -- documents -----------------------------------------------------------------------------
-    _rung_doc = staticmethod(rung_doc)
+    rung_doc = staticmethod(rung_doc)
 
     def document(self) -> dict:
         rungs = [dict(r) for r in self.rungs]
         base = getattr(self, "base_runs", None)
         if base is not None and rungs and str(rungs[0].get("rung", "")).startswith("baseline") \
                 and rungs[0].get("repeats") != len(base.docs):  # topped up by later comparisons
-            rungs[0] = self._rung_doc(rungs[0]["rung"], self.base_spec, base, "applied", "")
+            rungs[0] = self.rung_doc(rungs[0]["rung"], self.base_spec, base, "applied", "")
         if self.final is not None:
             rungs.append(self.final)
         for spec, runs in (self._pending or {}).items():  # the comparison under way
             if runs.docs:
                 state = "interrupted" if self.interrupted else "in progress"
-                rungs.append(self._rung_doc(f"{state}: {spec}", spec, runs, state,
+                rungs.append(self.rung_doc(f"{state}: {spec}", spec, runs, state,
                                             f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
-               "selected_spec": self._spec(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
+               "selected_spec": self.spec_with(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget, "measure_s": self.measure_s,
                "runs": len(self.process_s),
                "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
@@ -189,22 +189,22 @@ class LadderState(BudgetPlan):
                          "faster: not worth keeping)"}
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
-        out.update(answer_lines(self._spec(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short)))
+        out.update(answer_lines(self.spec_with(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short)))
         filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
 
-    def _update(self) -> None:
+    def publish(self) -> None:
         if self.on_update:
             self.on_update(self.document())
 
     # -- the two modes ----------------------------------------------------------------------------
-    def _baseline(self, runs: Runs) -> None:
+    def set_baseline(self, runs: Runs) -> None:
         if not runs.docs:
             raise baseline_failed(runs)
         if not any(r["rung"] == "baseline" for r in self.rungs):
             label = "baseline" if not self.base else f"baseline ({self.base_spec})"
-            self.rungs.insert(0, self._rung_doc(label, self.base_spec, runs, "applied", ""))
+            self.rungs.insert(0, self.rung_doc(label, self.base_spec, runs, "applied", ""))
             self.base_runs = runs
 
     def finish(self) -> dict:
@@ -213,25 +213,25 @@ class LadderState(BudgetPlan):
         if self.selected and self.final_ready():
             # the selected set was kept in a comparison with the baseline itself, interleaved:
             # those runs are the final measurement (no second comparison of the same pair)
-            self._final_from(*self.vs_baseline)  # type: ignore[misc]
+            self.final_from(*self.vs_baseline)  # type: ignore[misc]
         else:
-            self._final()
+            self.final_comparison()
         return self.document()
 
-    def _final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:
+    def final_from(self, fresh: dict[str, Runs], ci: dict | None = None) -> None:
         """The final rung from interleaved runs of the baseline and the selected set (``ci``: their
         comparison at the confidence its looks used; computed here when not given)."""
-        spec = self._spec()
+        spec = self.spec_with()
         runs = fresh[spec]
         status = "applied" if runs.docs else "failed"
-        self.final = self._rung_doc("selected: " + spec, spec, runs, status, runs.failures[-1] if runs.failures else "")
+        self.final = self.rung_doc("selected: " + spec, spec, runs, status, runs.failures[-1] if runs.failures else "")
         self.final["speedup_vs_baseline"] = ci if ci is not None else compare(fresh[self.base_spec], runs)
         self.final["final"] = True
 
-    def _final(self) -> None:
+    def final_comparison(self) -> None:
         if not self.selected:
             assert self.base_runs is not None
-            self.final = self._rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
+            self.final = self.rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
                                         "nothing was kept: the baseline")
             self.final["speedup_vs_baseline"] = None
             self.final["final"] = True
@@ -239,7 +239,7 @@ class LadderState(BudgetPlan):
         # fresh runs of both, interleaved (not the selected set's runs from its own comparison):
         # 3 a side first, more only while the interval is too wide to call (it rarely is: the
         # selected set is usually many times the baseline)
-        earlier, base, self.best_runs = [r for s, r in self.best_runs.items() if s == self._spec()], self.base_runs, {}
+        earlier, base, self.best_runs = [r for s, r in self.best_runs.items() if s == self.spec_with()], self.base_runs, {}
         self.finalizing = True
-        fresh, ci, _ = self._compare_adaptive(self.base_spec, self._spec())
-        self._final_from(fresh, pooled_final(ci, base, earlier, fresh[self.base_spec], fresh[self._spec()]))
+        fresh, ci, _ = self.compare_adaptive(self.base_spec, self.spec_with())
+        self.final_from(fresh, pooled_final(ci, base, earlier, fresh[self.base_spec], fresh[self.spec_with()]))
