@@ -255,5 +255,5 @@ def ladder_state_private_uses() -> list[str]:
 
 def test_the_ladders_state_is_used_through_its_public_members_only():
     """Issue 47: the ladder's state is one public object the search, the sequential path and the
-    gates use without private members (there were 50 such uses)."""
+    gates use without private members (there were 46 such uses)."""
     assert ladder_state_private_uses() == []
