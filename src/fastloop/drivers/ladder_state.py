@@ -82,8 +82,8 @@ class LadderState(BudgetPlan):
 
     # -- measurement -------------------------------------------------------------------------
     def measure_runs(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
-                 own: str | None = None, told: dict[str, float | None] | None = None,
-                 order: list[str] | None = None) -> None:
+                     own: str | None = None, told: dict[str, float | None] | None = None,
+                     order: list[str] | None = None) -> None:
         """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
         configuration is not run again once that speedup skipped itself or fell back in a run;
         ``told``: the step rate each spec's runs are told (a feed candidate: its base's)."""
@@ -109,7 +109,7 @@ class LadderState(BudgetPlan):
         return [1] + looks if early else looks
 
     def compare_adaptive(self, base: str, cand: str, own: str | None = None,
-                          tell_rate: bool = False) -> tuple[dict[str, Runs], dict | None, int]:
+                         tell_rate: bool = False) -> tuple[dict[str, Runs], dict | None, int]:
         """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
 
         When the base's runs are already measured (the best configuration so far), the selecting
@@ -132,7 +132,7 @@ class LadderState(BudgetPlan):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
             self.measure_runs([base, cand], n, fresh, up_to=n, own=own, order=order,
-                          told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
+                              told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
             self.best_runs[base] = fresh[base]
             if self.cut_by_budget:  # the budget ended this look early: decide on what ran
                 ci = compare(fresh[base], fresh[cand], confidence=confidence) if fresh[cand].docs else None
@@ -172,7 +172,7 @@ class LadderState(BudgetPlan):
             if runs.docs:
                 state = "interrupted" if self.interrupted else "in progress"
                 rungs.append(self.rung_doc(f"{state}: {spec}", spec, runs, state,
-                                            f"{len(runs.docs)} run(s) finished before the comparison ended"))
+                                           f"{len(runs.docs)} run(s) finished before the comparison ended"))
         out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
                "selected_spec": self.spec_with(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
                "max_repeats": self.max_repeats, "budget_s": self.budget, "measure_s": self.measure_s,
@@ -232,7 +232,7 @@ class LadderState(BudgetPlan):
         if not self.selected:
             assert self.base_runs is not None
             self.final = self.rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
-                                        "nothing was kept: the baseline")
+                                       "nothing was kept: the baseline")
             self.final["speedup_vs_baseline"] = None
             self.final["final"] = True
             return

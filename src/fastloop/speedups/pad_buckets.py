@@ -150,14 +150,9 @@ class PadPlan:
         """The bucket lengths: multiples of :attr:`multiple` below the longest seen, then it."""
         return sorted({self.bucket(n) or n for n in range(1, self.top + 1)})
 
-    def longer_than_seen(self, batch: Any) -> bool:
-        """Is one of ``batch``'s planned tensors longer than every length sampled (left alone)?"""
-        ts = tensors_of(batch)
-        return any(p.index < len(ts) and ts[p.index].dim() > p.dim and ts[p.index].shape[p.dim] > self.top
-                   for p in self.pads)
-
-    def pad(self, batch: Any) -> Any:
-        """``batch`` with each planned tensor padded to its bucket (unchanged past the longest seen)."""
+    def pad(self, batch: Any, longer: list | None = None) -> Any:
+        """``batch`` with each planned tensor padded to its bucket (unchanged past the longest seen;
+        each such tensor appends its length to ``longer``)."""
         by_index: dict[int, list[TensorPad]] = {}
         for p in self.pads:
             by_index.setdefault(p.index, []).append(p)
@@ -169,6 +164,8 @@ class PadPlan:
                     continue
                 length = t.shape[p.dim]
                 target = self.bucket(length)
+                if target is None and longer is not None:
+                    longer.append(length)
                 if target is None or target == length:
                     continue
                 widths = [0, 0] * (t.dim() - p.dim - 1) + ([0, target - length] if p.side == "tail" else [target - length, 0])
@@ -191,11 +188,12 @@ class PaddedCollate:
         length sampled (the workers count into it; None: not counted)."""
 
     def __call__(self, samples: Any) -> Any:
-        batch = self.collate(samples)
-        if self.longer is not None and self.plan.longer_than_seen(batch):
+        longer: list[int] = []
+        batch = self.plan.pad(self.collate(samples), longer)
+        if longer and self.longer is not None:
             with self.longer.get_lock():
                 self.longer.value += 1
-        return self.plan.pad(batch)
+        return batch
 
 
 def _end_values(t: torch.Tensor, dim: int, side: str) -> list[Any]:
