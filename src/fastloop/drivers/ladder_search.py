@@ -116,18 +116,18 @@ class StagedSearch:
         base = L.best_runs.get(L.spec_with())
         runs = L.min_repeats + max(0, L.min_repeats - (len(base.docs) if base is not None else 0))
         cand = L.spec_with(specs)
-        if L.fits(runs, spec=cand if cand in L.spec_s else None):
+        if L.fits(runs, spec=cand):
             return True
         # a member of a bundle that was measured and not faster was tried: only not alone
         why = "alone: budget (measured in the compute bundle, which was not faster)" \
             if spec_names(specs) <= self.in_bundle else "budget"
-        self.not_tried(specs, why, plan=L.plan(runs, cand if cand in L.spec_s else None))
+        self.not_tried(specs, why, plan=L.plan(runs, cand))
         return False
 
-    def queue(self, comparisons: int) -> None:
+    def queue(self, comparisons: int, runs_each: int | None = None) -> None:
         """The search has ``comparisons`` more comparisons planned after the current one in this
-        stage: keep their first looks' runs out of the current comparison's extensions."""
-        self.L.queued_runs = max(0, comparisons) * self.L.min_repeats
+        stage: keep their first looks' runs (``runs_each`` each, default 3) out of its extensions."""
+        self.L.queued_runs = max(0, comparisons) * (runs_each or self.L.min_repeats)
 
     def _own_records(self, runs: Runs, specs: list[str]) -> dict[str, dict]:
         doc = runs.docs[-1] if runs.docs else {}
@@ -208,18 +208,18 @@ class StagedSearch:
         for i, spec in enumerate(order):
             if spec not in L.selected or len(L.selected) <= 1:
                 continue
-            self.queue(len(order) - i - 1)
-            if not self.fits(L.min_repeats):
-                self.not_tried([f"ablation of {spec}"], plan=L.plan(L.min_repeats))
-                continue
             without = [s for s in L.selected if s != spec]
             base_spec = L.spec_with()
             cand_spec = ",".join(L.base + without) or "none"
-            fresh, ci, n = L.compare_adaptive(base_spec, cand_spec)
+            self.queue(len(order) - i - 1, first := L.first_look(base_spec))
+            fresh = L.compare_adaptive(base_spec, cand_spec) if L.fits(first, spec=cand_spec) else None
+            if fresh is None or not (fresh[0][cand_spec].failures or fresh[0][cand_spec].docs):
+                self.not_tried([f"ablation of {spec}"], plan=L.plan(first, cand_spec))  # the budget stopped it
+                continue
+            (fresh, ci, n), label = fresh, f"-{spec}"
             cand = fresh[cand_spec]
-            label = f"-{spec}"
-            if cand.failures or not cand.docs:
-                doc = L.rung_doc(label, cand_spec, cand, "failed", cand.failures[-1] if cand.failures else "")
+            if cand.failures:
+                doc = L.rung_doc(label, cand_spec, cand, "failed", cand.failures[-1])
                 doc.update(stage=self.stage, decision=f"kept {spec}: the configuration without it failed")
                 L.rungs.append(doc)
                 L.publish()

@@ -55,6 +55,9 @@ class LadderState(BudgetPlan):
         """Set when the budget ended a comparison before its look (cleared at each comparison)."""
         self.spec_s: dict[str, list[float]] = {}
         """Each configuration's run seconds (a compiled configuration's runs cost more)."""
+        self.spec_warm: dict[str, list[float | None]] = {}
+        """Each configuration's runs' warm-up seconds beyond their steps (a cold compiler cache's
+        one-off shows here): the budget predicts a run once warm."""
         self.vs_baseline: tuple[dict[str, Runs], dict | None] | None = None
         """The latest comparison of the baseline with a kept configuration (fresh runs, its interval)."""
         self.stages: list[dict] = []
@@ -103,6 +106,12 @@ class LadderState(BudgetPlan):
                             device=self.device, runs=fresh, progress=self.progress, on_run=self.publish, up_to=up_to,
                             done=done, stop=stop, told=told, order=order)
         self._pending = None
+
+    def first_look(self, base: str) -> int:
+        """The runs of a comparison's first look against ``base``: one in the selecting ladder where
+        the base has runs enough to judge a single run against (:meth:`compare_adaptive`'s early look)."""
+        runs = self.best_runs.get(base)
+        return 1 if self.mode != "cumulative" and runs is not None and len(runs.docs) >= MIN_REPEATS else MIN_REPEATS
 
     def _looks(self, early: bool = False) -> list[int]:
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]

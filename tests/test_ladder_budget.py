@@ -1,0 +1,64 @@
+"""The ladder's budget predictions (fastloop.drivers.ladder_budget): a run is predicted at its
+configuration's warm cost (a cold compiler cache is paid once), a configuration not yet run at the
+median warm run, plus that one-off where it compiles a graph no run has compiled; the final
+comparison's reserve is one baseline and one selected run a side."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastloop.drivers.ladder_state import LadderState
+
+
+def _state(runs: list[tuple[str, float, float | None]], selected: list[str] | None = None) -> LadderState:
+    """A ladder state whose runs cost ``(spec, seconds, warm-up overhead)``, measured through its timer."""
+    queue = list(runs)
+
+    def measure(target, spec, **kw):
+        return {"warmup_overhead_s": queue.pop(0)[2]}
+
+    L = LadderState("x", steps=10, warmup=2, device="cpu", measure=measure, progress=None, on_update=None,
+                    max_repeats=5, budget=300.0, mode="staged")
+    for spec, seconds, _ in runs:
+        L.measure("x", spec)
+        L.process_s[-1] = seconds  # the clock's reading replaced by the cost under test
+        L.spec_s[spec][-1] = seconds
+    L.selected = list(selected or [])
+    return L
+
+
+# a ResNet-50 on an H100 (round 22's figures): the baseline 10 s a run; the compiled bundle's first
+# run compiles cold (66.9 s of warm-up, 74.9 s in all), its next runs 12 s with 4 s of warm-up
+_R50 = [("none", 10.0, 1.0), ("none", 10.0, 1.0), ("none", 10.0, 1.0),
+        ("bf16,channels_last,compile", 74.9, 66.9), ("bf16,channels_last,compile", 12.0, 4.0),
+        ("bf16,channels_last,compile", 12.0, 4.0)]
+
+
+def test_a_cold_compile_is_predicted_once_not_for_every_run():
+    L = _state(_R50, selected=["bf16", "channels_last", "compile"])
+    assert L.warm_costs("bf16,channels_last,compile") == pytest.approx([12.0, 12.0, 12.0])
+    assert L.per_run_s("bf16,channels_last,compile") == pytest.approx(12.0)  # the mean cost was 33 s
+    assert L.one_off_s() == pytest.approx(62.9)
+    # the final comparison's reserve: 3 runs a side at each side's own warm cost
+    assert L.plan(1, "bf16,channels_last,compile")["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
+
+
+def test_a_configuration_that_compiles_a_new_graph_is_predicted_with_the_cold_compile():
+    L = _state(_R50, selected=["bf16", "channels_last", "compile"])
+    # the median warm run of all: 11 s (10, 10, 10, 12, 12, 12); without compile: nothing compiles, the median warm run; a precision or layout taken out of a
+    # compiled configuration: a graph no run compiled, so the cache misses once more
+    assert L.per_run_s("bf16,channels_last") == pytest.approx(11.0)
+    assert L.per_run_s("channels_last,compile") == pytest.approx(11.0 + 62.9)
+    assert L.per_run_s("bf16,compile") == pytest.approx(11.0 + 62.9)
+    # the same graph as a measured one (a feed speedup added): warm
+    assert L.per_run_s("bf16,channels_last,compile,workers") == pytest.approx(11.0)
+
+
+def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fit():
+    L = _state(_R50, selected=["bf16", "channels_last", "compile"])
+    assert L.fits(1, spec="bf16,channels_last")  # 11 s + 66 s reserve: fits in ~300 s
+    L.budget = L.elapsed() + 66.0 + 11.0 + 5.0  # 82 s left
+    assert L.fits(1, spec="bf16,channels_last")
+    assert not L.fits(1, spec="channels_last,compile")  # 73.9 s + 66 s > 82 s
+    plan = L.plan(1, "channels_last,compile")
+    assert plan["predicted_s"] == pytest.approx(73.9) and plan["reserve_s"] == pytest.approx(66.0)
