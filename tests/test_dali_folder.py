@@ -113,3 +113,109 @@ def test_the_recipes_loader_and_the_speedup_share_one_pipeline_builder():
     from fastloop.recipes.imagenet.data import DaliLoader
 
     assert issubclass(DaliLoader, DaliPipeline) and issubclass(DaliFolderLoader, DaliPipeline)
+
+
+@pytest.fixture(scope="module")
+def coded(tmp_path_factory):
+    """PNGs (lossless) whose pixels say where they are: red = 10 x column, green = 10 x row, blue 200."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("coded")
+    yy, xx = np.mgrid[0:24, 0:20]
+    img = np.stack([xx * 10, yy * 10, np.full_like(xx, 200)], -1).astype(np.uint8)
+    for c in ("a", "b"):
+        (root / c).mkdir()
+        for i in range(20):
+            Image.fromarray(img).save(root / c / f"{i}.png")
+    return root, torch.from_numpy(img).permute(2, 0, 1)
+
+
+def _place(x: torch.Tensor, crop_w: int) -> tuple[int, int, bool]:
+    """Where a crop of a coded image was taken (top, left in the unpadded image) and whether it was flipped."""
+    code = (x * 255).round().long()
+    i, j = [int(v[0]) for v in torch.nonzero(code[2] == 200, as_tuple=True)]
+    row = code[0, i][code[2, i] == 200]
+    flipped = bool(row[0] > row[-1])
+    col = (crop_w - 1 - j) if flipped else j
+    return int(code[1, i, j]) // 10 - i, int(code[0, i, j]) // 10 - col, flipped
+
+
+def test_random_crop_with_padding_draws_torchvisions_places_and_flips(coded):
+    """RandomCrop((16, 12), padding=(3, 2)) and a flip, 1,000 draws on DALI's CPU backend: each
+    output is exactly torchvision's crop of the zero-padded image at some place (lossless PNGs, no
+    resize); the places are uniform over every place torchvision draws from (a chi-square test at
+    the 0.1% level), and the flips come at p = 0.5 (within 4.5 standard errors)."""
+    _check_places(coded, device_id=None)
+
+
+@pytest.mark.gpu
+def test_random_crop_with_padding_on_the_gpus_pipeline(coded):
+    """The same on the GPU's pipeline (decode "mixed", the crop's slice on the GPU)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _check_places(coded, device_id=0)
+
+
+def _check_places(coded, device_id):
+    import torchvision.transforms.functional as F
+
+    root, img = coded
+    t = T.Compose([T.RandomCrop((16, 12), padding=(3, 2)), T.RandomHorizontalFlip(), T.ToTensor()])
+    dali = DaliFolderLoader(_loader(root, t, batch_size=8, shuffle=True), device_id=device_id, seed=3)
+    tops, lefts, flips = [], [], 0
+    padded = F.pad(img, [3, 2])  # left/right 3, top/bottom 2, filled with 0
+    for _ in range(25):
+        for x, _y in dali:
+            for one in x.cpu():
+                top, left, flipped = _place(one, 12)
+                want = padded[:, top + 2:top + 18, left + 3:left + 15]
+                want = want.flip(-1) if flipped else want
+                assert torch.allclose(one, want.float() / 255, atol=1e-6), (top, left, flipped)
+                tops.append(top)
+                lefts.append(left)
+                flips += flipped
+    n = len(tops)
+    assert n == 1000
+    for seen, lo, hi, chi2_999 in ((tops, -2, 24 + 2 - 16, 32.9), (lefts, -3, 20 + 3 - 12, 36.1)):
+        counts = torch.bincount(torch.tensor(seen) - lo, minlength=hi - lo + 1).double()
+        assert min(seen) == lo and max(seen) == hi and len(counts) == hi - lo + 1
+        expected = n / len(counts)
+        assert ((counts - expected) ** 2 / expected).sum() < chi2_999  # df 12 and 14 at the 0.1% level
+    assert abs(flips / n - 0.5) < 4.5 * (0.25 / n) ** 0.5
+
+
+def test_resize_to_torchvisions_size_then_a_random_crop_stays_within_the_tolerance(folder):
+    """Resize(int) goes to torchvision's own output size (the longer side truncated), so a centre
+    crop after it lands where torchvision's does; a RandomCrop after a resize keeps the batch's structure."""
+    t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = _loader(folder, t)
+    diffs = [(x - xw).abs().mean().item() for (x, _), (xw, _) in zip(DaliFolderLoader(loader, device_id=None), loader)]
+    assert max(diffs) < TOLERANCE / 4, diffs
+    t = T.Compose([T.Resize((36, 40)), T.RandomCrop(32, padding=4), T.ToTensor(), T.Normalize(MEAN, STD)])
+    loader = _loader(folder, t, drop_last=True)
+    got, want = list(DaliFolderLoader(loader, device_id=None)), list(loader)
+    assert len(got) == len(want) and all(x.shape == xw.shape == (4, 3, 32, 32) for (x, _), (xw, _) in zip(got, want))
+
+
+@pytest.mark.parametrize("transform, name", [
+    (T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()]), "padding_mode='reflect'"),
+    (T.Compose([T.RandomCrop(32, pad_if_needed=True), T.ToTensor()]), "pad_if_needed=True"),
+    (T.Compose([T.ToTensor(), T.Normalize(MEAN, STD), T.RandomCrop(32, padding=4)]), "pads after Normalize"),
+    (T.Compose([T.CenterCrop(40), T.RandomCrop(32), T.ToTensor()]), "RandomCrop after a crop"),
+    (T.Compose([T.Resize(36, max_size=50), T.CenterCrop(32), T.ToTensor()]), "max_size=50"),
+])
+def test_a_random_crop_or_resize_dali_cannot_copy_is_refused_by_what_it_does(transform, name):
+    with pytest.raises(NotTranslated, match=name.replace("(", r"\(")):
+        plan_folder(transform)
+
+
+def test_v2_and_v1_random_crop_paddings_read_alike():
+    from torchvision.transforms import v2
+
+    for pad, want in ((4, (4, 4, 4, 4)), ((1, 2), (1, 2, 1, 2)), ((1, 2, 3, 4), (1, 2, 3, 4))):
+        v1 = plan_folder(T.Compose([T.RandomCrop(32, padding=pad), T.ToTensor()]))
+        two = plan_folder(v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=pad), v2.ToDtype(torch.float32, scale=True)]))
+        assert v1.pad_crop == two.pad_crop == want and v1.crop == two.crop == (32, 32)
+    after = plan_folder(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=0.5)]))
+    assert after.fill == pytest.approx((127.5,))  # a float image's fill, in the decoded image's bytes

@@ -9,9 +9,11 @@ labels agree with ``class_to_idx`` by construction), its batch size, ``drop_last
 sampler shuffles (the whole list permuted each epoch from a seed: the same seed, the same order),
 and the batch structure it yields (``[images, labels]``: float32 NCHW in the transform's value
 range, int64 labels). Recognised ops, with the parameters read from the user's objects:
-``RandomResizedCrop`` (size, scale, ratio), ``Resize`` (an int: the shorter side), ``CenterCrop``,
-``RandomHorizontalFlip`` (p), ``ToTensor`` / ``PILToTensor`` / ``ToImage`` + ``ToDtype``
-(float, scaled), ``Normalize``. Anything else (another op, a custom sampler, collate, batch
+``RandomResizedCrop`` (size, scale, ratio), ``Resize`` (an int: torchvision's own output size;
+or ``(h, w)``), ``CenterCrop``, ``RandomCrop`` (size, padding, a constant fill: its place drawn
+per image as torchvision draws it), ``RandomHorizontalFlip`` (p), ``ToTensor`` / ``PILToTensor``
+/ ``ToImage`` + ``ToDtype`` (float, scaled), ``Normalize``. Anything else (another op, a padding
+mode or ``pad_if_needed`` DALI's constant padding cannot copy, a custom sampler, collate, batch
 sampler, a ``target_transform``, files DALI does not decode) raises :class:`NotTranslated`
 naming it. DALI's resize is not PIL's: values differ by interpolation; the test measures the
 mean absolute difference after normalisation on a deterministic pipeline.
@@ -50,6 +52,10 @@ class FolderPlan:
     crop: tuple[int, int]
     random_crop: tuple[tuple[float, float], tuple[float, float]] | None = None  # (scale, ratio)
     resize_shorter: int | None = None
+    resize_hw: tuple[int, int] | None = None  # Resize((h, w)): that exact size
+    pad_crop: tuple[int, int, int, int] | None = None
+    """RandomCrop: its padding (left, top, right, bottom); the crop's place is drawn per image."""
+    fill: tuple[float, ...] = (0.0,)
     flip: float = 0.0
     scale: float = 1.0  # 1/255 where ToTensor/ToDtype(scale=True) maps to [0, 1]
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
@@ -73,18 +79,57 @@ def _ops(transform: Any) -> list[Any]:
     return [transform]
 
 
+def _padding(op: Any) -> tuple[int, int, int, int]:
+    """RandomCrop's padding as (left, top, right, bottom): v2 keeps [left, right, top, bottom], v1
+    what it was given (an int, (left/right, top/bottom) or (left, top, right, bottom))."""
+    p = op.padding
+    if p is None:
+        return 0, 0, 0, 0
+    if ".v2." in type(op).__module__:
+        left, right, top, bottom = (int(v) for v in p)
+        return left, top, right, bottom
+    v = [int(p)] if isinstance(p, int) else [int(x) for x in p]
+    v = v * 4 if len(v) == 1 else v * 2 if len(v) == 2 else v
+    return v[0], v[1], v[2], v[3]
+
+
+def _random_crop(op: Any, plan: FolderPlan, normalized: bool) -> None:
+    if op.pad_if_needed or op.padding_mode != "constant":
+        raise NotTranslated(f"RandomCrop pads with pad_if_needed={op.pad_if_needed}, padding_mode={op.padding_mode!r} "
+                            f"(the DALI translation pads with a constant, pad_if_needed=False)")
+    if normalized and op.padding is not None:
+        raise NotTranslated("RandomCrop pads after Normalize (the DALI translation pads the decoded image)")
+    if not isinstance(op.fill, (int, float, tuple, list)):
+        raise NotTranslated(f"RandomCrop's fill {op.fill!r} is not a number or one per channel")
+    plan.pad_crop = _padding(op)
+    fill = tuple(float(f) for f in op.fill) if isinstance(op.fill, (tuple, list)) else (float(op.fill),)
+    plan.fill = tuple(f / plan.scale for f in fill) if plan.to_float else fill  # a float image's fill, in bytes
+
+
 def plan_folder(transform: Any) -> FolderPlan:
     """Translate ``transform``; :class:`NotTranslated` naming the first op that is not."""
     crop: tuple[int, int] | None = None
     plan = FolderPlan(crop=(0, 0))
+    normalized = False
     for op in _ops(transform):
         name = type(op).__name__
+        if name in ("RandomResizedCrop", "CenterCrop", "RandomCrop", "Resize") and crop is not None:
+            raise NotTranslated(f"the transform holds {name} after a crop (the DALI translation crops once, last)")
         if name == "RandomResizedCrop":
             crop, plan.random_crop = _size(op.size), (tuple(op.scale), tuple(op.ratio))
-        elif name == "Resize" and isinstance(op.size, int) or (name == "Resize" and len(list(op.size)) == 1):
-            plan.resize_shorter = op.size if isinstance(op.size, int) else int(list(op.size)[0])
+        elif name == "Resize":
+            if getattr(op, "max_size", None) is not None:
+                raise NotTranslated(f"Resize has max_size={op.max_size} (the DALI translation resizes without it)")
+            size = [op.size] if isinstance(op.size, int) else [int(v) for v in op.size]
+            if len(size) == 1:
+                plan.resize_shorter = int(size[0])
+            else:
+                plan.resize_hw = (size[0], size[1])
         elif name == "CenterCrop":
             crop = _size(op.size)
+        elif name == "RandomCrop":
+            crop = _size(op.size)
+            _random_crop(op, plan, normalized)
         elif name == "RandomHorizontalFlip":
             plan.flip = float(op.p)
         elif name in ("ToTensor",):
@@ -96,11 +141,16 @@ def plan_folder(transform: Any) -> FolderPlan:
             plan.scale = 1 / 255 if getattr(op, "scale", True) else 1.0
         elif name == "Normalize":
             plan.mean, plan.std = tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)
+            normalized = True
         else:
             raise NotTranslated(f"the transform holds {name}, which the DALI translation does not recognise "
-                                f"(RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, ToTensor, ToDtype, Normalize)")
+                                f"(RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, ToTensor, "
+                                f"ToDtype, Normalize)")
+    if crop is None and plan.resize_hw is not None:
+        crop = plan.resize_hw
     if crop is None:
-        raise NotTranslated("the transform neither crops nor resizes to a fixed size (RandomResizedCrop or CenterCrop)")
+        raise NotTranslated("the transform neither crops nor resizes to a fixed size "
+                            "(RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w)))")
     if not plan.to_float:
         raise NotTranslated("the transform does not end in a float tensor (ToTensor, or ToImage + ToDtype)")
     plan.crop = crop
@@ -195,6 +245,37 @@ class DaliSettings:
             raise FastloopError(f"hw_decoder_load is a fraction in [0, 1], got {self.hw_decoder_load}")
 
 
+def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -> Any:
+    """Resize and crop as the plan says, in DALI's graph: ``Resize(int)`` to torchvision's own output
+    size (the shorter side to ``size``, the longer ``int(size * long / short)``), ``Resize((h, w))``
+    to that size, and RandomCrop's place drawn per image as torchvision draws it (an integer
+    offset uniform over the padded image's places; the padding filled with ``fill``)."""
+    from nvidia.dali import fn, types
+    import nvidia.dali.math as dmath
+
+    shape = fn.peek_image_shape(data, dtype=types.FLOAT)  # from the encoded file: H, W, C
+    h, w = fn.slice(shape, 0, 1, axes=[0]), fn.slice(shape, 1, 1, axes=[0])
+    if plan.resize_shorter:
+        size = float(plan.resize_shorter)
+        long = dmath.floor(size * dmath.max(h, w) / dmath.min(h, w) + 1e-3)
+        wide = fn.cast(w > h, dtype=types.FLOAT)  # the height is the shorter side
+        h, w = wide * size + (1.0 - wide) * long, wide * long + (1.0 - wide) * size
+        images = fn.resize(images, size=fn.cat(h, w), antialias=antialias)
+    elif plan.resize_hw:
+        images = fn.resize(images, size=[float(v) for v in plan.resize_hw], antialias=antialias)
+        h, w = float(plan.resize_hw[0]), float(plan.resize_hw[1])
+    if plan.pad_crop is None:
+        return images
+    left, top, right, bottom = plan.pad_crop
+    (ch, cw), place = plan.crop, []
+    for extent, before, after, crop in ((h, top, bottom, ch), (w, left, right, cw)):
+        last = extent + float(before + after - crop)  # the last place in the padded image
+        draw = dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (last + 1.0))
+        place.append(fn.reshape(dmath.min(draw, last) - float(before), shape=[1]))
+    return fn.slice(images, start=fn.cast(fn.cat(*place), dtype=types.INT32), shape=[ch, cw], axis_names="HW",
+                    out_of_bounds_policy="pad", fill_values=list(plan.fill))
+
+
 class DaliPipeline:
     """One DALI pipeline: ``files`` with ``labels`` read (this rank's shard; the whole list permuted
     each epoch when ``shuffle``), decoded (on the GPU's "mixed" decoder with ``device_id``, else on
@@ -239,9 +320,7 @@ class DaliPipeline:
                                                        num_attempts=10, **dec)  # torchvision's RandomResizedCrop tries 10
                 images = fn.resize(images, resize_x=plan.crop[1], resize_y=plan.crop[0], antialias=st.antialias)
             else:
-                images = fn.decoders.image(data, **dec)
-                if plan.resize_shorter:
-                    images = fn.resize(images, resize_shorter=plan.resize_shorter, antialias=st.antialias)
+                images = _fixed_geometry(data, fn.decoders.image(data, **dec), plan, st.antialias)
             mirror = fn.random.coin_flip(probability=plan.flip) if plan.flip > 0 else 0
             images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=plan.crop,
                                               mean=[m / plan.scale for m in plan.mean],
