@@ -1,6 +1,6 @@
-"""Batched image augmentations on the device: the per-sample torchvision transforms a CIFAR-style
-pipeline uses (random crop with padding, horizontal flip, normalize), done for a whole batch in
-a few kernels, with the same per-sample distribution.
+"""Batched image augmentations on the device: the per-sample torchvision transforms a CIFAR- or
+ImageNet-style pipeline uses (random crop with padding, random resized crop, horizontal flip,
+normalize), done for a whole batch in a few kernels, with the same per-sample distribution.
 
 Use them where the batch is already on the GPU: in ``on_after_batch_transfer`` of a
 LightningModule, or in a plain loop after :mod:`fastloop.speedups.gpu_resident` serves the batch.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["normalize", "random_crop", "random_flip"]
+__all__ = ["normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding"]
 
 
 def _check(x: torch.Tensor) -> None:
@@ -30,14 +30,35 @@ def _check(x: torch.Tensor) -> None:
         raise ValueError(f"expected a batch of images shaped (N, C, H, W), got {getattr(x, 'shape', type(x).__name__)}")
 
 
-def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int = 0, fill: float = 0.0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Per-sample random crop of ``size`` from the batch padded by ``padding`` on each side with
-    ``fill`` (torchvision's ``RandomCrop(size, padding)``: every offset equally likely)."""
+def torchvision_padding(op: object) -> tuple[int, int, int, int]:
+    """A torchvision ``RandomCrop``'s padding as (left, top, right, bottom): v2 keeps [left, right,
+    top, bottom]; v1 what it was given (an int, (left/right, top/bottom) or (left, top, right, bottom)).
+
+    >>> from torchvision.transforms import RandomCrop, v2
+    >>> torchvision_padding(RandomCrop(8, padding=(1, 2))), torchvision_padding(v2.RandomCrop(8, padding=(1, 2)))
+    ((1, 2, 1, 2), (1, 2, 1, 2))
+    """
+    p = getattr(op, "padding", None)
+    if p is None:
+        return 0, 0, 0, 0
+    if ".v2." in type(op).__module__:
+        left, right, top, bottom = (int(v) for v in p)
+        return left, top, right, bottom
+    v = [int(p)] if isinstance(p, int) else [int(x) for x in p]
+    v = v * 4 if len(v) == 1 else v * 2 if len(v) == 2 else v
+    return v[0], v[1], v[2], v[3]
+
+
+def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | Sequence[int] = 0,
+                fill: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-sample random crop of ``size`` from the batch padded by ``padding`` (one number for every
+    side, or left, top, right, bottom) with ``fill`` (torchvision's ``RandomCrop(size, padding)``:
+    every offset equally likely)."""
     _check(x)
     h, w = (size, size) if isinstance(size, int) else size
-    if padding:
-        x = F.pad(x, (padding, padding, padding, padding), value=fill)
+    left, top, right, bottom = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+    if left or top or right or bottom:
+        x = F.pad(x, (left, right, top, bottom), value=fill)
     n, _, hp, wp = x.shape
     if h > hp or w > wp:
         raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
@@ -49,6 +70,55 @@ def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int = 
     batch = torch.arange(n, device=dev)[:, None, None, None]
     chans = torch.arange(x.shape[1], device=dev)[None, :, None, None]
     return x[batch, chans, rows, cols]
+
+
+def resized_crop_boxes(n: int, height: int, width: int, scale: Sequence[float] = (0.08, 1.0),
+                       ratio: Sequence[float] = (3 / 4, 4 / 3), *, generator: torch.Generator | None = None,
+                       device: torch.device | str = "cpu") -> torch.Tensor:
+    """``n`` crop boxes (top, left, height, width) drawn as torchvision's
+    ``RandomResizedCrop.get_params`` draws each: up to 10 tries of an area fraction uniform in
+    ``scale`` and a log-uniform aspect ratio in ``ratio``, the first that fits placed uniformly;
+    where none fits, the centre crop clamped to ``ratio``."""
+    dev = generator.device if generator is not None else torch.device(device)
+    area = torch.empty(n, 10, device=dev).uniform_(float(scale[0]), float(scale[1]), generator=generator) * height * width
+    lo, hi = torch.log(torch.tensor([float(ratio[0]), float(ratio[1])])).tolist()
+    aspect = torch.exp(torch.empty(n, 10, device=dev).uniform_(lo, hi, generator=generator))
+    w, h = torch.round(torch.sqrt(area * aspect)), torch.round(torch.sqrt(area / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.float().argmax(dim=1, keepdim=True)
+    w, h, found = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0], fits.any(dim=1)
+    if width / height < min(ratio):
+        fw, fh = width, int(round(width / min(ratio)))
+    elif width / height > max(ratio):
+        fw, fh = int(round(height * max(ratio))), height
+    else:
+        fw, fh = width, height
+    w, h = torch.where(found, w, float(fw)), torch.where(found, h, float(fh))
+    u = torch.rand(n, 2, device=dev, generator=generator)
+    top = torch.where(found, torch.floor(u[:, 0] * (height - h + 1)), float((height - fh) // 2))
+    left = torch.where(found, torch.floor(u[:, 1] * (width - w + 1)), float((width - fw) // 2))
+    return torch.stack([top, left, h, w], dim=1)
+
+
+def random_resized_crop(x: torch.Tensor, size: int | tuple[int, int], scale: Sequence[float] = (0.08, 1.0),
+                        ratio: Sequence[float] = (3 / 4, 4 / 3), *, generator: torch.Generator | None = None
+                        ) -> torch.Tensor:
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` for each image of the batch with its
+    own box (:func:`resized_crop_boxes`), in one kernel: ``torchvision.ops.roi_align`` samples
+    each box bilinearly on pixel centres and averages ``ceil(box / size)`` samples per output
+    pixel where the box is larger (torchvision antialiases there: the values differ slightly,
+    ``tests/test_gpu_augment.py`` states how much). uint8 images come back uint8, rounded, as
+    torchvision's resize returns them."""
+    from torchvision.ops import roi_align
+
+    _check(x)
+    oh, ow = (size, size) if isinstance(size, int) else size
+    boxes = resized_crop_boxes(x.shape[0], x.shape[2], x.shape[3], scale, ratio, generator=generator,
+                               device=x.device).to(x.device)
+    top, left, h, w = boxes.unbind(1)
+    rois = torch.stack([torch.arange(x.shape[0], device=x.device, dtype=boxes.dtype), left, top, left + w, top + h], 1)
+    out = roi_align(x.float(), rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    return out.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else out.to(x.dtype)
 
 
 def random_flip(x: torch.Tensor, *, p: float = 0.5, generator: torch.Generator | None = None) -> torch.Tensor:

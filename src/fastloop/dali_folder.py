@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
 
+from fastloop.augment import torchvision_padding
 from fastloop.errors import FastloopError
 
 __all__ = ["DaliFolderLoader", "DaliPipeline", "DaliSettings", "FolderPlan", "NotTranslated", "check_folder",
@@ -79,20 +80,6 @@ def _ops(transform: Any) -> list[Any]:
     return [transform]
 
 
-def _padding(op: Any) -> tuple[int, int, int, int]:
-    """RandomCrop's padding as (left, top, right, bottom): v2 keeps [left, right, top, bottom], v1
-    what it was given (an int, (left/right, top/bottom) or (left, top, right, bottom))."""
-    p = op.padding
-    if p is None:
-        return 0, 0, 0, 0
-    if ".v2." in type(op).__module__:
-        left, right, top, bottom = (int(v) for v in p)
-        return left, top, right, bottom
-    v = [int(p)] if isinstance(p, int) else [int(x) for x in p]
-    v = v * 4 if len(v) == 1 else v * 2 if len(v) == 2 else v
-    return v[0], v[1], v[2], v[3]
-
-
 def _random_crop(op: Any, plan: FolderPlan, normalized: bool) -> None:
     if op.pad_if_needed or op.padding_mode != "constant":
         raise NotTranslated(f"RandomCrop pads with pad_if_needed={op.pad_if_needed}, padding_mode={op.padding_mode!r} "
@@ -101,7 +88,7 @@ def _random_crop(op: Any, plan: FolderPlan, normalized: bool) -> None:
         raise NotTranslated("RandomCrop pads after Normalize (the DALI translation pads the decoded image)")
     if not isinstance(op.fill, (int, float, tuple, list)):
         raise NotTranslated(f"RandomCrop's fill {op.fill!r} is not a number or one per channel")
-    plan.pad_crop = _padding(op)
+    plan.pad_crop = torchvision_padding(op)
     fill = tuple(float(f) for f in op.fill) if isinstance(op.fill, (tuple, list)) else (float(op.fill),)
     plan.fill = tuple(f / plan.scale for f in fill) if plan.to_float else fill  # a float image's fill, in bytes
 

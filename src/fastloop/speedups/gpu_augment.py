@@ -16,7 +16,9 @@ element). Anything else (another op, a dict sample, a ``target_transform``) is s
 reason naming it.
 
 **Recognised ops**, each with torchvision's parameters and distribution of draws: ``RandomCrop``
-(size, constant padding with its fill; every offset equally likely), ``RandomHorizontalFlip``
+(size, constant padding with its fill; every offset equally likely), ``RandomResizedCrop``
+(size, scale, ratio, bilinear: torchvision's 10 tries per image, then one ``roi_align`` for the
+batch, which averages where torchvision antialiases), ``RandomHorizontalFlip``
 (p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
 ``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
 ``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s.
@@ -43,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import normalize, random_crop, random_flip
+from fastloop.augment import normalize, random_crop, random_flip, random_resized_crop, torchvision_padding
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
@@ -57,29 +59,17 @@ FLOAT_OPS = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype"})
 
 @dataclass(frozen=True)
 class Op:
-    """One translated op: ``crop``, ``flip``, ``to_float``, ``normalize`` or ``hwc_to_chw``."""
+    """One translated op: ``crop``, ``resized_crop``, ``flip``, ``to_float``, ``normalize`` or ``hwc_to_chw``."""
 
     kind: str
     params: dict = field(default_factory=dict)
-
-
-def _pad4(padding: Any) -> int:
-    """torchvision's padding as one number on every side (the only form translated)."""
-    if padding is None:
-        return 0
-    if isinstance(padding, int):
-        return padding
-    values = list(padding)
-    if len(set(values)) == 1:
-        return int(values[0])
-    raise Skip(f"RandomCrop with uneven padding {list(values)} is not translated")
 
 
 def _one(t: Any) -> list[Op]:
     name = type(t).__name__
     if not type(t).__module__.startswith("torchvision.transforms"):
         raise Skip(f"the transform holds {name}, not a torchvision op: gpu_augment translates RandomCrop, "
-                   f"RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize")
+                   f"RandomResizedCrop, RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize")
     if name == "Compose":
         return [op for part in t.transforms for op in _one(part)]
     if name == "RandomCrop":
@@ -88,7 +78,12 @@ def _one(t: Any) -> list[Op]:
         fill = t.fill if isinstance(t.fill, (int, float)) else 0 if not t.fill else None
         if fill is None:
             raise Skip(f"RandomCrop with a per-type or per-channel fill {t.fill!r} is not translated")
-        return [Op("crop", {"size": tuple(t.size), "padding": _pad4(t.padding), "fill": float(fill)})]
+        return [Op("crop", {"size": tuple(t.size), "padding": torchvision_padding(t), "fill": float(fill)})]
+    if name == "RandomResizedCrop":
+        mode = getattr(getattr(t, "interpolation", None), "value", "bilinear")
+        if mode != "bilinear":
+            raise Skip(f"RandomResizedCrop with {mode} interpolation is not translated (bilinear is)")
+        return [Op("resized_crop", {"size": tuple(t.size), "scale": tuple(t.scale), "ratio": tuple(t.ratio)})]
     if name == "RandomHorizontalFlip":
         return [Op("flip", {"p": float(t.p)})]
     if name in LAYOUT_OPS:
@@ -106,7 +101,7 @@ def _one(t: Any) -> list[Op]:
             raise Skip("Normalize(inplace=True) is not translated")
         return [Op("normalize", {"mean": [float(m) for m in t.mean], "std": [float(s) for s in t.std]})]
     raise Skip(f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
-               f"RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize)")
+               f"RandomResizedCrop, RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize)")
 
 
 def as_chw(image: Any) -> Any:
@@ -129,7 +124,7 @@ def translate(transform: Any) -> list[Op]:
     """The ops of a torchvision transform; :class:`~fastloop.speedups.base.Skip` naming the first
     op that is not translated."""
     ops = _one(transform)
-    if not any(op.kind in ("crop", "flip") for op in ops):
+    if not any(op.kind in ("crop", "resized_crop", "flip") for op in ops):
         raise Skip("the transform draws nothing at random: gpu_resident serves such data as it is")
     return ops
 
@@ -142,6 +137,8 @@ def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator) -> torch
             x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]
         elif op.kind == "crop":
             x = random_crop(x, op.params["size"], padding=op.params["padding"], fill=op.params["fill"], generator=generator)
+        elif op.kind == "resized_crop":
+            x = random_resized_crop(x, op.params["size"], op.params["scale"], op.params["ratio"], generator=generator)
         elif op.kind == "flip":
             x = random_flip(x, p=op.params["p"], generator=generator)
         elif op.kind == "to_float":
