@@ -11,7 +11,7 @@ from fastloop.speedups.base import REGISTRY
 if TYPE_CHECKING:
     from fastloop.drivers.ladder_state import LadderState
 
-__all__ = ["FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no", "replaces_loader",
+__all__ = ["ABLATION_LOSS", "FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no", "replaces_loader",
            "spec_names", "split_groups"]
 
 FEED_BUSY = 0.95
@@ -19,6 +19,11 @@ FEED_WAIT = 0.02
 """A data speedup is not measured when the best configuration's GPU is busy at least FEED_BUSY of
 the step (its profile, CUDA only) and it waits for data at most FEED_WAIT, or when both its data
 wait and its host's share of the step getting batches are at most FEED_WAIT."""
+
+
+ABLATION_LOSS = 0.02
+"""A member is kept when the configuration without it is this much slower at the point estimate,
+even where the interval is too wide to call it significant."""
 
 
 def model_says_no(ladder: LadderState, s: Any, shapes_fixed: bool = False) -> str | None:

@@ -19,7 +19,8 @@ processes, run-level intervals):
    waits for data (>= ``FEED_FIRST_WAIT``), the ablation waits until the feed is checked: a
    member taken out would hide behind the wait, and the budget must reach the feed.
 4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
-   moved is tried again after it moved.
+   moved is tried again after it moved. A kept rung that sized itself alone (the worker count) is
+   measured at the sizes around it in the configuration (:mod:`~fastloop.drivers.ladder_sizing`).
 5. Whatever is left (``batch_size``), one at a time.
 
 The budget bounds the whole search: what does not fit with the final comparison's reserve is
@@ -37,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_gates import (ablation_order, compute_feed_note, feed_cannot_help, model_says_no,
-                                          replaces_loader, spec_names, split_groups)
+from fastloop.drivers.ladder_gates import (ABLATION_LOSS, ablation_order, compute_feed_note, feed_cannot_help,
+                                          model_says_no, replaces_loader, spec_names, split_groups)
+from fastloop.drivers.ladder_sizing import size_in_configuration
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -49,9 +51,6 @@ __all__ = ["FEED_FIRST_WAIT", "StagedSearch", "ablation_order", "split_groups"]
 
 FEED_FIRST_WAIT = 0.2
 """The baseline's data-wait fraction from which the feed is fixed before the compute stack."""
-ABLATION_LOSS = 0.02
-"""A member is kept when the configuration without it is this much slower at the point estimate,
-even where the interval is too wide to call it significant."""
 
 
 class StagedSearch:
@@ -379,6 +378,7 @@ class StagedSearch:
                 self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
                 self.ablate(self.deferred)
             self.feed(feed, "feed re-checked after the compute stack")
+            size_in_configuration(self)
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
             resident = [s for s in feed if s.stored_on_device and not model_says_no(L, s)
@@ -394,6 +394,7 @@ class StagedSearch:
             if self.deferred_compute:
                 self.note("compute bundle ablated after the feed", "ablation: " + ",".join(self.deferred_compute))
                 self.ablate(self.deferred_compute)
+            size_in_configuration(self)
         if rest:
             self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
             self.singles(rest)

@@ -89,6 +89,10 @@ class Speedup:
     ablation_rank: ClassVar[int | None] = None
     """It costs something when it does not help (compile, capture, precision, layout, processes):
     the ladder's ablation takes it out to check, lowest rank first; None: never ablated."""
+    sized_stat: ClassVar[str | None] = None
+    """Without an option it sizes itself in each run (a probe of its own) and reports the size under
+    this key of the run's statistics: the ladder measures the sizes around it in the whole
+    configuration (:meth:`sizes_around`, ``NAME:N``) and keeps the fastest."""
     compiles: ClassVar[bool] = False
     """Its runs call ``torch.compile`` (or may): the fork server preloads the compiler for them."""
     advice_pattern: ClassVar[str | None] = None
@@ -150,6 +154,12 @@ class Speedup:
         except FastloopError as err:
             raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: {err}; {cls.option_help}") from None
         return value
+
+    @classmethod
+    def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
+        """With :attr:`sized_stat`: the size a run's ``stats`` (its ``extra``) say it chose, and the
+        sizes to measure around it in the configuration (the next smaller first); else (None, [])."""
+        return None, []
 
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""

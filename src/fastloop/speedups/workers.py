@@ -245,6 +245,21 @@ class Workers(Speedup):
 
     option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
     options_type = WorkersOptions
+    sized_stat = "num_workers"
+
+    @classmethod
+    def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
+        """The count chosen, and the probe's measured counts next below and above it (at least 1).
+
+        >>> Workers.sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
+        (8, [4])
+        """
+        chosen = stats.get(cls.sized_stat)
+        if not isinstance(chosen, int) or isinstance(chosen, bool):
+            return None, []
+        counts = sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) >= 1)
+        below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
+        return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
     def apply(self, run: Run) -> None:

@@ -1,0 +1,107 @@
+"""Sizes measured where they run: a kept speedup that sizes itself in each run from a probe of its
+own (the loader's worker count, measured on the loader alone) is measured at the neighbouring
+sizes in the whole configuration, the training process doing its real work, and pinned to the
+size that trains fastest.
+
+Alone, a loader's rate climbs with every worker up to the core count; in training, each worker
+past what the step consumes takes a core the training process needs (its Python, the copy to the
+device, the kernels' launches). Round 20's U-Net: 16 workers measured fastest alone (14,328
+samples/s), trained at 3.8-4.1k/s with 28-33% data wait, where an expert's 8 ran as fast or
+faster. So the search compares the configuration as kept (the probe's size) with the next size
+down, in interleaved fresh runs; a smaller size is kept when it is not missed (not significantly
+slower, and at most ``ABLATION_LOSS`` slower at the point estimate: fewer processes, less to go
+wrong), a size is kept when significantly faster; the next size up is measured only while the
+step still waits for data. The report lists each size measured in the configuration, its rate
+and its data wait.
+
+Example:
+    >>> from fastloop.speedups import REGISTRY
+    >>> REGISTRY["workers"].sizes_around({"num_workers": 16, "loader_rates": {"0": 1.0, "4": 3.0, "8": 5.0, "16": 6.0}})
+    (16, [8])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastloop.compare import Runs, merge_runs
+from fastloop.drivers.ladder_gates import ABLATION_LOSS
+from fastloop.speedups import REGISTRY
+
+__all__ = ["SIZING_WAIT", "size_in_configuration"]
+
+SIZING_WAIT = 0.05
+"""The best configuration's data-wait fraction from which a larger size is measured too."""
+
+
+def _chosen(runs: Runs, stat: str) -> int | None:
+    """The size the runs chose (the most common, where the probe's noise made them differ)."""
+    sizes = [int(d["extra"][stat]) for d in runs.docs if isinstance((d.get("extra") or {}).get(stat), (int, float))]
+    return max(set(sizes), key=sizes.count) if sizes else None
+
+
+def size_in_configuration(search: Any, stage: str = "sizes measured in the configuration") -> None:
+    """For each kept speedup that sized itself (its spec without an option, a ``sizes_around``),
+    measure the neighbouring sizes in the whole configuration and keep the one that trains fastest
+    (``search``: the :class:`~fastloop.drivers.ladder_search.StagedSearch` under way)."""
+    L = search.L
+    for spec in [s for s in L.selected if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat]:
+        best = L.best_runs.get(L.spec_with())
+        if best is None or not best.docs:
+            return
+        extra = merge_runs(best).get("extra") or {}
+        chosen, around = REGISTRY[spec].sizes_around({**extra, REGISTRY[spec].sized_stat: _chosen(best, REGISTRY[spec].sized_stat)})
+        if chosen is None or not around:
+            continue
+        search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
+                           + ", ".join(f"{spec}:{n}" for n in around))
+        for i, size in enumerate(around):
+            wait = merge_runs(L.best_runs[L.spec_with()]).get("data_wait_frac") or 0.0
+            if size > chosen and wait < SIZING_WAIT:
+                search.not_tried([f"{spec}:{size}"], f"the step waits {wait:.0%} for data: a larger size cannot help")
+                continue
+            search.queue(len(around) - i - 1, 1)
+            if _try_size(search, spec, chosen, size):
+                break
+
+
+def _try_size(search: Any, spec: str, chosen: int, size: int) -> bool:
+    """One size in place of the self-sized spec; True when it is kept."""
+    L = search.L
+    sized = f"{spec}:{size}"
+    idx = L.selected.index(spec)
+    base_spec = L.spec_with()
+    cand_spec = ",".join(L.base + L.selected[:idx] + [sized] + L.selected[idx + 1:])
+    first = L.first_look(base_spec)
+    if not L.fits(first, spec=cand_spec):
+        search.not_tried([sized], plan=L.plan(first, cand_spec))
+        return False
+    fresh, ci, n = L.compare_adaptive(base_spec, cand_spec)
+    cand = fresh[cand_spec]
+    label = f"{sized} (in place of {spec}, which chose {chosen} alone)"
+    if not cand.docs:
+        if cand.failures:
+            doc = L.rung_doc(label, cand_spec, cand, "failed", cand.failures[-1])
+            doc.update(stage=search.stage, decision=f"kept {spec}: {sized} failed")
+            L.rungs.append(doc)
+        else:
+            search.not_tried([sized], plan=L.plan(first, cand_spec))
+        return False
+    doc = L.rung_doc(label, cand_spec, cand, "applied", "")
+    doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=search.stage, sized=spec)
+    faster = bool(ci and ci["significant"] and ci["ratio"] > 1)
+    not_missed = bool(ci and size < chosen and not ci.get("budget") and not (ci["significant"] and ci["ratio"] < 1)
+                      and ci["ratio"] >= 1 - ABLATION_LOSS)
+    if faster or not_missed:
+        why = "faster" if faster else f"fewer, not missed ({ci['verdict']})"
+        doc["decision"] = f"kept {sized}: {ci['ratio']:.2f}x the {chosen} chosen alone, {why}"
+        L.selected[idx] = sized
+        L.best_runs = {cand_spec: cand}
+    else:
+        doc["decision"] = (f"kept {spec} ({chosen}): {sized} {ci['ratio']:.2f}x ({ci['verdict']})" if ci
+                           else f"kept {spec} ({chosen}): no comparison")
+        if ci and ci.get("budget"):
+            search.cut_short(sized, len(cand.docs))
+    L.rungs.append(doc)
+    L.publish()
+    return faster or not_missed

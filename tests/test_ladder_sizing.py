@@ -1,0 +1,64 @@
+"""Sizes measured where they run (issue 50, item 3): the worker count the probe chose alone is
+measured against the counts around it in the whole configuration, and the one that trains fastest
+is kept (a smaller one also when it is not missed); the report lists each count measured there."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastloop.drivers.ladder import run_ladder
+from fastloop.speedups import REGISTRY
+
+RATES = {"0": 900.0, "1": 1500.0, "2": 2900.0, "4": 5600.0, "8": 9800.0, "16": 14300.0}
+
+
+def _fake(train_rate: dict[int, float], seed: int = 0):
+    """A data-bound module: without workers the step waits 50%; with N workers it trains at
+    ``train_rate[N]`` (relative), as a U-Net whose 16 workers crowd the training process. A plain
+    ``workers`` run sizes itself to 16 (the fastest alone), as the probe does."""
+    rng = np.random.default_rng(seed)
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else spec.split(",")
+        count = next((16 if n == "workers" else int(n.split(":")[1]) for n in names if n.split(":")[0] == "workers"), 0)
+        speed = (train_rate[count] if count else 0.5) * (1.5 if "bf16" in names else 1.0)
+        mean = 0.010 / speed
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        extra = {"num_workers": count, "loader_rates": dict(RATES)} if count else {}
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.5 if not count else 0.3 if count == 16 else 0.1, "step_s": {"mean": mean},
+                "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5, "extra": extra}
+    return measure
+
+
+def _sized(doc):
+    return [r for r in doc["rungs"] if r.get("sized")]
+
+
+def test_a_count_that_trains_faster_in_the_configuration_replaces_the_one_chosen_alone():
+    doc = run_ladder("x", ["workers", "bf16"], device="cpu", measure=_fake({16: 1.0, 8: 1.25, 4: 1.1}))
+    rung = _sized(doc)[0]
+    assert rung["rung"] == "workers:8 (in place of workers, which chose 16 alone)"
+    assert rung["decision"].startswith("kept workers:8: 1.25x the 16 chosen alone, faster"), rung["decision"]
+    assert "workers:8" in doc["selected"] and "workers" not in doc["selected"]
+    stage = next(s for s in doc["stages"] if s["stage"] == "sizes measured in the configuration")
+    assert stage["action"] == "workers chose 16 measured alone; measured in the configuration: workers:8"
+    assert doc["rungs"][-1]["final"] and doc["rungs"][-1]["spec"].split(",").count("workers:8") == 1
+
+
+def test_fewer_workers_not_missed_are_kept_and_more_that_are_slower_are_not():
+    tie = run_ladder("x", ["workers", "bf16"], device="cpu", measure=_fake({16: 1.0, 8: 1.0, 4: 0.9}))
+    assert "workers:8" in tie["selected"], [r.get("decision") for r in _sized(tie)]
+    assert "fewer, not missed" in _sized(tie)[0]["decision"]
+    slower = run_ladder("x", ["workers", "bf16"], device="cpu", measure=_fake({16: 1.0, 8: 0.8, 4: 0.7}))
+    assert "workers" in slower["selected"] and not any(s.startswith("workers:") for s in slower["selected"])
+    assert _sized(slower)[0]["decision"].startswith("kept workers (16): workers:8 0.80x")
+
+
+def test_the_sizes_around_the_probes_choice():
+    w = REGISTRY["workers"]
+    assert w.sizes_around({"num_workers": 4, "loader_rates": RATES}) == (4, [2, 8])
+    assert w.sizes_around({"num_workers": 1, "loader_rates": RATES}) == (1, [2])  # 0 is no workers at all
+    assert w.sizes_around({"loader_rates": RATES}) == (None, [])
+    assert REGISTRY["bf16"].sizes_around({"num_workers": 4}) == (None, [])
