@@ -219,3 +219,20 @@ def test_v2_and_v1_random_crop_paddings_read_alike():
         assert v1.pad_crop == two.pad_crop == want and v1.crop == two.crop == (32, 32)
     after = plan_folder(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=0.5)]))
     assert after.fill == pytest.approx((127.5,))  # a float image's fill, in the decoded image's bytes
+
+
+def test_a_random_split_of_the_folder_reads_only_its_own_files(folder):
+    """``random_split`` (a Subset of the ImageFolder, the transform inside): DALI reads exactly the
+    subset's files with their labels, and the loader's length is the subset's."""
+    from torch.utils.data import random_split
+
+    t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
+    train, _ = random_split(datasets.ImageFolder(str(folder), transform=t), [15, 6], generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(train, batch_size=4, shuffle=False)
+    dali = DaliFolderLoader(loader, device_id=None)
+    assert len(dali) == len(loader) == 4 and dali.dataset is train
+    got = torch.cat([y for _, y in dali])
+    want = torch.cat([y for _, y in loader])
+    assert torch.equal(got, want)  # the subset's files, in its order (no shuffling)
+    files = [train.dataset.samples[i][0] for i in train.indices]
+    assert dali.n == 15 and sorted(files) != sorted(p for p, _ in train.dataset.samples)

@@ -223,3 +223,23 @@ def train_loss(loader) -> float:
             opt.step()
             losses.append(loss.item())
     return sum(losses[10:50]) / 40
+
+
+def test_a_random_split_of_the_dataset_is_augmented_from_the_transform_inside():
+    """``random_split``'s Subset has no transform of its own: the one of the dataset inside is
+    translated, and the subset's images are the ones read (the loader's order, its length)."""
+    from torch.utils.data import random_split
+
+    from tests.targets import v2_pipeline
+
+    def loader():
+        torch.manual_seed(0)
+        ds = AugmentedImages(n=64, transform=v2_pipeline())
+        train, _ = random_split(ds, [48, 16], generator=torch.Generator().manual_seed(1))
+        return DataLoader(train, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2))
+
+    assert augment_why_not(loader()) is None
+    cpu, aug = loader(), make_augmented(loader(), CPU)
+    assert len(aug) == len(cpu) == 6 and aug.resident.tensors[0].shape[0] == 48
+    for (x, y), (xa, ya) in zip(cpu, aug):
+        assert xa.shape == x.shape and torch.equal(torch.as_tensor(y), ya)

@@ -22,12 +22,33 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding"]
+__all__ = ["normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding",
+           "unwrap_subsets"]
 
 
 def _check(x: torch.Tensor) -> None:
     if not torch.is_tensor(x) or x.dim() != 4:
         raise ValueError(f"expected a batch of images shaped (N, C, H, W), got {getattr(x, 'shape', type(x).__name__)}")
+
+
+def unwrap_subsets(dataset: object) -> tuple[object, list[int] | None]:
+    """The dataset inside ``torch.utils.data.Subset`` wrappers (what ``random_split`` returns), and
+    the indices into it that the wrappers select (None: no wrapper). The transform lives there.
+
+    >>> from torch.utils.data import Subset, TensorDataset
+    >>> inner = TensorDataset(torch.arange(10))
+    >>> ds, idx = unwrap_subsets(Subset(Subset(inner, [9, 7, 5, 3]), [1, 3]))
+    >>> ds is inner, idx
+    (True, [7, 3])
+    """
+    from torch.utils.data import Subset
+
+    indices: list[int] | None = None
+    while isinstance(dataset, Subset):
+        own = [int(i) for i in dataset.indices]
+        indices = own if indices is None else [own[i] for i in indices]
+        dataset = dataset.dataset
+    return dataset, indices
 
 
 def torchvision_padding(op: object) -> tuple[int, int, int, int]:

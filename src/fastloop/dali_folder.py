@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
 
-from fastloop.augment import torchvision_padding
+from fastloop.augment import torchvision_padding, unwrap_subsets
 from fastloop.errors import FastloopError
 
 __all__ = ["DaliFolderLoader", "DaliPipeline", "DaliSettings", "FolderPlan", "NotTranslated", "check_folder",
@@ -146,19 +146,20 @@ def plan_folder(transform: Any) -> FolderPlan:
 
 def check_folder(loader: Any) -> FolderPlan:
     """The plan for ``loader`` without building a pipeline; :class:`NotTranslated` naming what does not fit."""
-    ds, _ = _check_loader(loader)
+    ds, _, _ = _check_loader(loader)
     return plan_folder(ds.transform)
 
 
-def _check_loader(loader: Any) -> tuple[Any, bool]:
-    """The folder dataset and whether the loader shuffles; NotTranslated naming what does not fit."""
+def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
+    """The folder dataset (inside ``Subset`` wrappers: ``random_split``'s), the (file, label) pairs
+    the loader reads and whether it shuffles; NotTranslated naming what does not fit."""
     try:
         from torchvision.datasets import DatasetFolder
     except ImportError as err:  # pragma: no cover - torchvision is a dependency
         raise NotTranslated(f"torchvision is not importable: {err}") from None
     if not isinstance(loader, DataLoader):
         raise NotTranslated(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
-    ds = loader.dataset
+    ds, indices = unwrap_subsets(loader.dataset)
     if not isinstance(ds, DatasetFolder):
         raise NotTranslated(f"the dataset is a {type(ds).__name__}, not a torchvision ImageFolder/DatasetFolder")
     if getattr(ds, "target_transform", None) is not None:
@@ -169,12 +170,13 @@ def _check_loader(loader: Any) -> tuple[Any, bool]:
         raise NotTranslated("the loader has a custom batch_sampler")
     if type(loader.sampler) not in (RandomSampler, SequentialSampler):
         raise NotTranslated(f"the loader has a custom sampler ({type(loader.sampler).__name__})")
-    bad = next((p for p, _ in ds.samples if not p.lower().endswith(IMAGE_SUFFIXES)), None)
+    samples = list(ds.samples) if indices is None else [ds.samples[i] for i in indices]
+    bad = next((p for p, _ in samples if not p.lower().endswith(IMAGE_SUFFIXES)), None)
     if bad is not None:
         raise NotTranslated(f"{os.path.basename(bad)} is not a JPEG or PNG file")
-    if not ds.samples:
+    if not samples:
         raise NotTranslated("the folder holds no images")
-    return ds, isinstance(loader.sampler, RandomSampler)
+    return ds, samples, isinstance(loader.sampler, RandomSampler)
 
 
 def default_hw_decoder_load(device_id: int | None) -> float:
@@ -342,8 +344,8 @@ class DaliFolderLoader(DaliPipeline):
 
     def __init__(self, loader: DataLoader, *, device_id: int | None, seed: int = 0,
                  settings: DaliSettings | None = None) -> None:
-        ds, shuffle = _check_loader(loader)
-        self.dataset = ds
-        super().__init__([p for p, _ in ds.samples], [int(c) for _, c in ds.samples], plan_folder(ds.transform),
+        ds, samples, shuffle = _check_loader(loader)
+        self.dataset = loader.dataset
+        super().__init__([p for p, _ in samples], [int(c) for _, c in samples], plan_folder(ds.transform),
                          int(loader.batch_size), device_id=device_id, shuffle=shuffle, drop_last=loader.drop_last,
                          seed=seed, settings=settings)

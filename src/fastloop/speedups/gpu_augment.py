@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import normalize, random_crop, random_flip, random_resized_crop, torchvision_padding
+from fastloop.augment import (normalize, random_crop, random_flip, random_resized_crop, torchvision_padding,
+                               unwrap_subsets)
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
@@ -173,14 +174,15 @@ def augment_why_not(loader: Any) -> str | None:
     """Why the loader's images cannot be augmented on the GPU (None: they can), without reading
     the dataset whole: the transform's translation and a fixed dataset behind it."""
     dataset = getattr(loader, "dataset", None)
-    transform = getattr(dataset, "transform", None)
+    holder = unwrap_subsets(dataset)[0]  # random_split's Subset: the transform is the dataset's inside
+    transform = getattr(holder, "transform", None)
     if transform is None:
         return "the dataset has no transform to run on the GPU"
     try:
         translate(transform)
     except Skip as why:
         return why.reason
-    with _transform_as(dataset, as_chw):
+    with _transform_as(holder, as_chw):
         found = fixed_samples(dataset)
     return f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
 
@@ -205,18 +207,19 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
     if not isinstance(loader, DataLoader):
         raise Skip(f"the loader is a {type(loader).__name__}, not a torch DataLoader")
     dataset = loader.dataset
-    transform = getattr(dataset, "transform", None)
+    holder = unwrap_subsets(dataset)[0]  # random_split's Subset: the transform is the dataset's inside
+    transform = getattr(holder, "transform", None)
     if transform is None:
-        raise Skip(f"the dataset ({type(dataset).__name__}) has no transform attribute to run on the GPU")
-    if getattr(dataset, "target_transform", None) is not None:
-        raise Skip(f"the dataset has a target_transform ({type(dataset.target_transform).__name__}), not translated")
+        raise Skip(f"the dataset ({type(holder).__name__}) has no transform attribute to run on the GPU")
+    if getattr(holder, "target_transform", None) is not None:
+        raise Skip(f"the dataset has a target_transform ({type(holder.target_transform).__name__}), not translated")
     ops = [op for op in translate(transform) if op.kind != "hwc_to_chw"]  # the images are read as CHW
-    with _transform_as(dataset):
+    with _transform_as(holder):
         sample = dataset[0]
     if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
         raise Skip(f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
                    f" samples, not (image, ...) tuples of tensors, arrays or PIL images")
-    with _transform_as(dataset, as_chw):
+    with _transform_as(holder, as_chw):
         try:
             resident = make_resident(loader, device, share=share)
         except NotResident as why:
