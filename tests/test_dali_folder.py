@@ -58,6 +58,9 @@ def test_a_custom_sampler_or_collate_is_refused_by_name(folder):
     ds = datasets.ImageFolder(str(folder), transform=t)
     with pytest.raises(NotTranslated, match="collate_fn"):
         DaliFolderLoader(DataLoader(ds, batch_size=4, collate_fn=lambda b: b), device_id=None)
+    gray = datasets.ImageFolder(str(folder), transform=t, loader=lambda path: datasets.folder.pil_loader(path).convert("L"))
+    with pytest.raises(NotTranslated, match="reads its files with <lambda>, not torchvision's default loader"):
+        DaliFolderLoader(DataLoader(gray, batch_size=4), device_id=None)
     with pytest.raises(NotTranslated, match="WeightedRandomSampler"):
         sampler = torch.utils.data.WeightedRandomSampler([1.0] * len(ds), len(ds))
         DaliFolderLoader(DataLoader(ds, batch_size=4, sampler=sampler), device_id=None)

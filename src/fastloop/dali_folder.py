@@ -164,6 +164,12 @@ def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
         raise NotTranslated(f"the dataset is a {type(ds).__name__}, not a torchvision ImageFolder/DatasetFolder")
     if getattr(ds, "target_transform", None) is not None:
         raise NotTranslated(f"the dataset has a target_transform ({type(ds.target_transform).__name__})")
+    from torchvision.datasets import folder
+
+    reads = getattr(ds, "loader", folder.default_loader)
+    if reads not in (folder.default_loader, folder.pil_loader):  # DALI decodes to RGB as PIL's convert("RGB")
+        raise NotTranslated(f"the dataset reads its files with {getattr(reads, '__name__', type(reads).__name__)}, "
+                            f"not torchvision's default loader (DALI decodes each file to RGB itself)")
     if loader.collate_fn is not default_collate:
         raise NotTranslated(f"the loader has a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')})")
     if loader.batch_size is None:
