@@ -62,3 +62,7 @@ def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fi
     assert not L.fits(1, spec="channels_last,compile")  # 73.9 s + 66 s > 82 s
     plan = L.plan(1, "channels_last,compile")
     assert plan["predicted_s"] == pytest.approx(73.9) and plan["reserve_s"] == pytest.approx(66.0)
+    assert plan["cold_compile_s"] == pytest.approx(62.9) and "cold_compile_s" not in L.plan(1, "bf16,channels_last")
+    from fastloop.report.markdown import _plan
+
+    assert "predicted 73.9 s (with a new compiled graph's cold compile, 62.9 s) + 66 s reserve" in _plan(plan)

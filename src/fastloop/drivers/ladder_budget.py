@@ -114,9 +114,14 @@ class BudgetPlan:
         warm = [c for s in self.spec_s for c in self.warm_costs(s)]
         if not warm:
             return 0.0
-        key = self.graph_key(spec) if spec else None
+        return statistics.median(warm) + self.cold_compile_s(spec)
+
+    def cold_compile_s(self, spec: str | None) -> float:
+        """What a run of ``spec`` pays once for a compiled graph no run has compiled (0 when its
+        graph was compiled, it compiles nothing, or it has run)."""
+        key = self.graph_key(spec) if spec and spec not in self.spec_s else None
         cold = key is not None and all(self.graph_key(s) != key for s in self.spec_s)
-        return statistics.median(warm) + (self.one_off_s() if cold else 0.0)
+        return self.one_off_s() if cold else 0.0
 
     def final_run_s(self) -> float:
         """One run a side of the final comparison: the baseline's and the selected set's."""
@@ -134,8 +139,11 @@ class BudgetPlan:
         if queued:
             reserve += self.queued_runs * self.per_run_s()
         left = None if self.budget is None else self.budget - self.elapsed()
-        return {"predicted_s": round(per_run * runs, 1), "reserve_s": round(reserve, 1),
-                "left_s": None if left is None else round(left, 1)}
+        out = {"predicted_s": round(per_run * runs, 1), "reserve_s": round(reserve, 1),
+               "left_s": None if left is None else round(left, 1)}
+        if self.cold_compile_s(spec):
+            out["cold_compile_s"] = round(self.cold_compile_s(spec), 1)
+        return out
 
     def fits(self, runs: int, final: bool = True, spec: str | None = None, queued: bool = False) -> bool:
         """Do ``runs`` more runs (and, with ``final``, the final comparison after them; with

@@ -125,4 +125,6 @@ def _plan(entry: dict) -> str:
     """A budget entry's arithmetic: 'predicted 9.1 s + 18.0 s reserve > 12.3 s left'."""
     if entry.get("predicted_s") is None or entry.get("left_s") is None:
         return ""
-    return f": predicted {entry['predicted_s']:g} s + {entry.get('reserve_s') or 0:g} s reserve > {entry['left_s']:g} s left"
+    cold = f" (with a new compiled graph's cold compile, {entry['cold_compile_s']:g} s)" if entry.get("cold_compile_s") else ""
+    return (f": predicted {entry['predicted_s']:g} s{cold} + {entry.get('reserve_s') or 0:g} s reserve > "
+            f"{entry['left_s']:g} s left")
