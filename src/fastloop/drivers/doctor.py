@@ -127,7 +127,7 @@ def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None) -
         return ("DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
                 "disk, lighter augmentation, or a larger batch (fewer steps per image).")
     gpu_paths = ("for JPEG data in an ImageFolder, decode and augment on the GPU (dali); for in-memory images with a "
-                 "torchvision crop/flip/normalize pipeline, augment each batch on the GPU (gpu_augment)")
+                 "torchvision crop/resized-crop/flip/normalize pipeline, augment each batch on the GPU (gpu_augment)")
     todo = [n for n in ("workers", "pin_memory", "prefetch") if n not in applied]
     if todo:
         return f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {gpu_paths}."
