@@ -243,3 +243,24 @@ def test_a_random_split_of_the_dataset_is_augmented_from_the_transform_inside():
     assert len(aug) == len(cpu) == 6 and aug.resident.tensors[0].shape[0] == 48
     for (x, y), (xa, ya) in zip(cpu, aug):
         assert xa.shape == x.shape and torch.equal(torch.as_tensor(y), ya)
+
+
+@pytest.mark.gpu
+def test_the_translated_pipelines_run_on_the_gpu_with_a_generator_there():
+    """On CUDA: the stored uint8 images on the device, a CIFAR-style and an ImageNet-style pipeline
+    run on each batch there (the draws from a CUDA generator), the batch structure the loader's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torchvision.transforms import v2
+
+    cuda = torch.device("cuda")
+    for t in (v2.Compose([v2.RandomCrop(16, padding=(2, 4)), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]),
+              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize([0.5] * 3, [0.25] * 3)])):
+        loader = DataLoader(AugmentedImages(n=64, transform=t), batch_size=16, shuffle=True,
+                            generator=torch.Generator().manual_seed(0))
+        aug = make_augmented(loader, cuda)
+        x, y = next(iter(loader))
+        xa, ya = next(iter(aug))
+        assert xa.is_cuda and xa.shape == x.shape and xa.dtype == x.dtype and aug.resident.tensors[0].dtype == torch.uint8
+        assert torch.isfinite(xa).all() and len(aug) == len(loader)

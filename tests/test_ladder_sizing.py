@@ -61,4 +61,6 @@ def test_the_sizes_around_the_probes_choice():
     assert w.sizes_around({"num_workers": 4, "loader_rates": RATES}) == (4, [2, 8])
     assert w.sizes_around({"num_workers": 1, "loader_rates": RATES}) == (1, [2])  # 0 is no workers at all
     assert w.sizes_around({"loader_rates": RATES}) == (None, [])
+    # the user's loader had 4 workers: 4 and fewer are not this speedup's to measure
+    assert w.sizes_around({"num_workers": 8, "loader_own_workers": 4, "loader_rates": RATES}) == (8, [16])
     assert REGISTRY["bf16"].sizes_around({"num_workers": 4}) == (None, [])

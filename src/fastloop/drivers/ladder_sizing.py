@@ -56,7 +56,8 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
         search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
                            + ", ".join(f"{spec}:{n}" for n in around))
         for i, size in enumerate(around):
-            wait = merge_runs(L.best_runs[L.spec_with()]).get("data_wait_frac") or 0.0
+            now = L.best_runs.get(L.spec_with())
+            wait = (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None else 0.0
             if size > chosen and wait < SIZING_WAIT:
                 search.not_tried([f"{spec}:{size}"], f"the step waits {wait:.0%} for data: a larger size cannot help")
                 continue

@@ -249,7 +249,8 @@ class Workers(Speedup):
 
     @classmethod
     def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """The count chosen, and the probe's measured counts next below and above it (at least 1).
+        """The count chosen, and the probe's measured counts next below and above it (more than the
+        user's loader's own count).
 
         >>> Workers.sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
         (8, [4])
@@ -257,7 +258,8 @@ class Workers(Speedup):
         chosen = stats.get(cls.sized_stat)
         if not isinstance(chosen, int) or isinstance(chosen, bool):
             return None, []
-        counts = sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) >= 1)
+        own = stats.get("loader_own_workers") or 0  # the user's loader's own count: fewer is not this speedup
+        counts = sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
         below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
         return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
 
@@ -297,7 +299,7 @@ class Workers(Speedup):
                     if n < fastest else "the fastest" + (
                         f" ({WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s needs it)"
                         if "step_demand" in ctx.stats else " (the step's demand was not measured yet)")))
-        ctx.stats["num_workers"] = n
+        ctx.stats["num_workers"], ctx.stats["loader_own_workers"] = n, loader.num_workers
         measured = "" if self.opts.count is not None else _measured_detail(loader, n, ctx)
         ctx.describe(self.name, f"{n} worker processes{measured}")
         return apply_workers(loader, int(n))
