@@ -66,3 +66,15 @@ def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fi
     from fastloop.report.markdown import _plan
 
     assert "predicted 73.9 s (with a new compiled graph's cold compile, 62.9 s) + 66 s reserve" in _plan(plan)
+
+
+def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
+    """An ablation's extension must leave room for the first looks of the ablations after it, each
+    at its own prediction: one that compiles a new graph is kept at its cold compile, not at the
+    median run (round 24: otherwise an extension of one ablation spends what the next one needs)."""
+    L = _state(_R50, selected=["bf16", "channels_last", "compile"])
+    L.queued = [(1, "channels_last,compile"), (1, "bf16,channels_last")]
+    plan = L.plan(2, queued=True)
+    assert plan["reserve_s"] == pytest.approx(3 * (10.0 + 12.0) + (11.0 + 62.9) + 11.0)
+    L.queued = []
+    assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))

@@ -17,7 +17,7 @@ __all__ = ["BudgetPlan"]
 class BudgetPlan:
     """The budget's arithmetic over the ladder's runs. The ladder sets ``budget``, ``t0``,
     ``process_s``, ``spec_s``, ``spec_warm``, ``base_spec``, ``run_log``, ``selected``,
-    ``min_repeats``, ``queued_runs`` and ``finalizing``, and defines ``final_ready()`` and
+    ``min_repeats``, ``queued`` and ``finalizing``, and defines ``final_ready()`` and
     ``spec_with()``.
 
     A run's predicted cost is what its configuration's runs cost once warm: the first compiled run
@@ -35,7 +35,7 @@ class BudgetPlan:
     run_log: list[dict]
     selected: list[str]
     min_repeats: int
-    queued_runs: int
+    queued: list[tuple[int, str | None]]
     finalizing: bool
 
     def final_ready(self) -> bool:  # pragma: no cover - the ladder's
@@ -133,11 +133,11 @@ class BudgetPlan:
     def plan(self, runs: int, spec: str | None = None, final: bool = True, queued: bool = False) -> dict:
         """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
         the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
-        runs of the comparisons the search has still planned (:attr:`queued_runs`), what is left."""
+        runs of the comparisons the search has still planned (:attr:`queued`: runs, configuration), what is left."""
         per_run = self.per_run_s(spec)
         reserve = self.min_repeats * self.final_run_s() if final and self.selected and not self.final_ready() else 0.0
         if queued:
-            reserve += self.queued_runs * self.per_run_s()
+            reserve += sum(n * self.per_run_s(spec) for n, spec in self.queued)
         left = None if self.budget is None else self.budget - self.elapsed()
         out = {"predicted_s": round(per_run * runs, 1), "reserve_s": round(reserve, 1),
                "left_s": None if left is None else round(left, 1)}

@@ -89,10 +89,6 @@ class StagedSearch:
                               "evidence": b.get("evidence"), "action": action})
         self.L.publish()
 
-    def fits(self, runs: int) -> bool:
-        """Do ``runs`` more runs, and the final comparison after them, fit the budget?"""
-        return self.L.fits(runs)
-
     def not_tried(self, names: list[str], why: str = "budget", plan: dict | None = None) -> None:
         """List what was not measured, and why; a budget entry carries the arithmetic (the
         prediction, the reserve for the final comparison and the seconds that were left)."""
@@ -126,7 +122,7 @@ class StagedSearch:
     def queue(self, comparisons: int, runs_each: int | None = None) -> None:
         """The search has ``comparisons`` more comparisons planned after the current one in this
         stage: keep their first looks' runs (``runs_each`` each, default 3) out of its extensions."""
-        self.L.queued_runs = max(0, comparisons) * (runs_each or self.L.min_repeats)
+        self.L.queued = [(runs_each or self.L.min_repeats, None)] * max(0, comparisons)
 
     def _own_records(self, runs: Runs, specs: list[str]) -> dict[str, dict]:
         doc = runs.docs[-1] if runs.docs else {}
@@ -207,10 +203,10 @@ class StagedSearch:
         for i, spec in enumerate(order):
             if spec not in L.selected or len(L.selected) <= 1:
                 continue
-            without = [s for s in L.selected if s != spec]
-            base_spec = L.spec_with()
-            cand_spec = ",".join(L.base + without) or "none"
-            self.queue(len(order) - i - 1, first := L.first_look(base_spec))
+            without, first = [s for s in L.selected if s != spec], L.first_look(L.spec_with())
+            base_spec, cand_spec = L.spec_with(), L.spec_without(spec)
+            # the ablations after it: their first looks at their own predicted cost (a cold compile)
+            L.queued = [(first, L.spec_without(m)) for m in order[i + 1:] if m in L.selected]
             fresh = L.compare_adaptive(base_spec, cand_spec) if L.fits(first, spec=cand_spec) else None
             if fresh is None or not (fresh[0][cand_spec].failures or fresh[0][cand_spec].docs):
                 self.not_tried([f"ablation of {spec}"], plan=L.plan(first, cand_spec))  # the budget stopped it
@@ -228,8 +224,9 @@ class StagedSearch:
             # left out only when not missed: not significantly slower without it AND no more than
             # ABLATION_LOSS slower at the point estimate (a wide interval is not evidence of no effect)
             slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
-            if ci and ci.get("budget") and not slower:  # too few runs to take anything out
-                doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)"
+            if ci and ci.get("budget") and not (ci["significant"] and ci["ratio"] < 1):  # too few runs to tell
+                doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)" + (
+                    f" ({ci['ratio']:.2f}x without it at the point estimate)" if ci.get("ratio") else "")
                 self.cut_short(f"ablation of {spec}", len(cand.docs))
             elif slower:
                 why = "" if ci["significant"] and ci["ratio"] < 1 else \

@@ -45,7 +45,7 @@ class LadderState(BudgetPlan):
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.finalizing = False
-        self.queued_runs = 0
+        self.queued: list[tuple[int, str | None]] = []
         self.measure_s: float | None = None
         """Seconds of steady steps each run was asked to measure (None: ``steps`` steps)."""
         """Runs the search keeps for comparisons it has still planned in this stage (the first
@@ -78,6 +78,10 @@ class LadderState(BudgetPlan):
         """Has the selected set already been measured against the baseline, interleaved?"""
         spec = self.spec_with()
         return self.vs_baseline is not None and spec in self.vs_baseline[0] and self.base_spec in self.vs_baseline[0]
+
+    def spec_without(self, member: str) -> str:
+        """The configuration with the kept ``member`` taken out (an ablation's candidate)."""
+        return join_specs(self.base + [s for s in self.selected if s != member])
 
     def spec_with(self, extra: list[str] | None = None) -> str:
         """The configuration: the base, the kept candidates, and ``extra``."""
