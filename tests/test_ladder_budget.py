@@ -78,3 +78,49 @@ def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     assert plan["reserve_s"] == pytest.approx(3 * (10.0 + 12.0) + (11.0 + 62.9) + 11.0)
     L.queued = []
     assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
+
+
+def test_a_compile_heavy_data_bound_ladder_at_round_22s_costs_scaled_down(monkeypatch):
+    """Round 22's ResNet-50 on a JPEG folder, its run costs scaled by 1/25 (the baseline 10 s, a
+    DALI run 8 s, a compiled run 12 s, a new compiled graph 55 s more, a 300 s budget): the
+    ladder keeps DALI and the compute bundle, measures the compile ablation at its one-run first
+    look, and lists an ablation it cannot fit with its cold compile in the prediction; it ends
+    within a run of the budget."""
+    import time
+
+    import numpy as np
+
+    from fastloop.drivers.ladder import run_ladder
+    from fastloop.speedups import REGISTRY
+
+    for name in REGISTRY:
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    rng, compiled, scale = np.random.default_rng(0), set(), 1 / 25
+
+    def measure(target, spec, **kw):
+        n = set() if spec == "none" else {s.split(":")[0] for s in spec.split(",")}
+        key = frozenset(n & {"bf16", "channels_last", "compile", "tf32"})
+        cold = "compile" in n and key not in compiled
+        compiled.update([key] if "compile" in n else [])
+        time.sleep(scale * ((8 if "dali" in n else 10) + (2 if "compile" in n else 0) + (55 if cold else 0)))
+        speed = 1.0 if "dali" not in n else 1.38 * (2.0 if "bf16" in n else 1) * (
+            1.25 if {"bf16", "channels_last"} <= n else 1) * (1.15 if "compile" in n else 1) * (1.03 if "cuda_graph" in n else 1)
+        mean = 0.05 / speed
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        return {"step_s_all": steps, "items_per_step": 128, "throughput": {"value": 128 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.03 if "dali" in n else 0.3, "step_s": {"mean": mean},
+                "warmup_overhead_s": scale * (55 if cold else 1),
+                "speedups": [{"name": x, "status": "applied", "reason": ""} for x in sorted(n)],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+
+    t0 = time.perf_counter()
+    doc = run_ladder("x", ["dali", "tf32", "bf16", "fused_optimizer", "channels_last", "compile", "cuda_graph"],
+                     device="cpu", budget=300 * scale, measure=measure)
+    assert time.perf_counter() - t0 <= 300 * scale + 70 * scale
+    assert {"dali", "bf16", "channels_last", "compile"} <= set(doc["selected"])
+    ablations = {r["ablation"]: r for r in doc["rungs"] if r.get("ablation")}
+    assert ablations["compile"]["repeats"] == 1 and ablations["compile"]["decision"].startswith("kept compile")
+    assert not any("failed" in (r.get("decision") or "") for r in doc["rungs"])
+    for entry in doc["not_tried"]:  # what did not fit says how much of it is a cold compile
+        assert entry["name"] in ("ablation of bf16", "ablation of channels_last") and entry["cold_compile_s"] > 1.5
+    assert doc["rungs"][-1]["final"] and doc["rungs"][-1]["speedup_vs_baseline"]["significant"]
