@@ -64,3 +64,17 @@ def test_the_sizes_around_the_probes_choice():
     # the user's loader had 4 workers: 4 and fewer are not this speedup's to measure
     assert w.sizes_around({"num_workers": 8, "loader_own_workers": 4, "loader_rates": RATES}) == (8, [16])
     assert REGISTRY["bf16"].sizes_around({"num_workers": 4}) == (None, [])
+
+
+def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_sized():
+    """Round 20's U-Net pattern: the feed fixed first (16 workers, the fastest alone), the compute
+    bundle kept, the faster step still waiting 30% for data: the worker count is measured in the
+    configuration before the bundle's members are taken out (taken out behind a wait, a member
+    looks not missed)."""
+    doc = run_ladder("x", ["workers", "bf16", "compile"], device="cpu", measure=_fake({16: 1.0, 8: 1.25, 4: 1.1}))
+    names = [r["rung"] for r in doc["rungs"]]
+    sized = next(i for i, r in enumerate(doc["rungs"]) if r.get("sized"))
+    ablations = [i for i, r in enumerate(doc["rungs"]) if r.get("ablation") in ("bf16", "compile")]
+    assert ablations and sized < min(ablations), names
+    assert any(s["action"].startswith("its ablation waits until the feed is checked") for s in doc["stages"])
+    assert "workers:8" in doc["selected"]

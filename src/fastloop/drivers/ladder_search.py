@@ -370,12 +370,11 @@ class StagedSearch:
             self.queue(1 if compute else 0)  # the compute bundle's first look is kept for
             self.feed(feed, "feed first (the baseline waits for data)", defer_ablation=True)
             self.queue(0)
-            self.compute(compute, "compute stack")
+            self.compute(compute, "compute stack", feed_next=bool(feed))
             if self.deferred:
                 self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
                 self.ablate(self.deferred)
             self.feed(feed, "feed re-checked after the compute stack")
-            size_in_configuration(self)
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
             resident = [s for s in feed if s.stored_on_device and not model_says_no(L, s)
@@ -388,10 +387,10 @@ class StagedSearch:
                          feed_next=bool(feed))
             self.queue(0)
             self.feed(feed, "feed checked for the faster step")
-            if self.deferred_compute:
-                self.note("compute bundle ablated after the feed", "ablation: " + ",".join(self.deferred_compute))
-                self.ablate(self.deferred_compute)
-            size_in_configuration(self)
+        size_in_configuration(self)  # the feed's sizes in the configuration, then what hid behind its wait
+        if self.deferred_compute:
+            self.note("compute bundle ablated after the feed", "ablation: " + ",".join(self.deferred_compute))
+            self.ablate(self.deferred_compute)
         if rest:
             self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
             self.singles(rest)
