@@ -234,3 +234,27 @@ def test_ctrl_c_during_run_and_batch_size(cmd, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", *cmd, "--device", "cpu", "--quiet"], cwd=ROOT,
                             env=dict(os.environ, FASTLOOP_TEST_MARK=mark), stderr=subprocess.PIPE, text=True)
     _ctrl_c_when_running(proc, mark, 3 if cmd[0] == "run" else 1, settle=3.0)  # torch imported, target built
+
+
+def test_ctrl_c_inside_a_weakref_callback_still_interrupts_the_main_code():
+    """A Ctrl-C that lands in a weakref callback (matplotlib's, while a report is drawn) is
+    swallowed there by Python with a traceback printed; the command raises it again in the main
+    code, so the orderly exit runs and no traceback is printed (CI, round 24)."""
+    code = (
+        "import signal, time, weakref\n"
+        "from fastloop.drivers.exits import arm_interrupt_deadline\n"
+        "arm_interrupt_deadline()\n"
+        "class A: pass\n"
+        "try:\n"
+        "    a = A()\n"
+        "    r = weakref.ref(a, lambda _: signal.raise_signal(signal.SIGINT))\n"
+        "    del a\n"
+        "    time.sleep(0.5)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted in the main code')\n")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "interrupted in the main code" and "Traceback" not in out.stderr, out

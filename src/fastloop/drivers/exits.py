@@ -36,6 +36,25 @@ def arm_interrupt_deadline() -> None:
         threading.Thread(target=deadline, daemon=True).start()
         raise KeyboardInterrupt
 
+    def again(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = sys.unraisablehook
+
+    def unraisable(args: object) -> None:
+        # Ctrl-C that landed in a weakref callback or __del__ (matplotlib's, while a report is drawn)
+        # is swallowed there with a traceback: raise it again in the main thread's code instead
+        if isinstance(getattr(args, "exc_value", None), KeyboardInterrupt) and \
+                threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, again)
+            import _thread
+
+            threading.Timer(0.01, _thread.interrupt_main).start()  # after the callback has returned
+            return
+        previous(args)  # type: ignore[arg-type]
+
+    sys.unraisablehook = unraisable
     signal.signal(signal.SIGINT, on_sigint)
 
 
