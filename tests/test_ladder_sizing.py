@@ -78,3 +78,45 @@ def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_siz
     assert ablations and sized < min(ablations), names
     assert any(s["action"].startswith("its ablation waits until the feed is checked") for s in doc["stages"])
     assert "workers:8" in doc["selected"]
+
+
+def _crowded(seed: int = 0):
+    """Round 24's U-Net on an H100: the user's loader has 4 workers and the baseline waits 40% for
+    data. Without the compute stack 16 workers (the probe's choice) feed fastest; with it, the
+    faster step's process needs cores, and 16 workers feed no faster than the user's 4, where 8
+    feed fastest. Rates relative; the step's own rate is 1 plain, 2 with bf16."""
+    rng = np.random.default_rng(seed)
+    feeds = {False: {4: 0.6, 8: 1.0, 16: 1.2}, True: {4: 1.2, 8: 1.6, 16: 1.2}}
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else spec.split(",")
+        sized = [n for n in names if n.split(":")[0] == "workers"]
+        count = (16 if sized[0] == "workers" else int(sized[0].split(":")[1])) if sized else 4
+        step = 2.0 if "bf16" in names else 1.0
+        speed = min(step, feeds["bf16" in names][count])
+        mean = 0.010 / speed
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        extra = {"num_workers": count, "loader_own_workers": 4, "loader_rates": dict(RATES)} if sized else {}
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 1 - speed / step, "step_s": {"mean": mean},
+                "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5, "extra": extra}
+    return measure
+
+
+def test_a_feed_bundle_kept_first_has_its_count_sized_before_it_is_ablated(monkeypatch):
+    """The probe's 16 workers, no faster than the user's 4 once the compute stack runs, would be
+    removed as not missed and no count measured in the configuration (round 24's U-Net). Sized
+    first, 8 is measured in their place and kept, and the ablation then measures the user's 4
+    against 8: the report shows each count measured where it runs."""
+    for name in ("pin_memory", "prefetch"):  # CUDA-only: on this CPU, let the fake feed bundle have them
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", measure=_crowded())
+    rungs = doc["rungs"]
+    sized = next(i for i, r in enumerate(rungs) if r.get("sized"))
+    assert rungs[sized]["rung"] == "workers:8 (in place of workers, which chose 16 alone)", [r["rung"] for r in rungs]
+    assert rungs[sized]["decision"].startswith("kept workers:8"), rungs[sized]["decision"]
+    ablated = next(r for r in rungs if r.get("ablation") == "workers:8")
+    assert rungs.index(ablated) > sized and ablated["decision"].startswith("kept workers:8"), ablated["decision"]
+    assert "workers:8" in doc["selected"] and "workers" not in doc["selected"]
+    assert sum(1 for r in rungs if r.get("sized")) == 1  # not sized a second time after the feed re-check

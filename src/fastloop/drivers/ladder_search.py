@@ -20,7 +20,8 @@ processes, run-level intervals):
    member taken out would hide behind the wait, and the budget must reach the feed.
 4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
    moved is tried again after it moved. A kept rung that sized itself alone (the worker count) is
-   measured at the sizes around it in the configuration (:mod:`~fastloop.drivers.ladder_sizing`).
+   measured at the sizes around it in the configuration (:mod:`~fastloop.drivers.ladder_sizing`),
+   before a feed bundle kept first is ablated (the user's count faces the size that trains fastest).
 5. Whatever is left (``batch_size``), one at a time.
 
 The budget bounds the whole search: what does not fit with the final comparison's reserve is
@@ -40,7 +41,7 @@ from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder_gates import (ABLATION_LOSS, ablation_order, compute_feed_note, feed_cannot_help,
                                           model_says_no, replaces_loader, spec_names, split_groups)
-from fastloop.drivers.ladder_sizing import size_in_configuration
+from fastloop.drivers.ladder_sizing import as_sized, size_in_configuration
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -69,6 +70,7 @@ class StagedSearch:
         self.dropped_under: dict[str, str] = {}
         """Feed speedup -> the bottleneck under which it was dropped (tried again once it moved)."""
         self.in_bundle: set[str] = set()  # measured in a compute bundle that was not faster
+        self.sized: set[str] = set()  # self-sized speedups measured around their choice in the configuration
 
     # -- helpers -----------------------------------------------------------------------------
     def best(self) -> Runs | None:
@@ -372,6 +374,8 @@ class StagedSearch:
             self.queue(0)
             self.compute(compute, "compute stack", feed_next=bool(feed))
             if self.deferred:
+                size_in_configuration(self)  # a count sized alone is measured where it runs before it is taken out
+                self.deferred = as_sized(L.selected, self.deferred)
                 self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
                 self.ablate(self.deferred)
             self.feed(feed, "feed re-checked after the compute stack")

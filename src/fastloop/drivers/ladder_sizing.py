@@ -28,10 +28,20 @@ from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.ladder_gates import ABLATION_LOSS
 from fastloop.speedups import REGISTRY
 
-__all__ = ["SIZING_WAIT", "size_in_configuration"]
+__all__ = ["SIZING_WAIT", "as_sized", "size_in_configuration"]
 
 SIZING_WAIT = 0.05
 """The best configuration's data-wait fraction from which a larger size is measured too."""
+
+
+def as_sized(selected: list[str], members: list[str]) -> list[str]:
+    """``members`` as they are now selected (a self-sized one pinned to the size measured fastest).
+
+    Example:
+        >>> as_sized(["bf16", "workers:8", "pin_memory"], ["workers", "pin_memory", "prefetch"])
+        ['workers:8', 'pin_memory', 'prefetch']
+    """
+    return [next((s for s in selected if s.split(":")[0] == m.split(":")[0]), m) for m in members]
 
 
 def _chosen(runs: Runs, stat: str) -> int | None:
@@ -45,7 +55,9 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
     measure the neighbouring sizes in the whole configuration and keep the one that trains fastest
     (``search``: the :class:`~fastloop.drivers.ladder_search.StagedSearch` under way)."""
     L = search.L
-    for spec in [s for s in L.selected if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat]:
+    for spec in [s for s in L.selected if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat
+                 and s not in search.sized]:
+        search.sized.add(spec)
         best = L.best_runs.get(L.spec_with())
         if best is None or not best.docs:
             return
