@@ -80,20 +80,21 @@ def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_siz
     assert "workers:8" in doc["selected"]
 
 
-def _crowded(seed: int = 0):
-    """Round 24's U-Net on an H100: the user's loader has 4 workers and the baseline waits 40% for
-    data. Without the compute stack 16 workers (the probe's choice) feed fastest; with it, the
-    faster step's process needs cores, and 16 workers feed no faster than the user's 4, where 8
-    feed fastest. Rates relative; the step's own rate is 1 plain, 2 with bf16."""
+def _crowded(plain: dict[int, float] | None = None, pinned: float = 1.0, seed: int = 0):
+    """Round 24's U-Net on an H100: the user's loader has 4 workers. Without the compute stack 16
+    workers (the probe's choice) feed fastest (``plain``: the feed rate by count; the baseline
+    waits 40% by default); with it, the faster step's process needs cores, and 16 workers feed no
+    faster than the user's 4, where 8 feed fastest (``pinned``: pinned memory's factor on the
+    feed). Rates relative; the step's own rate is 1 plain, 2 with bf16."""
     rng = np.random.default_rng(seed)
-    feeds = {False: {4: 0.6, 8: 1.0, 16: 1.2}, True: {4: 1.2, 8: 1.6, 16: 1.2}}
+    feeds = {False: plain or {4: 0.6, 8: 1.0, 16: 1.2}, True: {4: 1.2, 8: 1.5, 16: 1.2}}
 
     def measure(target, spec, **kw):
         names = [] if spec == "none" else spec.split(",")
         sized = [n for n in names if n.split(":")[0] == "workers"]
         count = (16 if sized[0] == "workers" else int(sized[0].split(":")[1])) if sized else 4
         step = 2.0 if "bf16" in names else 1.0
-        speed = min(step, feeds["bf16" in names][count])
+        speed = min(step, feeds["bf16" in names][count] * (pinned if "pin_memory" in names else 1.0))
         mean = 0.010 / speed
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
         extra = {"num_workers": count, "loader_own_workers": 4, "loader_rates": dict(RATES)} if sized else {}
@@ -120,3 +121,21 @@ def test_a_feed_bundle_kept_first_has_its_count_sized_before_it_is_ablated(monke
     assert rungs.index(ablated) > sized and ablated["decision"].startswith("kept workers:8"), ablated["decision"]
     assert "workers:8" in doc["selected"] and "workers" not in doc["selected"]
     assert sum(1 for r in rungs if r.get("sized")) == 1  # not sized a second time after the feed re-check
+
+
+def test_a_feed_bundle_measured_after_the_compute_stack_is_sized_before_it_is_ablated(monkeypatch):
+    """Round 24's U-Net exactly: the baseline waits 10%, so the compute stack comes first; its
+    faster step waits 40%; the feed bundle is kept for its pinned memory, and its 16 workers are
+    no faster than the user's 4. The count is measured in the configuration (8, kept) before the
+    bundle is ablated."""
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
+                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2))
+    rungs, stages = doc["rungs"], [s["stage"] for s in doc["stages"]]
+    assert "feed first (the baseline waits for data)" not in stages and "feed checked for the faster step" in stages
+    sized = next(i for i, r in enumerate(rungs) if r.get("sized"))
+    assert rungs[sized]["decision"].startswith("kept workers:8"), rungs[sized]["decision"]
+    ablated = next(r for r in rungs if r.get("ablation") == "workers:8")
+    assert rungs.index(ablated) > sized and ablated["decision"].startswith("kept workers:8"), ablated["decision"]
+    assert {"workers:8", "pin_memory", "bf16"} <= set(doc["selected"])

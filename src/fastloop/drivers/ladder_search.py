@@ -295,8 +295,9 @@ class StagedSearch:
             kept = [s.spec for s in bundle if s.spec in L.selected]
             if defer_ablation:
                 self.deferred = kept
-            else:
-                self.ablate(kept)
+            else:  # a count sized alone is measured where it runs before it is taken out
+                size_in_configuration(self)
+                self.ablate(as_sized(L.selected, kept))
 
     def compute(self, compute: list, stage: str, *, feed_next: bool = False) -> None:
         """The whole applicable compute stack as one candidate, then its ablation; one at a time
@@ -367,14 +368,13 @@ class StagedSearch:
         L.best_runs = {L.base_spec: fresh[L.base_spec]}
         self.note("baseline", "measured")
         if (merge_runs(self.best()).get("data_wait_frac") or 0.0) >= FEED_FIRST_WAIT:
-            # the feed bundle is measured first, its ablation after the compute bundle's comparison:
-            # on a GPU the compute bundle is the larger lever, so the budget reaches it first
+            # the feed bundle first, its ablation after the compute bundle's (the larger lever on a GPU)
             self.queue(1 if compute else 0)  # the compute bundle's first look is kept for
             self.feed(feed, "feed first (the baseline waits for data)", defer_ablation=True)
             self.queue(0)
             self.compute(compute, "compute stack", feed_next=bool(feed))
             if self.deferred:
-                size_in_configuration(self)  # a count sized alone is measured where it runs before it is taken out
+                size_in_configuration(self)  # as in feed(): sized where it runs before it is taken out
                 self.deferred = as_sized(L.selected, self.deferred)
                 self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
                 self.ablate(self.deferred)
