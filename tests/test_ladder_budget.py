@@ -1,7 +1,8 @@
 """The ladder's budget predictions (fastloop.drivers.ladder_budget): a run is predicted at its
 configuration's warm cost (a cold compiler cache is paid once), a configuration not yet run at the
 median warm run, plus that one-off where it compiles a graph no run has compiled; the final
-comparison's reserve is one baseline and one selected run a side."""
+comparison's reserve is one baseline and one selected run a side where each has run 3 times in
+the ladder (the final comparison pools those runs where the budget ends it there), else 3 a side."""
 
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ def test_a_cold_compile_is_predicted_once_not_for_every_run():
     assert L.warm_costs("bf16,channels_last,compile") == pytest.approx([12.0, 12.0, 12.0])
     assert L.per_run_s("bf16,channels_last,compile") == pytest.approx(12.0)  # the mean cost was 33 s
     assert L.one_off_s() == pytest.approx(62.9)
-    # the final comparison's reserve: 3 runs a side at each side's own warm cost
-    assert L.plan(1, "bf16,channels_last,compile")["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
+    # the final comparison's reserve at each side's own warm cost: one run a side, as both ran 3 times
+    assert L.plan(1, "bf16,channels_last,compile")["reserve_s"] == pytest.approx(10.0 + 12.0)
+    # a selected set that ran twice (an ablation's candidate just kept): 3 runs a side
+    L2 = _state(_R50[:-1], selected=["bf16", "channels_last", "compile"])
+    assert L2.final_runs() == 3 and L2.plan(1)["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
 
 
 def test_a_configuration_that_compiles_a_new_graph_is_predicted_with_the_cold_compile():
@@ -56,16 +60,16 @@ def test_a_configuration_that_compiles_a_new_graph_is_predicted_with_the_cold_co
 
 def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fit():
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
-    assert L.fits(1, spec="bf16,channels_last")  # 11 s + 66 s reserve: fits in ~300 s
-    L.budget = L.elapsed() + 66.0 + 11.0 + 5.0  # 82 s left
+    assert L.fits(1, spec="bf16,channels_last")  # 11 s + 22 s reserve: fits in ~300 s
+    L.budget = L.elapsed() + 22.0 + 11.0 + 5.0  # 38 s left
     assert L.fits(1, spec="bf16,channels_last")
-    assert not L.fits(1, spec="channels_last,compile")  # 73.9 s + 66 s > 82 s
+    assert not L.fits(1, spec="channels_last,compile")  # 73.9 s + 22 s > 38 s
     plan = L.plan(1, "channels_last,compile")
-    assert plan["predicted_s"] == pytest.approx(73.9) and plan["reserve_s"] == pytest.approx(66.0)
+    assert plan["predicted_s"] == pytest.approx(73.9) and plan["reserve_s"] == pytest.approx(22.0)
     assert plan["cold_compile_s"] == pytest.approx(62.9) and "cold_compile_s" not in L.plan(1, "bf16,channels_last")
     from fastloop.report.markdown import _plan
 
-    assert "predicted 73.9 s (with a new compiled graph's cold compile, 62.9 s) + 66 s reserve" in _plan(plan)
+    assert "predicted 73.9 s (with a new compiled graph's cold compile, 62.9 s) + 22 s reserve" in _plan(plan)
 
 
 def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
@@ -75,9 +79,9 @@ def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
     L.queued = [(1, "channels_last,compile"), (1, "bf16,channels_last")]
     plan = L.plan(2, queued=True)
-    assert plan["reserve_s"] == pytest.approx(3 * (10.0 + 12.0) + (11.0 + 62.9) + 11.0)
+    assert plan["reserve_s"] == pytest.approx((10.0 + 12.0) + (11.0 + 62.9) + 11.0)
     L.queued = []
-    assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
+    assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(10.0 + 12.0)
 
 
 def test_a_compile_heavy_data_bound_ladder_at_round_22s_costs_scaled_down(monkeypatch):

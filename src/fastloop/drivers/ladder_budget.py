@@ -37,6 +37,7 @@ class BudgetPlan:
     min_repeats: int
     queued: list[tuple[int, str | None]]
     finalizing: bool
+    final_first: int
 
     def final_ready(self) -> bool:  # pragma: no cover - the ladder's
         raise NotImplementedError
@@ -123,6 +124,15 @@ class BudgetPlan:
         cold = key is not None and all(self.graph_key(s) != key for s in self.spec_s)
         return self.one_off_s() if cold else 0.0
 
+    def final_runs(self) -> int:
+        """The final comparison's first look, runs a side (what the budget reserves for it): one
+        where the baseline and the selected set have each run ``min_repeats`` times in the ladder
+        already (a final comparison the budget ends there pools those runs:
+        :func:`~fastloop.drivers.ladder_report.pooled_final`), else ``min_repeats``. On a ResNet-50
+        whose ablations each compile a new graph, the two runs a side saved are the last ablation."""
+        have = min(len(self.spec_s.get(self.base_spec, [])), len(self.spec_s.get(self.spec_with(), [])))
+        return 1 if have >= self.min_repeats else self.min_repeats
+
     def final_run_s(self) -> float:
         """One run a side of the final comparison: the baseline's and the selected set's."""
         return self.per_run_s(self.base_spec) + self.per_run_s(self.spec_with())
@@ -135,7 +145,7 @@ class BudgetPlan:
         the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
         runs of the comparisons the search has still planned (:attr:`queued`: runs, configuration), what is left."""
         per_run = self.per_run_s(spec)
-        reserve = self.min_repeats * self.final_run_s() if final and self.selected and not self.final_ready() else 0.0
+        reserve = self.final_runs() * self.final_run_s() if final and self.selected and not self.final_ready() else 0.0
         if queued:
             reserve += sum(n * self.per_run_s(spec) for n, spec in self.queued)
         left = None if self.budget is None else self.budget - self.elapsed()
@@ -155,11 +165,11 @@ class BudgetPlan:
 
     def run_fits(self, spec: str, fresh: dict[str, Runs]) -> bool:
         """Does one more run of ``spec`` fit the budget, with the final comparison after it? The
-        final comparison itself always gets its first 3 runs a side (a selection must be measured)."""
+        final comparison itself always gets its first look (:meth:`final_runs`: a selection must be measured)."""
         if self.budget is None or not self.process_s:
             return True
-        if self.finalizing and len(fresh[spec].docs) < self.min_repeats:
+        if self.finalizing and len(fresh[spec].docs) < self.final_first:
             return True
         reserve = 0.0 if self.finalizing or not self.selected or self.final_ready() \
-            else self.min_repeats * self.final_run_s()
+            else self.final_runs() * self.final_run_s()
         return self.elapsed() + self.per_run_s(spec) + reserve <= self.budget

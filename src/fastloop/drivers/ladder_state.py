@@ -45,6 +45,7 @@ class LadderState(BudgetPlan):
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.finalizing = False
+        self.final_first = MIN_REPEATS  # the final comparison's runs a side, sure of the budget
         self.queued: list[tuple[int, str | None]] = []
         self.measure_s: float | None = None
         """Seconds of steady steps each run was asked to measure (None: ``steps`` steps)."""
@@ -250,9 +251,9 @@ class LadderState(BudgetPlan):
             self.final["final"] = True
             return
         # fresh runs of both, interleaved (not the selected set's runs from its own comparison):
-        # 3 a side first, more only while the interval is too wide to call (it rarely is: the
-        # selected set is usually many times the baseline)
-        earlier, base, self.best_runs = [r for s, r in self.best_runs.items() if s == self.spec_with()], self.base_runs, {}
-        self.finalizing = True
+        # 3 a side while the budget lasts (it is sure of one a side where both ran 3 times in the
+        # ladder: cut there, the interval pools every run), more only while too wide to call
+        earlier, base = [r for s, r in self.best_runs.items() if s == self.spec_with()], self.base_runs
+        self.final_first, self.best_runs, self.finalizing = self.final_runs(), {}, True
         fresh, ci, _ = self.compare_adaptive(self.base_spec, self.spec_with())
         self.final_from(fresh, pooled_final(ci, base, earlier, fresh[self.base_spec], fresh[self.spec_with()]))
