@@ -128,3 +128,39 @@ def test_a_compile_heavy_data_bound_ladder_at_round_22s_costs_scaled_down(monkey
     for entry in doc["not_tried"]:  # what did not fit says how much of it is a cold compile
         assert entry["name"] in ("ablation of bf16", "ablation of channels_last") and entry["cold_compile_s"] > 1.5
     assert doc["rungs"][-1]["final"] and doc["rungs"][-1]["speedup_vs_baseline"]["significant"]
+
+
+def test_a_final_comparison_the_budget_ends_after_one_run_a_side_pools_every_run():
+    """Both sides ran 3 times in the ladder: the budget keeps one run a side for the final
+    comparison, not 3, and a final comparison it ends there pools every run of both (Welch) and
+    says so; the ladder stays within about a run of its budget."""
+    import time
+
+    import numpy as np
+
+    from fastloop.drivers.ladder import run_ladder
+
+    rng = np.random.default_rng(1)
+
+    def measure(target, spec, **kw):
+        time.sleep(0.5)
+        names = [] if spec == "none" else spec.split(",")
+        mean = 0.04 / ((2.0 if "workers" in names else 1.0) * (2.0 if "bf16" in names else 1.0))
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.0 if "workers" in names else 0.5, "step_s": {"mean": mean},
+                "warmup_overhead_s": 0.01, "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+
+    t0 = time.perf_counter()
+    # 3 baseline runs, 3 of workers (kept, against the baseline), 3 of bf16 on top (kept): 4.5 s;
+    # the final comparison's first run a side then fits the 5.8 s budget, a second does not
+    doc = run_ladder("x", ["workers", "bf16"], device="cpu", budget=5.8, measure=measure)
+    wall = time.perf_counter() - t0
+    final = doc["rungs"][-1]
+    assert doc["selected"] == ["workers", "bf16"]
+    assert final["final"] and final["repeats"] == 1, [(e["spec"], e["elapsed_s"]) for e in doc["run_log"]]
+    ci = final["speedup_vs_baseline"]
+    assert ci["pooled_runs"] == {"baseline": 4, "selected": 4} and ci["significant"] and ci["ratio"] > 3.5, ci
+    assert "every run of both in the ladder" in ci["verdict"]
+    assert wall <= 5.8 + 0.5
