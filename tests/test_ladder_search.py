@@ -419,7 +419,9 @@ def test_an_ablation_that_keeps_a_member_by_the_point_estimate_says_so():
 def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_feed(tmp_path):
     """Issue 48: ``--steps 30`` with three rungs on the sleepy fixture (workers well over 2x):
     the feed rung is measured and selected, and no rung is left 'not tried: budget' (a member of
-    a bundle measured and not faster may be left untried alone, which the report says)."""
+    a bundle measured and not faster may be left untried alone, which the report says; so may a
+    kept rung's sizes in the configuration, a refinement that the 80 s CPU budget may not fit
+    after the rungs themselves)."""
     import json
     import subprocess
     import sys
@@ -430,7 +432,8 @@ def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_f
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "report.json").read_text())
     assert "workers" in doc["selected"], doc["selected"]
-    assert [t for t in doc["not_tried"] if t["why"] == "budget"] == [], doc["not_tried"]
+    rungs_untried = [t for t in doc["not_tried"] if t["why"] == "budget" and t["stage"] != "sizes measured in the configuration"]
+    assert rungs_untried == [], doc["not_tried"]
     measured = {n for r in doc["rungs"] for n in (r.get("members") or [r.get("rung", "").lstrip("+").split(" ")[0]])}
     assert {"workers", "bf16", "fused_optimizer"} <= measured | set(doc["selected"]), doc["rungs"]
 

@@ -139,3 +139,41 @@ def test_a_feed_bundle_measured_after_the_compute_stack_is_sized_before_it_is_ab
     ablated = next(r for r in rungs if r.get("ablation") == "workers:8")
     assert rungs.index(ablated) > sized and ablated["decision"].startswith("kept workers:8"), ablated["decision"]
     assert {"workers:8", "pin_memory", "bf16"} <= set(doc["selected"])
+
+
+def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(monkeypatch):
+    """Round 25's U-Net on an H100: in the feed bundle `workers` skipped itself (its probe alone:
+    "8 workers would save the main process 9.9% of its time, under 10%"), so the user's 4 stayed,
+    the bundle was kept for its pinned memory, and the pick still waited 20% for data. The larger
+    counts the probe measured are now added in the configuration in turn: 8 trains faster and is
+    kept, 16 does not and is not."""
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    rng = np.random.default_rng(0)
+    feeds = {False: {4: 0.9, 8: 1.0, 16: 1.0}, True: {4: 1.2, 8: 1.5, 16: 1.3}}
+
+    def measure(target, spec, **kw):
+        names = [] if spec == "none" else spec.split(",")
+        sized = [n for n in names if n.startswith("workers:")]
+        count = int(sized[0].split(":")[1]) if sized else 4
+        step = 2.0 if "bf16" in names else 1.0
+        speed = min(step, feeds["bf16" in names][count] * (1.2 if "pin_memory" in names else 1.0))
+        mean = 0.010 / speed
+        steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
+        probe = "workers" in names
+        records = [{"name": n.split(":")[0], "status": "skipped" if n == "workers" else "applied",
+                    "reason": "8 workers would save the main process 9.9% of its time, under 10%" if n == "workers" else ""}
+                   for n in names]
+        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 1 - speed / step, "step_s": {"mean": mean}, "speedups": records,
+                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5,
+                "extra": {"loader_own_workers": 4, "loader_rates": dict(RATES)} if probe else {}}
+
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", measure=measure)
+    sized = [r for r in doc["rungs"] if r.get("sized") == "workers"]
+    assert [r["rung"] for r in sized] == ["+workers:8 (the probe alone kept the loader's own 4)",
+                                          "+workers:16 (the probe alone kept the loader's own 4)"], doc["rungs"]
+    assert sized[0]["decision"].startswith("kept") and sized[1]["decision"].startswith("dropped")
+    stage = next(s for s in doc["stages"] if s["stage"] == "sizes measured in the configuration")
+    assert stage["action"].startswith("workers kept the loader's own 4 measured alone; the step waits")
+    assert "workers:8" in doc["selected"] and "workers:16" not in doc["selected"] and "pin_memory" in doc["selected"]

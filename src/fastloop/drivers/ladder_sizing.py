@@ -15,7 +15,7 @@ step still waits for data. The report lists each size measured in the configurat
 and its data wait.
 
 Example:
-    >>> from fastloop.speedups import REGISTRY
+    >>> from fastloop.speedups import REGISTRY, resolve
     >>> REGISTRY["workers"].sizes_around({"num_workers": 16, "loader_rates": {"0": 1.0, "4": 3.0, "8": 5.0, "16": 6.0}})
     (16, [8])
 """
@@ -26,7 +26,7 @@ from typing import Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.ladder_gates import ABLATION_LOSS
-from fastloop.speedups import REGISTRY
+from fastloop.speedups import REGISTRY, resolve
 
 __all__ = ["SIZING_WAIT", "as_sized", "size_in_configuration"]
 
@@ -76,6 +76,43 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
             search.queue(len(around) - i - 1, 1)
             if _try_size(search, spec, chosen, size):
                 break
+
+
+    for spec in sorted(s for s in search.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized):
+        search.sized.add(spec)
+        _size_kept_alone(search, spec, stage)
+
+
+def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
+    """A self-sized speedup whose probe kept the user's own size alone (it skipped itself, round
+    25's U-Net: "8 workers would save the main process 9.9% of its time") while the configuration
+    still waits for data: the larger sizes the probe measured are added in turn (``NAME:N``, no
+    probe), each kept when it trains significantly faster, until one is not or the wait is gone."""
+    L = search.L
+    best = L.best_runs.get(L.spec_with())
+    if best is None or not best.docs:
+        return
+    own, above = REGISTRY[spec].sizes_above_kept(merge_runs(best).get("extra") or {})
+    wait = merge_runs(best).get("data_wait_frac") or 0.0
+    if own is None or not above or wait < SIZING_WAIT:
+        return
+    search.note(stage, f"{spec} kept the loader's own {own} measured alone; the step waits {wait:.0%} for data: "
+                       "measured in the configuration: " + ", ".join(f"{spec}:{n}" for n in above))
+    for i, size in enumerate(above):
+        now = L.best_runs.get(L.spec_with())
+        wait = (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None and now.docs else 0.0
+        if i and wait < SIZING_WAIT:
+            search.not_tried([f"{spec}:{n}" for n in above[i:]], f"the step waits {wait:.0%} for data: a larger size cannot help")
+            return
+        search.queue(len(above) - i - 1, 1)
+        count = len(L.rungs)
+        kept = search.try_adding(resolve(f"{spec}:{size}"), f"+{spec}:{size} (the probe alone kept the loader's own {own})",
+                                 tell_rate=False)
+        if len(L.rungs) > count:
+            L.rungs[-1]["sized"] = spec
+        search.queue(0)
+        if not kept:
+            return
 
 
 def _try_size(search: Any, spec: str, chosen: int, size: int) -> bool:

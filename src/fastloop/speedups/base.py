@@ -161,6 +161,13 @@ class Speedup:
         sizes to measure around it in the configuration (the next smaller first); else (None, [])."""
         return None, []
 
+    @classmethod
+    def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
+        """With :attr:`sized_stat`, when its probe kept the user's own size (it skipped itself):
+        that size and the larger sizes the probe measured, to measure in the configuration (the
+        smallest first); else (None, [])."""
+        return None, []
+
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""
         if self.needs_cuda and not ctx.cuda:

@@ -264,6 +264,18 @@ class Workers(Speedup):
         return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
+    @classmethod
+    def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
+        """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
+
+        >>> Workers.sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
+        (4, [8, 16])
+        """
+        own = stats.get("loader_own_workers")
+        if not isinstance(own, int) or isinstance(own, bool):
+            return None, []
+        return own, sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
@@ -280,7 +292,7 @@ class Workers(Speedup):
         n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
-            ctx.stats["loader_rates"] = rates
+            ctx.stats["loader_rates"], ctx.stats["loader_own_workers"] = rates, loader.num_workers
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
                 raise Skip(f"measured loader rates (workers: samples/s) {shown}: no worker count delivers "
