@@ -172,8 +172,9 @@ def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(mo
     doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", measure=measure)
     sized = [r for r in doc["rungs"] if r.get("sized") == "workers"]
     assert [r["rung"] for r in sized] == ["+workers:8 (the probe alone kept the loader's own 4)",
-                                          "+workers:16 (the probe alone kept the loader's own 4)"], doc["rungs"]
-    assert sized[0]["decision"].startswith("kept") and sized[1]["decision"].startswith("dropped")
+                                          "workers:16 (in place of workers:8)"], [r["rung"] for r in doc["rungs"]]
+    assert sized[0]["decision"].startswith("kept") and sized[1]["decision"].startswith("kept workers:8: workers:16 0.8")
+    assert sized[1]["spec"].split(",").count("workers:16") == 1 and "workers:8" not in sized[1]["spec"].split(",")
     stage = next(s for s in doc["stages"] if s["stage"] == "sizes measured in the configuration")
     assert stage["action"].startswith("workers kept the loader's own 4 measured alone; the step waits")
     assert "workers:8" in doc["selected"] and "workers:16" not in doc["selected"] and "pin_memory" in doc["selected"]

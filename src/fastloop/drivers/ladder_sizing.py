@@ -106,8 +106,11 @@ def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
             return
         search.queue(len(above) - i - 1, 1)
         count = len(L.rungs)
-        kept = search.try_adding(resolve(f"{spec}:{size}"), f"+{spec}:{size} (the probe alone kept the loader's own {own})",
-                                 tell_rate=False)
+        if i:  # in place of the size kept before it
+            kept = _try_size(search, spec, above[i - 1], size, current=f"{spec}:{above[i - 1]}")
+        else:
+            kept = search.try_adding(resolve(f"{spec}:{size}"), f"+{spec}:{size} (the probe alone kept the loader's own {own})",
+                                     tell_rate=False)
         if len(L.rungs) > count:
             L.rungs[-1]["sized"] = spec
         search.queue(0)
@@ -115,11 +118,12 @@ def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
             return
 
 
-def _try_size(search: Any, spec: str, chosen: int, size: int) -> bool:
-    """One size in place of the self-sized spec; True when it is kept."""
+def _try_size(search: Any, spec: str, chosen: int, size: int, current: str | None = None) -> bool:
+    """One size in place of the self-sized spec (``current``: of the size kept before, ``NAME:N``);
+    True when it is kept."""
     L = search.L
-    sized = f"{spec}:{size}"
-    idx = L.selected.index(spec)
+    sized, current = f"{spec}:{size}", current or spec
+    idx = L.selected.index(current)
     base_spec = L.spec_with()
     cand_spec = ",".join(L.base + L.selected[:idx] + [sized] + L.selected[idx + 1:])
     first = L.first_look(base_spec)
@@ -128,11 +132,12 @@ def _try_size(search: Any, spec: str, chosen: int, size: int) -> bool:
         return False
     fresh, ci, n = L.compare_adaptive(base_spec, cand_spec)
     cand = fresh[cand_spec]
-    label = f"{sized} (in place of {spec}, which chose {chosen} alone)"
+    label = f"{sized} (in place of {spec}, which chose {chosen} alone)" if current == spec else f"{sized} (in place of {current})"
+    than = f"the {chosen} chosen alone" if current == spec else current
     if not cand.docs:
         if cand.failures:
             doc = L.rung_doc(label, cand_spec, cand, "failed", cand.failures[-1])
-            doc.update(stage=search.stage, decision=f"kept {spec}: {sized} failed")
+            doc.update(stage=search.stage, decision=f"kept {current}: {sized} failed")
             L.rungs.append(doc)
         else:
             search.not_tried([sized], plan=L.plan(first, cand_spec))
@@ -144,12 +149,13 @@ def _try_size(search: Any, spec: str, chosen: int, size: int) -> bool:
                       and ci["ratio"] >= 1 - ABLATION_LOSS)
     if faster or not_missed:
         why = "faster" if faster else f"fewer, not missed ({ci['verdict']})"
-        doc["decision"] = f"kept {sized}: {ci['ratio']:.2f}x the {chosen} chosen alone, {why}"
+        doc["decision"] = f"kept {sized}: {ci['ratio']:.2f}x {than}, {why}"
         L.selected[idx] = sized
         L.best_runs = {cand_spec: cand}
     else:
-        doc["decision"] = (f"kept {spec} ({chosen}): {sized} {ci['ratio']:.2f}x ({ci['verdict']})" if ci
-                           else f"kept {spec} ({chosen}): no comparison")
+        kept = f"{spec} ({chosen})" if current == spec else current
+        doc["decision"] = (f"kept {kept}: {sized} {ci['ratio']:.2f}x ({ci['verdict']})" if ci
+                           else f"kept {kept}: no comparison")
         if ci and ci.get("budget"):
             search.cut_short(sized, len(cand.docs))
     L.rungs.append(doc)
