@@ -12,7 +12,9 @@ down, in interleaved fresh runs; a smaller size is kept when it is not missed (n
 slower, and at most ``ABLATION_LOSS`` slower at the point estimate: fewer processes, less to go
 wrong), a size is kept when significantly faster; the next size up is measured only while the
 step still waits for data. The report lists each size measured in the configuration, its rate
-and its data wait.
+and its data wait. Where the probe kept the user's own size alone (the speedup skipped itself:
+round 25's U-Net, "8 workers would save the main process 9.9% of its time") and the
+configuration still waits for data, the larger sizes the probe measured are tried in turn.
 
 Example:
     >>> from fastloop.speedups import REGISTRY, resolve
