@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from fastloop.drivers.reaper import run_folder, unwatch_group, watch_group
-from fastloop.errors import ConfigurationFailed, FastloopError
+from fastloop.errors import ConfigurationFailed
 
 __all__ = ["ConfigurationFailed", "run_in_subprocess"]
 
