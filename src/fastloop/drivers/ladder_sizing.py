@@ -17,7 +17,7 @@ round 25's U-Net, "8 workers would save the main process 9.9% of its time") and 
 configuration still waits for data, the larger sizes the probe measured are tried in turn.
 
 Example:
-    >>> from fastloop.speedups import REGISTRY, resolve
+    >>> from fastloop.speedups import REGISTRY
     >>> REGISTRY["workers"].sizes_around({"num_workers": 16, "loader_rates": {"0": 1.0, "4": 3.0, "8": 5.0, "16": 6.0}})
     (16, [8])
 """
@@ -94,8 +94,9 @@ def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
     best = L.best_runs.get(L.spec_with())
     if best is None or not best.docs:
         return
-    own, above = REGISTRY[spec].sizes_above_kept(merge_runs(best).get("extra") or {})
-    wait = merge_runs(best).get("data_wait_frac") or 0.0
+    merged = merge_runs(best)
+    own, above = REGISTRY[spec].sizes_above_kept(merged.get("extra") or {})
+    wait = merged.get("data_wait_frac") or 0.0
     if own is None or not above or wait < SIZING_WAIT:
         return
     search.note(stage, f"{spec} kept the loader's own {own} measured alone; the step waits {wait:.0%} for data: "

@@ -233,6 +233,11 @@ class WorkersOptions:
             raise FastloopError(f"workers: the worker count must be an integer from 1 to 256, got {self.count!r}")
 
 
+def _counts_above(stats: dict, own: int) -> list[int]:
+    """The worker counts the probe measured (``stats["loader_rates"]``, a rate each) above ``own``."""
+    return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+
+
 @register
 class Workers(Speedup):
     __doc__ = __doc__
@@ -258,11 +263,9 @@ class Workers(Speedup):
         chosen = stats.get(cls.sized_stat)
         if not isinstance(chosen, int) or isinstance(chosen, bool):
             return None, []
-        own = stats.get("loader_own_workers") or 0  # the user's loader's own count: fewer is not this speedup
-        counts = sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+        counts = _counts_above(stats, stats.get("loader_own_workers") or 0)  # fewer than the user's: not this speedup
         below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
         return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
-
 
     @classmethod
     def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
@@ -274,7 +277,7 @@ class Workers(Speedup):
         own = stats.get("loader_own_workers")
         if not isinstance(own, int) or isinstance(own, bool):
             return None, []
-        return own, sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+        return own, _counts_above(stats, own)
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
