@@ -62,7 +62,7 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
         search.sized.add(spec)
         best = L.best_runs.get(L.spec_with())
         if best is None or not best.docs:
-            return
+            break  # nothing measured in the configuration yet: neither loop can size
         extra = merge_runs(best).get("extra") or {}
         chosen, around = REGISTRY[spec].sizes_around({**extra, REGISTRY[spec].sized_stat: _chosen(best, REGISTRY[spec].sized_stat)})
         if chosen is None or not around:
@@ -78,7 +78,6 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
             search.queue(len(around) - i - 1, 1)
             if _try_size(search, spec, chosen, size):
                 break
-
 
     for spec in sorted(s for s in search.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized):
         search.sized.add(spec)
