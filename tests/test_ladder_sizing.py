@@ -52,8 +52,31 @@ def test_fewer_workers_not_missed_are_kept_and_more_that_are_slower_are_not():
     assert "workers:8" in tie["selected"], [r.get("decision") for r in _sized(tie)]
     assert "fewer, not missed" in _sized(tie)[0]["decision"]
     slower = run_ladder("x", ["workers", "bf16"], device="cpu", measure=_fake({16: 1.0, 8: 0.8, 4: 0.7}))
-    assert "workers" in slower["selected"] and not any(s.startswith("workers:") for s in slower["selected"])
+    # the probe's 16 stays, pinned (the size the configuration was measured with), not re-probed
+    assert "workers:16" in slower["selected"] and "workers" not in slower["selected"]
     assert _sized(slower)[0]["decision"].startswith("kept workers (16): workers:8 0.80x")
+
+
+def test_the_size_kept_in_the_configuration_is_pinned_for_the_final_and_the_users_line():
+    """Round 26's U-Net (H100): sized in the configuration to 8, the final run's own probe chose
+    16 and waited twice as long for data. The kept size is pinned, so the final comparison runs it,
+    and the configuration's runs whose probe chose another size are not counted as its runs."""
+    probe_choices = iter([16, 8] + [16] * 200)  # the second run of plain ``workers`` probes 8 (noise)
+    fake = _fake({16: 1.0, 8: 0.8, 4: 0.7})
+
+    def measure(target, spec, **kw):
+        doc = fake(target, spec, **kw)
+        if "workers" in spec.split(","):
+            doc["extra"]["num_workers"] = next(probe_choices)
+        return doc
+
+    doc = run_ladder("x", ["workers", "bf16"], device="cpu", measure=measure)
+    assert doc["selected"] == ["workers:16", "bf16"], doc["selected"]
+    final = doc["rungs"][-1]
+    assert final["final"] and "workers:16" in final["spec"].split(",") and "workers" not in final["spec"].split(",")
+    stage = [s["action"] for s in doc["stages"] if s["stage"] == "sizes measured in the configuration"]
+    assert "workers pinned to workers:16: the size its runs in the configuration trained with" in stage, stage
+    assert final["extra"]["num_workers"] == 16
 
 
 def test_the_sizes_around_the_probes_choice():

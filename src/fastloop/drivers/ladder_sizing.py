@@ -65,10 +65,11 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
             break  # nothing measured in the configuration yet: neither loop can size
         extra = merge_runs(best).get("extra") or {}
         chosen, around = REGISTRY[spec].sizes_around({**extra, REGISTRY[spec].sized_stat: _chosen(best, REGISTRY[spec].sized_stat)})
-        if chosen is None or not around:
+        if chosen is None:
             continue
-        search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
-                           + ", ".join(f"{spec}:{n}" for n in around))
+        if around:
+            search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
+                               + ", ".join(f"{spec}:{n}" for n in around))
         for i, size in enumerate(around):
             now = L.best_runs.get(L.spec_with())
             wait = (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None else 0.0
@@ -78,10 +79,35 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
             search.queue(len(around) - i - 1, 1)
             if _try_size(search, spec, chosen, size):
                 break
+        _pin(search, spec, chosen, stage)
 
     for spec in sorted(s for s in search.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized):
         search.sized.add(spec)
         _size_kept_alone(search, spec, stage)
+
+
+def _pin(search: Any, spec: str, chosen: int, stage: str) -> None:
+    """A self-sized ``spec`` still kept as it sized itself is pinned to the size its runs in the
+    configuration chose (``NAME:N``: no probe in later runs), so the final comparison and the
+    user's line train with the size measured here, not a fresh probe's. Round 26's U-Net (H100):
+    its probe chose 8 workers, 16 measured no faster in the configuration, and the final run's
+    own probe chose 16 and waited 30% for data against 15% with 8. The configuration's runs whose
+    probe chose another size are dropped from its kept runs."""
+    L = search.L
+    if spec not in L.selected:
+        return  # a size measured in the configuration already replaced it
+    old = L.spec_with()
+    L.selected[L.selected.index(spec)] = pinned = f"{spec}:{chosen}"
+    new, stat = L.spec_with(), REGISTRY[spec].sized_stat
+    runs = L.best_runs.pop(old, None)
+    if runs is not None:
+        same = [d for d in runs.docs if (d.get("extra") or {}).get(stat) == chosen]
+        if same:
+            L.best_runs[new] = Runs(new, same, list(runs.failures))
+    for costs in (L.spec_s, L.spec_warm):
+        if old in costs:
+            costs.setdefault(new, list(costs[old]))
+    search.note(stage, f"{spec} pinned to {pinned}: the size its runs in the configuration trained with")
 
 
 def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
