@@ -59,8 +59,7 @@ def test_fewer_workers_not_missed_are_kept_and_more_that_are_slower_are_not():
 
 def test_the_size_kept_in_the_configuration_is_pinned_for_the_final_and_the_users_line():
     """Round 26's U-Net (H100): sized in the configuration to 8, the final run's own probe chose
-    16 and waited twice as long for data. The kept size is pinned, so the final comparison runs it,
-    and the configuration's runs whose probe chose another size are not counted as its runs."""
+    16 and waited twice as long for data. The kept size is pinned, so the final comparison runs it."""
     probe_choices = iter([16, 8] + [16] * 200)  # the second run of plain ``workers`` probes 8 (noise)
     fake = _fake({16: 1.0, 8: 0.8, 4: 0.7})
 
@@ -77,6 +76,30 @@ def test_the_size_kept_in_the_configuration_is_pinned_for_the_final_and_the_user
     stage = [s["action"] for s in doc["stages"] if s["stage"] == "sizes measured in the configuration"]
     assert "workers pinned to workers:16: the size its runs in the configuration trained with" in stage, stage
     assert final["extra"]["num_workers"] == 16
+
+
+def test_pinning_keeps_only_the_runs_that_trained_with_the_pinned_size():
+    """The configuration's runs whose probe chose another size are not counted as the pinned
+    configuration's runs; its run costs carry over for the budget."""
+    from types import SimpleNamespace
+
+    from fastloop.compare import Runs
+    from fastloop.drivers.ladder_sizing import _pin
+
+    L = SimpleNamespace(base=[], selected=["bf16", "workers"], spec_s={"bf16,workers": [3.0, 3.2]},
+                        spec_warm={"bf16,workers": [0.5, 0.4]})
+    L.spec_with = lambda: ",".join(L.base + L.selected)
+    docs = [{"extra": {"num_workers": n}, "i": i} for i, n in enumerate([8, 16, 8])]
+    L.best_runs = {"bf16,workers": Runs("bf16,workers", docs)}
+    notes = []
+    search = SimpleNamespace(L=L, note=lambda stage, action: notes.append(action))
+    _pin(search, "workers", 8, "sizes measured in the configuration")
+    assert L.selected == ["bf16", "workers:8"]
+    assert list(L.best_runs) == ["bf16,workers:8"] and [d["i"] for d in L.best_runs["bf16,workers:8"].docs] == [0, 2]
+    assert L.spec_s["bf16,workers:8"] == [3.0, 3.2] and L.spec_warm["bf16,workers:8"] == [0.5, 0.4]
+    assert notes == ["workers pinned to workers:8: the size its runs in the configuration trained with"]
+    _pin(search, "workers", 8, "again")  # already pinned: nothing changes
+    assert L.selected == ["bf16", "workers:8"] and len(notes) == 1
 
 
 def test_the_sizes_around_the_probes_choice():
