@@ -52,6 +52,12 @@ def _chosen(runs: Runs, stat: str) -> int | None:
     return max(set(sizes), key=sizes.count) if sizes else None
 
 
+def _best_wait(L: Any) -> float:
+    """The data-wait fraction of the best configuration's kept runs (0 where it has none)."""
+    now = L.best_runs.get(L.spec_with())
+    return (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None and now.docs else 0.0
+
+
 def size_in_configuration(search: Any, stage: str = "sizes measured in the configuration") -> None:
     """For each kept speedup that sized itself (its spec without an option, a ``sizes_around``),
     measure the neighbouring sizes in the whole configuration and keep the one that trains fastest
@@ -71,8 +77,7 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
             search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
                                + ", ".join(f"{spec}:{n}" for n in around))
         for i, size in enumerate(around):
-            now = L.best_runs.get(L.spec_with())
-            wait = (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None else 0.0
+            wait = _best_wait(L)
             if size > chosen and wait < SIZING_WAIT:
                 search.not_tried([f"{spec}:{size}"], f"the step waits {wait:.0%} for data: a larger size cannot help")
                 continue
@@ -127,8 +132,7 @@ def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
     search.note(stage, f"{spec} kept the loader's own {own} measured alone; the step waits {wait:.0%} for data: "
                        "measured in the configuration: " + ", ".join(f"{spec}:{n}" for n in above))
     for i, size in enumerate(above):
-        now = L.best_runs.get(L.spec_with())
-        wait = (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None and now.docs else 0.0
+        wait = _best_wait(L)
         if i and wait < SIZING_WAIT:
             search.not_tried([f"{spec}:{n}" for n in above[i:]], f"the step waits {wait:.0%} for data: a larger size cannot help")
             return
