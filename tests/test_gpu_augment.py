@@ -264,3 +264,28 @@ def test_the_translated_pipelines_run_on_the_gpu_with_a_generator_there():
         xa, ya = next(iter(aug))
         assert xa.is_cuda and xa.shape == x.shape and xa.dtype == x.dtype and aug.resident.tensors[0].dtype == torch.uint8
         assert torch.isfinite(xa).all() and len(aug) == len(loader)
+
+
+@pytest.mark.gpu
+def test_the_gpu_batches_never_make_the_host_wait_for_the_gpu():
+    """The batches queue behind the step: after the first, iterating makes no host sync (CUDA's
+    sync debug mode raises on one). Before the fix, Normalize's mean and std were copied from
+    pageable memory on every batch, a sync that kept the host from running ahead."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torchvision.transforms import v2
+
+    for t in (v2.Compose([v2.RandomCrop(16, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize([0.5] * 3, [0.25] * 3)]),
+              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize([0.4] * 3, [0.2] * 3)])):
+        loader = DataLoader(AugmentedImages(n=128, transform=t), batch_size=16, shuffle=True,
+                            generator=torch.Generator().manual_seed(0))
+        it = iter(make_augmented(loader, torch.device("cuda")))
+        next(it)  # the first batch may make what later ones reuse
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            batches = [next(it) for _ in range(4)]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert all(x.is_cuda and x.dtype == torch.float32 and y.is_cuda for x, y in batches)

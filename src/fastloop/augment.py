@@ -163,6 +163,19 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *,
     y = x.to(dtype)
     if x.dtype == torch.uint8:
         y = y / 255.0
-    m = torch.as_tensor(mean, dtype=dtype, device=x.device)[None, :, None, None]
-    s = torch.as_tensor(std, dtype=dtype, device=x.device)[None, :, None, None]
+    m, s = _channel_stats(tuple(float(v) for v in mean), tuple(float(v) for v in std), dtype, x.device)
     return (y - m) / s
+
+
+_STATS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mean`` and ``std`` as (1, C, 1, 1) tensors on ``device``, made once per device and dtype:
+    a tensor built from a list on a CUDA device is a copy from pageable memory, which waits for
+    every kernel queued before it; once a batch, that sync kept the host from running ahead."""
+    key = (mean, std, dtype, str(device))
+    if key not in _STATS:
+        _STATS[key] = tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
+    return _STATS[key]

@@ -75,7 +75,10 @@ class GPUResidentLoader:
 
     def __iter__(self) -> Iterator[Any]:
         for idx in self._batches():
-            index = torch.as_tensor(idx, dtype=torch.long).to(self.device, non_blocking=True)
+            index = torch.as_tensor(idx, dtype=torch.long)
+            if self.device.type == "cuda":  # pinned: the copy does not wait for the queued step
+                index = index.pin_memory()
+            index = index.to(self.device, non_blocking=True)
             batch = [t.index_select(0, index) for t in self.tensors]
             yield batch[0] if self.single else dict(zip(self.keys, batch)) if self.keys else batch
 
