@@ -289,3 +289,18 @@ def test_the_gpu_batches_never_make_the_host_wait_for_the_gpu():
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert all(x.is_cuda and x.dtype == torch.float32 and y.is_cuda for x, y in batches)
+
+
+def test_normalize_makes_its_mean_and_std_once_per_device_and_dtype():
+    """The per-channel tensors are built once and reused (on CUDA, building them each batch was a
+    copy from pageable memory that waited for the queued step); another dtype gets its own."""
+    from fastloop.augment import _channel_stats, normalize
+
+    m, s = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
+    again = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
+    assert again[0] is m and again[1] is s and m.shape == (1, 3, 1, 1)
+    assert torch.equal(m.flatten(), torch.tensor([0.5, 0.4, 0.3])) and torch.equal(s.flatten(), torch.tensor([0.25, 0.2, 0.1]))
+    half = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float16, CPU)
+    assert half[0] is not m and half[0].dtype == torch.float16
+    x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
+    assert torch.allclose(normalize(x, [0.5, 0.4, 0.3], [0.25, 0.2, 0.1]).flatten()[::4], torch.tensor([2.0, 3.0, 7.0]))

@@ -81,3 +81,25 @@ def test_busy_is_a_share_of_the_measured_step_not_of_a_gappy_profiled_span():
     assert p["gpu_busy_frac"] == pytest.approx(36.3 / 37.3) and p["span_busy_frac"] == raw["gpu_busy_frac"]
     assert per_measured_step(raw, 0.030)["gpu_busy_frac"] == 1.0  # capped: never above the whole step
     assert per_measured_step(None, 0.03) is None and per_measured_step({"error": "x"}, 0.03) == {"error": "x"}
+
+
+def test_a_host_bound_step_fed_on_the_gpu_and_graphed_in_part_gets_advice_that_applies():
+    """Round 27's ViT: gpu_augment serves the batches on the GPU and the graph holds forward and
+    backward only. The advice named pin_memory (nothing to pin) and cuda_graph (on already), and
+    the ladder's filtering then cut it to those two names; it now says what keeps the step out."""
+    from fastloop.drivers.doctor import without_measured
+
+    why = "OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in"
+    cfg = _cfg(0.49, wait=0.07, syncs=2.7)
+    cfg["speedups"] = [{"name": "gpu_augment", "status": "applied"}, {"name": "bf16", "status": "applied"},
+                       {"name": "cuda_graph", "status": "applied", "detail": f"forward+backward graphed (whole step: {why})"}]
+    d = diagnose(cfg)
+    assert d["bottleneck"] == "host-bound"
+    rec = d["recommendation"]
+    assert rec.startswith("remove the per-step host syncs first") and why in rec, rec
+    assert "pin_memory" not in rec and "cuda_graph" not in rec and "graph holds only forward+backward" in rec
+    assert without_measured(d, {"compile": "0.98x, no significant difference"}) == d  # nothing named, prose kept
+    # fed from the CPU and graphed whole: the old advice stands (pinned batches, the graph or compile)
+    plain = diagnose({**cfg, "speedups": [{"name": "cuda_graph", "status": "applied",
+                                           "detail": "whole step (forward, backward, optimizer) captured in 0.03 s"}]})
+    assert "pin_memory for batches" in plain["recommendation"] and "cuda_graph (whole-step capture)" in plain["recommendation"]

@@ -190,15 +190,18 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         if sync_note and sites:
             sync_note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
         pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
+        on_device = any(getattr(REGISTRY.get(n), "replaces_loader", False) for n in applied)
         fix = (("remove the per-step host syncs first (" + (f"self.log of {', '.join(pbar)} with prog_bar=True is one: "
                                                               "Lightning calls .item() on it every step; " if pbar else "")
-                + "keep losses on the GPU, pin_memory for batches), then ") if syncs >= 0.5 else "")
+                + "keep losses on the GPU" + ("" if on_device else ", pin_memory for batches") + "), then ")
+               if syncs >= 0.5 else "")
         return {"bottleneck": "host-bound",
                 "evidence": (f"the GPU is busy {100 * busy:.0f}% of the step and idle "
                              f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
                              f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
                              f"{prof.get('profiled_steps')} steps)."),
-                "recommendation": fix + _launch_fix(cfg) + "; a larger batch (more GPU work per host step)."}
+                "recommendation": fix + (_graph_in_part(cfg, applied) or _launch_fix(cfg))
+                + "; a larger batch (more GPU work per host step)."}
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1):
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
@@ -228,6 +231,28 @@ def _launch_fix(cfg: dict) -> str:
     # no "cuda_graph" in the text: advice filtering reads speedup names (without_measured)
     return f"compile (fewer launches; a CUDA graph cannot help here: {why})" if why else \
         "cuda_graph (whole-step capture) or compile (fewer launches)"
+
+
+def _graph_in_part(cfg: dict, applied: set[str]) -> str | None:
+    """Where the step's graph covers less than the whole step, what keeps the rest out (from the
+    graph's own record), as advice; None where no graph runs or it holds the whole step.
+
+    Example:
+        >>> cfg = {"speedups": [{"name": "cuda_graph", "status": "applied", "detail": "forward+backward graphed "
+        ...        "(whole step: OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph "
+        ...        "would bake in)"}]}
+        >>> print(_graph_in_part(cfg, {"cuda_graph"}))
+        the whole step in one CUDA graph: the graph holds only forward+backward (whole step: OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in); change that in the module and the whole step is captured
+    """
+    if "cuda_graph" not in applied:
+        return None
+    detail = next((x.get("detail") or "" for x in cfg.get("speedups", []) if x.get("name") == "cuda_graph"), "")
+    tier, sep, why = detail.partition(" (whole step: ")
+    if not sep or why.startswith("not captured"):
+        return None
+    # no speedup's name in the text: advice filtering reads them (without_measured)
+    return (f"the whole step in one CUDA graph: the graph holds only {tier.removesuffix(' graphed')} (whole step: {why}; "
+            "change that in the module and the whole step is captured")
 
 
 def _user_half_precision(cfg: dict) -> bool:
