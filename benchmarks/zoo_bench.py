@@ -84,6 +84,25 @@ def _ci(a: Runs, b: Runs) -> dict | None:
     return None if ci is None else {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
 
 
+def _span(ci: dict) -> str:
+    """A ratio and its interval for the table: ``1.26 [0.51,3.15]``; ``2.81 [n/a: too few runs]``
+    where a side had fewer runs than a verdict needs (a 1-run interval is none, a 2-run one spans
+    orders of magnitude); ``-`` without a ratio.
+
+    Example:
+        >>> _span({"ratio": 2.81, "ci_low": 0.01, "ci_high": 635.4, "verdict": "too few runs to tell (2 runs per side)"})
+        '2.81 [n/a: too few runs]'
+        >>> _span({"ratio": 1.33, "ci_low": 1.21, "ci_high": 1.47, "verdict": "B is 1.33x faster"})
+        '1.33 [1.21,1.47]'
+    """
+    if not ci.get("ratio"):
+        return "-"
+    lo, hi = ci.get("ci_low"), ci.get("ci_high")
+    if lo is None or hi is None or "too few runs" in (ci.get("verdict") or ""):
+        return f"{ci['ratio']:.2f} [n/a: too few runs]"
+    return f"{ci['ratio']:.2f} [{lo:.2f},{hi:.2f}]"
+
+
 def ladder_phase(module: str, out: Path) -> dict:
     """The default ladder on ``module``; its pick and timing, written as ``ladder_MODULE.json``."""
     _prepare(module)
@@ -222,16 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'module':18} {'plain':>10} {'expert':>10} {'pick':>10} {'pick/exp':>16} {'ladder s':>9}  selected")
     for r in rows:
         t, pe = r["throughput"], r["pick_vs_expert"] or {}
-        lo, hi = pe.get("ci_low"), pe.get("ci_high")
-        span = (f"{pe['ratio']:.2f} [{lo:.2f},{hi:.2f}]" if lo is not None and hi is not None else
-                f"{pe['ratio']:.2f} [n/a]") if pe.get("ratio") else "-"
+        span = _span(pe)
         print(f"{r['module']:18} {t['plain'] or 0:>10,.0f} {t['expert'] or 0:>10,.0f} {t['pick'] or 0:>10,.0f} "
               f"{span:>16} {r['ladder_wall_s']:>9.0f}  {r['selected']}  graph={((r['cuda_graph'] or {}).get('tier'))}")
         wait = ", ".join(f"{k} {v:.0%}" for k, v in r["data_wait"].items() if v is not None)
         before = r.get("pick_vs_before") or {}
         if before.get("ratio"):
-            print(f"{'':18} before ({r['before']}): {t.get('before') or 0:,.0f}; pick/before {before['ratio']:.2f} "
-                  f"[{before.get('ci_low') or 0:.2f},{before.get('ci_high') or 0:.2f}]")
+            print(f"{'':18} before ({r['before']}): {t.get('before') or 0:,.0f}; pick/before {_span(before)}")
         print(f"{'':18} data wait: {wait}")
     return 0
 

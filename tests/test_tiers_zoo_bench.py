@@ -118,3 +118,18 @@ def test_a_zoo_modules_data_is_prepared_before_anything_is_timed(monkeypatch, tm
     bench._prepare("resnet50_folder")  # once only
     assert files[0].stat().st_mtime == stamp
     bench._prepare("cifar_resnet")  # a module with no data to prepare: nothing happens
+
+
+def test_the_zoo_table_prints_no_interval_where_a_side_had_too_few_runs():
+    """Round 27's table printed 2.81 [0.01,635.45] for two runs a side and pick/before [0.00,0.00]
+    for one: numbers that read as an interval and are none."""
+    from fastloop.compare import compare
+
+    zoo = _load("zoo_bench")
+    ci = compare(Runs("a", docs=[_doc(0.010), _doc(0.011)]), Runs("b", docs=[_doc(0.005), _doc(0.0052)]))
+    assert "too few runs" in ci["verdict"] and zoo._span(ci) == f"{ci['ratio']:.2f} [n/a: too few runs]"
+    ci3 = compare(Runs("a", docs=[_doc(0.010), _doc(0.011), _doc(0.0105)]),
+                  Runs("b", docs=[_doc(0.005), _doc(0.0052), _doc(0.0051)]))
+    assert "too few" not in ci3["verdict"]
+    assert zoo._span(ci3) == f"{ci3['ratio']:.2f} [{ci3['ci_low']:.2f},{ci3['ci_high']:.2f}]"
+    assert zoo._span({}) == "-"
