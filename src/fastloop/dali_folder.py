@@ -10,10 +10,10 @@ sampler shuffles (the whole list permuted each epoch from a seed: the same seed,
 and the batch structure it yields (``[images, labels]``: float32 NCHW in the transform's value
 range, int64 labels). Recognised ops, with the parameters read from the user's objects:
 ``RandomResizedCrop`` (size, scale, ratio), ``Resize`` (an int: torchvision's own output size;
-or ``(h, w)``), ``CenterCrop``, ``RandomCrop`` (size, padding, a constant fill: its place drawn
+or ``(h, w)``), each with its interpolation (bilinear, bicubic or nearest), ``CenterCrop``, ``RandomCrop`` (size, padding, a constant fill: its place drawn
 per image as torchvision draws it), ``RandomHorizontalFlip`` (p), ``ToTensor`` / ``PILToTensor``
-/ ``ToImage`` + ``ToDtype`` (float, scaled), ``Normalize``. Anything else (another op, a padding
-mode or ``pad_if_needed`` DALI's constant padding cannot copy, a custom sampler, collate, batch
+/ ``ToImage`` + ``ToDtype`` (float, scaled), ``Normalize``. Anything else (another op, another interpolation, a ``Resize`` before
+``RandomResizedCrop``, a padding mode or ``pad_if_needed`` DALI's constant padding cannot copy, a custom sampler, collate, batch
 sampler, a ``target_transform``, files DALI does not decode) raises :class:`NotTranslated`
 naming it. DALI's resize is not PIL's: values differ by interpolation; the test measures the
 mean absolute difference after normalisation on a deterministic pipeline.
@@ -62,6 +62,29 @@ class FolderPlan:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     to_float: bool = False
+    interp: str = "INTERP_LINEAR"
+    """DALI's interpolation for the resize: the user's Resize/RandomResizedCrop interpolation."""
+
+
+INTERPOLATIONS = {"bilinear": "INTERP_LINEAR", "bicubic": "INTERP_CUBIC", "nearest": "INTERP_NN"}
+"""torchvision's interpolation modes that DALI's resize has, by DALI's name."""
+_PIL_MODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # an int interpolation: PIL's constants
+
+
+def _interpolation(op: Any, name: str) -> str:
+    """DALI's name for ``op``'s interpolation; NotTranslated naming one DALI's resize lacks.
+
+    Example:
+        >>> import torchvision.transforms as T
+        >>> _interpolation(T.Resize(256, interpolation=T.InterpolationMode.BICUBIC), "Resize")
+        'INTERP_CUBIC'
+    """
+    mode = getattr(op, "interpolation", "bilinear")
+    mode = _PIL_MODES.get(mode, str(mode)) if isinstance(mode, int) else getattr(mode, "value", str(mode))
+    if mode not in INTERPOLATIONS:
+        raise NotTranslated(f"{name} uses {mode} interpolation, which the DALI translation does not have "
+                            f"({', '.join(INTERPOLATIONS)} are translated)")
+    return INTERPOLATIONS[mode]
 
 
 def _size(value: Any) -> tuple[int, int]:
@@ -102,7 +125,12 @@ def plan_folder(transform: Any) -> FolderPlan:
         name = type(op).__name__
         if name in ("RandomResizedCrop", "CenterCrop", "RandomCrop", "Resize") and crop is not None:
             raise NotTranslated(f"the transform holds {name} after a crop (the DALI translation crops once, last)")
+        if name in ("RandomResizedCrop", "Resize"):
+            plan.interp = _interpolation(op, name)
         if name == "RandomResizedCrop":
+            if plan.resize_shorter or plan.resize_hw:
+                raise NotTranslated("the transform holds Resize before RandomResizedCrop (the DALI translation "
+                                    "decodes the random crop straight from the file)")
             crop, plan.random_crop = _size(op.size), (tuple(op.scale), tuple(op.ratio))
         elif name == "Resize":
             if getattr(op, "max_size", None) is not None:
@@ -255,9 +283,10 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
         long = dmath.floor(size * dmath.max(h, w) / dmath.min(h, w) + 1e-3)
         wide = fn.cast(w > h, dtype=types.FLOAT)  # the height is the shorter side
         h, w = wide * size + (1.0 - wide) * long, wide * long + (1.0 - wide) * size
-        images = fn.resize(images, size=fn.cat(h, w), antialias=antialias)
+        images = fn.resize(images, size=fn.cat(h, w), antialias=antialias, interp_type=getattr(types, plan.interp))
     elif plan.resize_hw:
-        images = fn.resize(images, size=[float(v) for v in plan.resize_hw], antialias=antialias)
+        images = fn.resize(images, size=[float(v) for v in plan.resize_hw], antialias=antialias,
+                           interp_type=getattr(types, plan.interp))
         h, w = float(plan.resize_hw[0]), float(plan.resize_hw[1])
     if plan.pad_crop is None:
         return images
@@ -304,6 +333,7 @@ class DaliPipeline:
         layout = "HWC" if st.channels_last else "CHW"
         out_type = types.FLOAT if st.dtype == torch.float32 else types.FLOAT16
         shard, shards = self.shard, self.num_shards
+        antialias = st.antialias and plan.interp != "INTERP_NN"  # DALI: nearest has no antialiasing (nor PIL's)
 
         @pipeline_def
         def pipe():
@@ -313,9 +343,10 @@ class DaliPipeline:
                 scale, ratio = plan.random_crop
                 images = fn.decoders.image_random_crop(data, random_area=list(scale), random_aspect_ratio=list(ratio),
                                                        num_attempts=10, **dec)  # torchvision's RandomResizedCrop tries 10
-                images = fn.resize(images, resize_x=plan.crop[1], resize_y=plan.crop[0], antialias=st.antialias)
+                images = fn.resize(images, resize_x=plan.crop[1], resize_y=plan.crop[0], antialias=antialias,
+                                   interp_type=getattr(types, plan.interp))
             else:
-                images = _fixed_geometry(data, fn.decoders.image(data, **dec), plan, st.antialias)
+                images = _fixed_geometry(data, fn.decoders.image(data, **dec), plan, antialias)
             mirror = fn.random.coin_flip(probability=plan.flip) if plan.flip > 0 else 0
             images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=plan.crop,
                                               mean=[m / plan.scale for m in plan.mean],
