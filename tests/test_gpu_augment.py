@@ -304,3 +304,36 @@ def test_normalize_makes_its_mean_and_std_once_per_device_and_dtype():
     assert half[0] is not m and half[0].dtype == torch.float16
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
     assert torch.allclose(normalize(x, [0.5, 0.4, 0.3], [0.25, 0.2, 0.1]).flatten()[::4], torch.tensor([2.0, 3.0, 7.0]))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_reflect_and_edge_padding_crop_as_torchvision_pads(mode):
+    """CIFAR recipes often pad by reflection: every translated crop is one of torchvision's crops
+    of the same image padded the same way, and every offset is drawn."""
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as TF
+
+    pad, size = 2, 6
+    img = torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    t = v2.Compose([v2.RandomCrop(size, padding=pad, padding_mode=mode)])
+    assert translate(t)[0].params["padding_mode"] == mode
+    out = run_ops(img.expand(400, 3, size, size).contiguous(), translate(t), torch.Generator().manual_seed(0))
+    padded = TF.pad(img, [pad], padding_mode=mode)
+    places = {(i, j): padded[:, i:i + size, j:j + size] for i in range(2 * pad + 1) for j in range(2 * pad + 1)}
+    seen = set()
+    for x in out:
+        hit = [ij for ij, crop in places.items() if torch.equal(x, crop)]
+        assert hit, "a crop that torchvision's padding cannot give"
+        seen.add(hit[0])
+    assert seen == set(places)  # 25 places, 400 draws: each drawn
+
+
+def test_a_vertical_flip_is_translated_at_its_rate_and_symmetric_padding_is_named():
+    from torchvision.transforms import v2
+
+    img = torch.arange(16, dtype=torch.uint8).reshape(1, 1, 4, 4).expand(2000, 3, 4, 4).contiguous()
+    out = run_ops(img, translate(v2.RandomVerticalFlip(p=0.3)), torch.Generator().manual_seed(0))
+    flipped = (out == img.flip(-2)).flatten(1).all(1)
+    assert ((out == img).flatten(1).all(1) | flipped).all() and abs(flipped.float().mean().item() - 0.3) < 0.04
+    with pytest.raises(Skip, match="padding_mode='symmetric'"):
+        translate(v2.RandomCrop(8, padding=2, padding_mode="symmetric"))

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding",
+__all__ = ["PADDING_MODES", "normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding",
            "unwrap_subsets"]
 
 
@@ -70,16 +70,25 @@ def torchvision_padding(op: object) -> tuple[int, int, int, int]:
     return v[0], v[1], v[2], v[3]
 
 
+PADDING_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+"""torchvision's ``padding_mode`` names and torch's ``F.pad`` modes that pad alike."""
+
+
 def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | Sequence[int] = 0,
-                fill: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+                fill: float = 0.0, padding_mode: str = "constant",
+                generator: torch.Generator | None = None) -> torch.Tensor:
     """Per-sample random crop of ``size`` from the batch padded by ``padding`` (one number for every
-    side, or left, top, right, bottom) with ``fill`` (torchvision's ``RandomCrop(size, padding)``:
-    every offset equally likely)."""
+    side, or left, top, right, bottom) with ``fill``, or by reflecting (``"reflect"``) or repeating
+    (``"edge"``) the border (torchvision's ``RandomCrop(size, padding, fill, padding_mode)``: every
+    offset equally likely)."""
     _check(x)
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode {padding_mode!r} is not one of {sorted(PADDING_MODES)}")
     h, w = (size, size) if isinstance(size, int) else size
     left, top, right, bottom = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
     if left or top or right or bottom:
-        x = F.pad(x, (left, right, top, bottom), value=fill)
+        pad = (left, right, top, bottom)
+        x = F.pad(x, pad, value=fill) if padding_mode == "constant" else F.pad(x, pad, mode=PADDING_MODES[padding_mode])
     n, _, hp, wp = x.shape
     if h > hp or w > wp:
         raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
@@ -142,13 +151,15 @@ def random_resized_crop(x: torch.Tensor, size: int | tuple[int, int], scale: Seq
     return out.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else out.to(x.dtype)
 
 
-def random_flip(x: torch.Tensor, *, p: float = 0.5, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Flip each image left-right with probability ``p`` (torchvision's ``RandomHorizontalFlip``)."""
+def random_flip(x: torch.Tensor, *, p: float = 0.5, vertical: bool = False,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flip each image left-right (top-bottom with ``vertical``) with probability ``p``
+    (torchvision's ``RandomHorizontalFlip``, ``RandomVerticalFlip``)."""
     _check(x)
     if not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p}")
     flip = torch.rand(x.shape[0], generator=generator, device=generator.device if generator else x.device).to(x.device) < p
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return torch.where(flip[:, None, None, None], x.flip(-2 if vertical else -1), x)
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *,

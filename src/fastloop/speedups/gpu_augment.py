@@ -16,10 +16,10 @@ element). Anything else (another op, a dict sample, a ``target_transform``) is s
 reason naming it.
 
 **Recognised ops**, each with torchvision's parameters and distribution of draws: ``RandomCrop``
-(size, constant padding with its fill; every offset equally likely), ``RandomResizedCrop``
+(size, padding: constant with its fill, ``reflect`` or ``edge``; every offset equally likely), ``RandomResizedCrop``
 (size, scale, ratio, bilinear: torchvision's 10 tries per image, then one ``roi_align`` for the
-batch, which averages where torchvision antialiases), ``RandomHorizontalFlip``
-(p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
+batch, which averages where torchvision antialiases), ``RandomHorizontalFlip`` and
+``RandomVerticalFlip`` (p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
 ``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
 ``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s.
 
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import (normalize, random_crop, random_flip, random_resized_crop, torchvision_padding,
-                               unwrap_subsets)
+from fastloop.augment import (PADDING_MODES, normalize, random_crop, random_flip, random_resized_crop,
+                               torchvision_padding, unwrap_subsets)
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
@@ -70,23 +70,26 @@ def _one(t: Any) -> list[Op]:
     name = type(t).__name__
     if not type(t).__module__.startswith("torchvision.transforms"):
         raise Skip(f"the transform holds {name}, not a torchvision op: gpu_augment translates RandomCrop, "
-                   f"RandomResizedCrop, RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize")
+                   f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize")
     if name == "Compose":
         return [op for part in t.transforms for op in _one(part)]
     if name == "RandomCrop":
-        if getattr(t, "padding_mode", "constant") != "constant" or getattr(t, "pad_if_needed", False):
-            raise Skip(f"RandomCrop with padding_mode={t.padding_mode!r}, pad_if_needed={t.pad_if_needed} is not translated")
+        mode = getattr(t, "padding_mode", "constant")
+        if mode not in PADDING_MODES or getattr(t, "pad_if_needed", False):
+            raise Skip(f"RandomCrop with padding_mode={mode!r}, pad_if_needed={t.pad_if_needed} is not translated "
+                       f"(padding_mode {', '.join(repr(m) for m in PADDING_MODES)} without pad_if_needed is)")
         fill = t.fill if isinstance(t.fill, (int, float)) else 0 if not t.fill else None
         if fill is None:
             raise Skip(f"RandomCrop with a per-type or per-channel fill {t.fill!r} is not translated")
-        return [Op("crop", {"size": tuple(t.size), "padding": torchvision_padding(t), "fill": float(fill)})]
+        return [Op("crop", {"size": tuple(t.size), "padding": torchvision_padding(t), "fill": float(fill),
+                            "padding_mode": mode})]
     if name == "RandomResizedCrop":
         mode = getattr(getattr(t, "interpolation", None), "value", "bilinear")
         if mode != "bilinear":
             raise Skip(f"RandomResizedCrop with {mode} interpolation is not translated (bilinear is)")
         return [Op("resized_crop", {"size": tuple(t.size), "scale": tuple(t.scale), "ratio": tuple(t.ratio)})]
-    if name == "RandomHorizontalFlip":
-        return [Op("flip", {"p": float(t.p)})]
+    if name in ("RandomHorizontalFlip", "RandomVerticalFlip"):
+        return [Op("flip", {"p": float(t.p), "vertical": name == "RandomVerticalFlip"})]
     if name in LAYOUT_OPS:
         return []
     if name == "ToTensor":
@@ -102,7 +105,7 @@ def _one(t: Any) -> list[Op]:
             raise Skip("Normalize(inplace=True) is not translated")
         return [Op("normalize", {"mean": [float(m) for m in t.mean], "std": [float(s) for s in t.std]})]
     raise Skip(f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
-               f"RandomResizedCrop, RandomHorizontalFlip, ToTensor/ToImage/ToDtype and Normalize)")
+               f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize)")
 
 
 def as_chw(image: Any) -> Any:
@@ -137,11 +140,12 @@ def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator) -> torch
         if op.kind == "hwc_to_chw":
             x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]
         elif op.kind == "crop":
-            x = random_crop(x, op.params["size"], padding=op.params["padding"], fill=op.params["fill"], generator=generator)
+            x = random_crop(x, op.params["size"], padding=op.params["padding"], fill=op.params["fill"],
+                            padding_mode=op.params.get("padding_mode", "constant"), generator=generator)
         elif op.kind == "resized_crop":
             x = random_resized_crop(x, op.params["size"], op.params["scale"], op.params["ratio"], generator=generator)
         elif op.kind == "flip":
-            x = random_flip(x, p=op.params["p"], generator=generator)
+            x = random_flip(x, p=op.params["p"], vertical=op.params.get("vertical", False), generator=generator)
         elif op.kind == "to_float":
             scale = op.params.get("scale", True) and x.dtype == torch.uint8
             x = x.to(op.params.get("dtype", torch.float32))
