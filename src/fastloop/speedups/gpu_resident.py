@@ -63,22 +63,28 @@ class GPUResidentLoader:
         self.sampler = loader.sampler
         self.device = tensors[0].device
 
-    def _batches(self) -> Iterator[list[int]]:
+    def _to_device(self, idx: list[int]) -> torch.Tensor:
+        index = torch.as_tensor(idx, dtype=torch.long)
+        if self.device.type == "cuda":  # pinned: the copy does not wait for the queued step
+            index = index.pin_memory()
+        return index.to(self.device, non_blocking=True)
+
+    def _batches(self) -> Iterator[torch.Tensor]:
+        """Each batch's indices on the device: the epoch's order copied once, sliced per batch (a
+        view: no copy, no kernel a batch); a batch sampler's batches copied one by one."""
         draw_loader_base_seed(self.loader)  # as the loader's own iterator does: the same order
         if self.batch_size is None:  # batch_sampler given, or automatic batching off
-            yield from (list(b) for b in self.loader.batch_sampler)  # type: ignore[union-attr]
+            yield from (self._to_device(list(b)) for b in self.loader.batch_sampler)  # type: ignore[union-attr]
             return
         order = list(iter(self.sampler))  # the loader's own sampler: its seed, its epoch
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        for i in range(0, stop, self.batch_size):
-            yield order[i:i + self.batch_size]
+        if stop:
+            on_device = self._to_device(order[:stop])
+            for i in range(0, stop, self.batch_size):
+                yield on_device[i:i + self.batch_size]
 
     def __iter__(self) -> Iterator[Any]:
-        for idx in self._batches():
-            index = torch.as_tensor(idx, dtype=torch.long)
-            if self.device.type == "cuda":  # pinned: the copy does not wait for the queued step
-                index = index.pin_memory()
-            index = index.to(self.device, non_blocking=True)
+        for index in self._batches():
             batch = [t.index_select(0, index) for t in self.tensors]
             yield batch[0] if self.single else dict(zip(self.keys, batch)) if self.keys else batch
 
