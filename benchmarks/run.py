@@ -20,7 +20,8 @@ Benchmarks:
 
 Probes (where a step's time goes; their output explains a benchmark's figure):
 ``gpt-profile``, ``host-profile``, ``dali-trace``, ``h2d-feed``, ``loader-throughput``,
-``timer-overhead``, ``liger-fusions``.
+``timer-overhead``, ``liger-fusions``, ``augment-host`` (gpu_augment's host time per batch, fused
+against the ops one by one).
 
 Example:
     ``python3 benchmarks/run.py zoo --modules cifar_resnet --rounds 3``
@@ -39,7 +40,7 @@ SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritt
 PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
           "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
           "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",
-          "liger-fusions": "benchmarks/liger_fusions.py"}
+          "liger-fusions": "benchmarks/liger_fusions.py", "augment-host": "benchmarks/augment_host.py"}
 COMMANDS = ("gpt-ladder", "gpu-tests")
 
 

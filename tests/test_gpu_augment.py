@@ -337,3 +337,66 @@ def test_a_vertical_flip_is_translated_at_its_rate_and_symmetric_padding_is_name
     assert ((out == img).flatten(1).all(1) | flipped).all() and abs(flipped.float().mean().item() - 0.3) < 0.04
     with pytest.raises(Skip, match="padding_mode='symmetric'"):
         translate(v2.RandomCrop(8, padding=2, padding_mode="symmetric"))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_the_fused_crops_and_flips_draw_and_compute_what_the_ops_one_by_one_do(mode):
+    """The fused form (one gather a batch, pixels looked up) makes the same draws from the same
+    generator state as the ops run one by one, and the same bits: crop with padding, both flips,
+    scaling and normalisation."""
+    from torchvision.transforms import v2
+
+    from fastloop.augment import normalize, random_crop, random_flip
+    from fastloop.speedups.gpu_augment import Fused
+
+    x = torch.randint(0, 256, (64, 3, 9, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    t = v2.Compose([v2.RandomCrop((8, 6), padding=[1, 2, 3, 0], fill=7, padding_mode=mode), v2.RandomHorizontalFlip(),
+                    v2.RandomVerticalFlip(p=0.3), v2.ToDtype(torch.float32, scale=True),
+                    v2.Normalize([0.1, 0.2, 0.3], [0.3, 0.2, 0.1])])
+    ops = translate(t)
+    assert Fused.of(ops, x) is not None
+    got = run_ops(x, ops, torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    want = random_crop(x, (8, 6), padding=(1, 2, 3, 0), fill=7, padding_mode=mode, generator=g)
+    want = random_flip(random_flip(want, p=0.5, generator=g), p=0.3, vertical=True, generator=g)
+    want = normalize(want.float() / 255.0, [0.1, 0.2, 0.3], [0.3, 0.2, 0.1])
+    assert torch.equal(got, want)
+    assert Fused.of(translate(v2.Compose([v2.RandomResizedCrop(8), v2.RandomHorizontalFlip()])), x) is None
+    assert Fused.of(translate(v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])), x) is None
+
+
+def test_the_loader_makes_a_batch_in_a_few_ops_and_draws_anew_past_each_chunk():
+    """A CIFAR-style batch costs the host a few dispatched ops (it launches them between steps;
+    the ops one by one were about 30), and past each chunk of draws the crops are drawn anew:
+    every sample is still one of the crops and flips of its own stored image."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as TF
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    pad = 2
+    t = v2.Compose([v2.RandomCrop(16, padding=pad), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])
+    ds = AugmentedImages(n=24, transform=t)
+    aug = make_augmented(DataLoader(ds, batch_size=4), CPU)
+    assert aug.fused is not None
+    it = iter(aug)
+    next(it)
+    with Count() as count:
+        next(it)
+    assert len(count.ops) <= 10, count.ops
+    aug.chunk = 5  # a new draw at the 2nd, 3rd, ... batch
+    out = torch.cat([x for x, _ in aug])
+    assert out.shape == (24, 3, 16, 16)
+    for i, x in enumerate(out):
+        padded = TF.pad(ds.data[i], [pad]).float() / 255.0
+        crops = [c for a in range(2 * pad + 1) for b in range(2 * pad + 1)
+                 for c in (padded[:, a:a + 16, b:b + 16], padded[:, a:a + 16, b:b + 16].flip(-1))]
+        assert any(torch.equal(x, c) for c in crops), i

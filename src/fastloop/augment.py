@@ -17,13 +17,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PADDING_MODES", "normalize", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding",
-           "unwrap_subsets"]
+__all__ = ["PADDING_MODES", "CropMaps", "draw_crop_maps", "gather_crops", "normalize", "pixel_table", "random_crop",
+           "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding", "unwrap_subsets"]
 
 
 def _check(x: torch.Tensor) -> None:
@@ -190,3 +191,130 @@ def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch
     if key not in _STATS:
         _STATS[key] = tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
     return _STATS[key]
+
+
+class CropMaps(NamedTuple):
+    """Where each output pixel of a run of random crops and flips comes from, for ``len(rows)``
+    samples: the source row of output row ``i`` is ``rows[k, 0, i, 0]``, the source column of output
+    column ``j`` is ``cols[k, 0, 0, j]`` (shaped to index a batch as they are), and
+    ``outside[k, 0, i, j]`` is True where a constant padding shows (None: none ever does)."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    outside: torch.Tensor | None
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return self.rows.shape[0]
+
+
+def _crop_axis(src: torch.Tensor, ok: torch.Tensor | None, size: int, before: int, after: int, mode: str,
+               offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One axis of a crop of ``size`` at ``offset`` in the axis padded by ``before`` and ``after``."""
+    cur = src.shape[1]
+    pos = offset[:, None] + torch.arange(size, device=src.device) - before
+    inside = None
+    if mode == "reflect":  # torch's reflect: -1 reads 1, cur reads cur - 2
+        pos = pos.abs()
+        pos = torch.where(pos > cur - 1, 2 * (cur - 1) - pos, pos)
+    else:
+        inside = ((pos >= 0) & (pos < cur)) if mode == "constant" and (before or after) else None
+        pos = pos.clamp(0, cur - 1)
+    ok = ok.gather(1, pos) if ok is not None else None
+    ok = inside if ok is None else ok if inside is None else ok & inside
+    return src.gather(1, pos), ok
+
+
+def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, dict]], *,
+                   generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> CropMaps:
+    """The source maps (:class:`CropMaps`) of ``steps`` for ``k`` images of ``height`` x ``width``,
+    each with its own draws: a step is ``("crop", {"size", "padding", "padding_mode"})`` (padding
+    as left, top, right, bottom) or ``("flip", {"p", "vertical"})``, as :func:`random_crop` and
+    :func:`random_flip` take them, drawn in the same order from ``generator``: the same generator
+    state gives the same crops and flips as those functions. A batch is then one gather
+    (:func:`gather_crops`) instead of a pad, a gather and a flip, each with its index arithmetic.
+
+    >>> m = draw_crop_maps(2, 4, 4, [("crop", {"size": (4, 4), "padding": (1, 1, 1, 1)})],
+    ...                    generator=torch.Generator().manual_seed(0))
+    >>> m.rows.shape, m.outside.shape
+    (torch.Size([2, 1, 4, 1]), torch.Size([2, 1, 4, 4]))
+    """
+    dev = torch.device(device)
+    gdev = generator.device if generator is not None else dev
+    rows, cols = (torch.arange(n, device=dev).expand(k, n) for n in (height, width))
+    rok: torch.Tensor | None = None
+    cok: torch.Tensor | None = None
+    for kind, p in steps:
+        if kind == "crop":
+            h, w = (p["size"], p["size"]) if isinstance(p["size"], int) else p["size"]
+            left, top, right, bottom = (p.get("padding", 0),) * 4 if isinstance(p.get("padding", 0), int) else p["padding"]
+            mode = p.get("padding_mode", "constant")
+            if mode not in PADDING_MODES:
+                raise ValueError(f"padding_mode {mode!r} is not one of {sorted(PADDING_MODES)}")
+            hp, wp = rows.shape[1] + top + bottom, cols.shape[1] + left + right
+            if h > hp or w > wp:
+                raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
+            if mode == "reflect" and (max(top, bottom) >= rows.shape[1] or max(left, right) >= cols.shape[1]):
+                raise ValueError(f"reflect padding {(left, top, right, bottom)} must be smaller than the image "
+                                 f"{rows.shape[1]}x{cols.shape[1]}")
+            at_top = torch.randint(0, hp - h + 1, (k,), generator=generator, device=gdev).to(dev)
+            at_left = torch.randint(0, wp - w + 1, (k,), generator=generator, device=gdev).to(dev)
+            rows, rok = _crop_axis(rows, rok, h, top, bottom, mode, at_top)
+            cols, cok = _crop_axis(cols, cok, w, left, right, mode, at_left)
+        elif kind == "flip":
+            flip = (torch.rand(k, generator=generator, device=gdev).to(dev) < p["p"])[:, None]
+            if p.get("vertical", False):
+                rows, rok = torch.where(flip, rows.flip(1), rows), None if rok is None else torch.where(flip, rok.flip(1), rok)
+            else:
+                cols, cok = torch.where(flip, cols.flip(1), cols), None if cok is None else torch.where(flip, cok.flip(1), cok)
+        else:
+            raise ValueError(f"step {kind!r} is not a crop or a flip")
+    outside = None
+    if rok is not None or cok is not None:
+        r = rok if rok is not None else torch.ones_like(rows, dtype=torch.bool)
+        c = cok if cok is not None else torch.ones_like(cols, dtype=torch.bool)
+        outside = ~(r[:, None, :, None] & c[:, None, None, :])
+    return CropMaps(rows.contiguous()[:, None, :, None], cols.contiguous()[:, None, None, :], outside)
+
+
+def gather_crops(x: torch.Tensor, maps: CropMaps, *, index: torch.Tensor | None = None, start: int = 0,
+                 fill: float = 0.0, table: torch.Tensor | None = None) -> torch.Tensor:
+    """The crops and flips of ``maps`` (rows ``start`` on) of the images ``x[index]`` (all of ``x``
+    where ``index`` is None), in one gather; ``fill`` where a constant padding shows; then, where
+    ``table`` (:func:`pixel_table`) is given, each uint8 value looked up in its channel's row."""
+    _check(x)
+    n = x.shape[0] if index is None else index.shape[0]
+    if start + n > len(maps):
+        raise ValueError(f"{n} images from map {start} need {start + n} maps, there are {len(maps)}")
+    b = (torch.arange(n, device=x.device) if index is None else index).view(n, 1, 1, 1)
+    c = _channels(x.shape[1], x.device)
+    out = x[b, c, maps.rows[start:start + n], maps.cols[start:start + n]]
+    if maps.outside is not None:
+        out = out.masked_fill_(maps.outside[start:start + n], fill)
+    return out if table is None else table[c, out.long()]
+
+
+def pixel_table(pixels: Callable[[torch.Tensor], torch.Tensor], channels: int, device: torch.device | str) -> torch.Tensor:
+    """Per-pixel work on uint8 images (``pixels``: a batch in, a batch out, the same shape: scaling to
+    float, normalising) done once for every value: a (channels, 256) table whose row ``c``, column
+    ``v`` is what ``pixels`` makes of the value ``v`` in channel ``c``, computed by the same
+    operations, so looking values up gives the same bits.
+
+    >>> pixel_table(lambda x: x.float() / 255.0, 1, "cpu")[0, 255].item()
+    1.0
+    """
+    probe = torch.arange(256, dtype=torch.uint8, device=device).expand(1, channels, 1, 256).contiguous()
+    out = pixels(probe)
+    if out.shape != probe.shape:
+        raise ValueError(f"the per-pixel work changed the shape {tuple(probe.shape)} to {tuple(out.shape)}")
+    return out[0, :, 0, :].contiguous()
+
+
+_CHANNELS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _channels(c: int, device: torch.device) -> torch.Tensor:
+    """``arange(c)`` shaped (1, c, 1, 1) on ``device``, made once (a kernel saved every batch)."""
+    key = (c, str(device))
+    if key not in _CHANNELS:
+        _CHANNELS[key] = torch.arange(c, device=device)[None, :, None, None]
+    return _CHANNELS[key]

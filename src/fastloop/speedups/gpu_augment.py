@@ -21,7 +21,8 @@ reason naming it.
 batch, which averages where torchvision antialiases), ``RandomHorizontalFlip`` and
 ``RandomVerticalFlip`` (p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
 ``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
-``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s.
+``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s; crops and flips
+followed by per-pixel work run fused (:class:`Fused`): one gather and one table lookup a batch.
 
 Example:
     >>> import torch
@@ -45,14 +46,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import (PADDING_MODES, normalize, random_crop, random_flip, random_resized_crop,
-                               torchvision_padding, unwrap_subsets)
+from fastloop.augment import (PADDING_MODES, CropMaps, draw_crop_maps, gather_crops, normalize, pixel_table, random_crop,
+                               random_flip, random_resized_crop, torchvision_padding, unwrap_subsets)
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
 from fastloop.speedups.run import Run
 
-__all__ = ["GPUAugment", "GPUAugmentLoader", "Op", "as_chw", "make_augmented", "run_ops", "translate"]
+__all__ = ["Fused", "GPUAugment", "GPUAugmentLoader", "Op", "as_chw", "make_augmented", "run_ops", "translate"]
 
 LAYOUT_OPS = frozenset({"ToImage", "PILToTensor", "ToPureTensor"})
 FLOAT_OPS = frozenset({"ToTensor", "ToDtype", "ConvertImageDtype"})
@@ -133,9 +134,74 @@ def translate(transform: Any) -> list[Op]:
     return ops
 
 
-def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator) -> torch.Tensor:
+GEOMETRY = frozenset({"crop", "flip"})
+PIXELS = frozenset({"to_float", "normalize"})
+
+
+def _pixels(x: torch.Tensor, op: Op) -> torch.Tensor:
+    if op.kind == "to_float":
+        scale = op.params.get("scale", True) and x.dtype == torch.uint8
+        x = x.to(op.params.get("dtype", torch.float32))
+        return x / 255.0 if scale else x
+    return normalize(x, op.params["mean"], op.params["std"], dtype=x.dtype if x.is_floating_point() else torch.float32)
+
+
+class Fused:
+    """Crops and flips followed by per-pixel work, as one gather a batch: the crops' and flips'
+    draws made for many samples at once (:func:`~fastloop.augment.draw_crop_maps`), and uint8
+    pixels scaled and normalised by looking each value up (:func:`~fastloop.augment.pixel_table`).
+    The same draws and the same bits as running the ops one by one (``tests/test_gpu_augment.py``),
+    in about 5 kernels a batch instead of about 30: the host, which launches them between steps,
+    is what a fast step waits on."""
+
+    def __init__(self, ops: list[Op], channels: int, dtype: torch.dtype, device: torch.device) -> None:
+        cut = next((i for i, op in enumerate(ops) if op.kind not in GEOMETRY), len(ops))
+        self.steps = [(op.kind, op.params) for op in ops[:cut]]
+        self.pixel_ops = ops[cut:]
+        fills = {float(p.get("fill", 0.0)) for kind, p in self.steps if kind == "crop"}
+        self.fill = fills.pop() if fills else 0.0
+        self.table = (pixel_table(self.pixels, channels, device) if dtype == torch.uint8 and self.pixel_ops else None)
+
+    @staticmethod
+    def of(ops: list[Op], x: torch.Tensor) -> Fused | None:
+        """The fused form of ``ops`` for images like ``x`` (N, C, H, W); None where the ops are not
+        crops and flips followed by per-pixel work, or their crops pad with different fills."""
+        kinds = [op.kind for op in ops]
+        cut = next((i for i, k in enumerate(kinds) if k not in GEOMETRY), len(kinds))
+        fills = {float(op.params.get("fill", 0.0)) for op in ops if op.kind == "crop"}
+        if x.dim() != 4 or not all(k in PIXELS for k in kinds[cut:]) or len(fills) > 1:
+            return None
+        return Fused(ops, x.shape[1], x.dtype, x.device)
+
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        for op in self.pixel_ops:
+            x = _pixels(x, op)
+        return x
+
+    def out_size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the crops make of images ``height`` x ``width``."""
+        for kind, p in self.steps:
+            if kind == "crop":
+                height, width = (p["size"], p["size"]) if isinstance(p["size"], int) else p["size"]
+        return height, width
+
+    def draw(self, k: int, height: int, width: int, generator: torch.Generator, device: torch.device) -> CropMaps:
+        return draw_crop_maps(k, height, width, self.steps, generator=generator, device=device)
+
+    def __call__(self, x: torch.Tensor, maps: CropMaps, *, index: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        out = gather_crops(x, maps, index=index, start=start, fill=self.fill, table=self.table)
+        return out if self.table is not None else self.pixels(out)
+
+
+def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator, *, fuse: bool = True) -> torch.Tensor:
     """``ops`` on a batch of images ``x`` (N, C, H, W; N, H, W, C before a ``hwc_to_chw``), each
-    sample with its own random draws from ``generator``."""
+    sample with its own random draws from ``generator``; crops and flips followed by per-pixel work
+    run fused (:class:`Fused`; ``fuse=False``: one by one), with the same draws and values."""
+    while ops and ops[0].kind == "hwc_to_chw":
+        x, ops = (x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]), ops[1:]
+    fused = Fused.of(ops, x) if fuse else None
+    if fused is not None:
+        return fused(x, fused.draw(x.shape[0], x.shape[2], x.shape[3], generator, x.device)).contiguous()
     for op in ops:
         if op.kind == "hwc_to_chw":
             x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]
@@ -146,12 +212,8 @@ def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator) -> torch
             x = random_resized_crop(x, op.params["size"], op.params["scale"], op.params["ratio"], generator=generator)
         elif op.kind == "flip":
             x = random_flip(x, p=op.params["p"], vertical=op.params.get("vertical", False), generator=generator)
-        elif op.kind == "to_float":
-            scale = op.params.get("scale", True) and x.dtype == torch.uint8
-            x = x.to(op.params.get("dtype", torch.float32))
-            x = x / 255.0 if scale else x
-        elif op.kind == "normalize":
-            x = normalize(x, op.params["mean"], op.params["std"], dtype=x.dtype if x.is_floating_point() else torch.float32)
+        else:
+            x = _pixels(x, op)
     return x.contiguous()
 
 
@@ -164,11 +226,27 @@ class GPUAugmentLoader:
         self.generator = torch.Generator(device=resident.device).manual_seed(seed)
         self.batch_size, self.drop_last = resident.batch_size, resident.drop_last
         self.dataset, self.sampler = resident.dataset, resident.sampler
+        self.fused = Fused.of(ops, resident.tensors[0])
+        if self.fused is not None:  # maps for ~16M output pixels a draw (16 MiB of padding mask at most)
+            h, w = self.fused.out_size(*resident.tensors[0].shape[2:])
+            self.chunk = max(1, 2**24 // (h * w))
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self.resident:
-            images = run_ops(batch[0], self.ops, self.generator)
-            yield [images, *batch[1:]] if isinstance(batch, list) else (images, *batch[1:])
+        if self.fused is None:  # not fusable (or set aside: the ops one by one)
+            for batch in self.resident:
+                images = run_ops(batch[0], self.ops, self.generator, fuse=False)
+                yield [images, *batch[1:]] if isinstance(batch, list) else (images, *batch[1:])
+            return
+        stored, rest = self.resident.tensors[0], self.resident.tensors[1:]
+        maps, used = None, 0
+        for index in self.resident.batch_indices():
+            n = index.shape[0]
+            if maps is None or used + n > len(maps):  # the draws for many batches at once: a few kernels per chunk
+                maps, used = self.fused.draw(max(n, self.chunk), stored.shape[2], stored.shape[3], self.generator,
+                                             stored.device), 0
+            images = self.fused(stored, maps, index=index, start=used)
+            used += n
+            yield [images, *(t.index_select(0, index) for t in rest)]
 
     def __len__(self) -> int:
         return len(self.resident)

@@ -69,7 +69,7 @@ class GPUResidentLoader:
             index = index.pin_memory()
         return index.to(self.device, non_blocking=True)
 
-    def _batches(self) -> Iterator[torch.Tensor]:
+    def batch_indices(self) -> Iterator[torch.Tensor]:
         """Each batch's indices on the device: the epoch's order copied once, sliced per batch (a
         view: no copy, no kernel a batch); a batch sampler's batches copied one by one."""
         draw_loader_base_seed(self.loader)  # as the loader's own iterator does: the same order
@@ -84,7 +84,7 @@ class GPUResidentLoader:
                 yield on_device[i:i + self.batch_size]
 
     def __iter__(self) -> Iterator[Any]:
-        for index in self._batches():
+        for index in self.batch_indices():
             batch = [t.index_select(0, index) for t in self.tensors]
             yield batch[0] if self.single else dict(zip(self.keys, batch)) if self.keys else batch
 
