@@ -126,14 +126,15 @@ def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_siz
     assert "workers:8" in doc["selected"]
 
 
-def _crowded(plain: dict[int, float] | None = None, pinned: float = 1.0, seed: int = 0):
+def _crowded(plain: dict[int, float] | None = None, pinned: float = 1.0, seed: int = 0,
+             feeds_fast: dict[int, float] | None = None):
     """Round 24's U-Net on an H100: the user's loader has 4 workers. Without the compute stack 16
     workers (the probe's choice) feed fastest (``plain``: the feed rate by count; the baseline
     waits 40% by default); with it, the faster step's process needs cores, and 16 workers feed no
     faster than the user's 4, where 8 feed fastest (``pinned``: pinned memory's factor on the
     feed). Rates relative; the step's own rate is 1 plain, 2 with bf16."""
     rng = np.random.default_rng(seed)
-    feeds = {False: plain or {4: 0.6, 8: 1.0, 16: 1.2}, True: {4: 1.2, 8: 1.5, 16: 1.2}}
+    feeds = {False: plain or {4: 0.6, 8: 1.0, 16: 1.2}, True: feeds_fast or {4: 1.2, 8: 1.5, 16: 1.2}}
 
     def measure(target, spec, **kw):
         names = [] if spec == "none" else spec.split(",")
@@ -224,3 +225,39 @@ def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(mo
     stage = next(s for s in doc["stages"] if s["stage"] == "sizes measured in the configuration")
     assert stage["action"].startswith("workers kept the loader's own 4 measured alone; the step waits")
     assert "workers:8" in doc["selected"] and "workers:16" not in doc["selected"] and "pin_memory" in doc["selected"]
+
+
+def test_a_feed_bundle_dropped_at_the_count_chosen_alone_is_measured_again_one_count_down(monkeypatch):
+    """Round 28's U-Net on an H100: the compute stack first (the baseline waits 10%), its faster
+    step waits for data; the feed bundle with the probe's 16 workers, which crowd the training
+    process, trains no faster than the user's 4 and is dropped as a tie, so no count was measured
+    where it runs. The bundle is now measured once more with 8 in place of 16, kept, and its count
+    ablated against the user's 4."""
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
+                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.6, 16: 1.0}))
+    rungs = doc["rungs"]
+    labels = [r["rung"] for r in rungs]
+    first = labels.index("+workers,pin_memory,prefetch (feed bundle)")
+    assert rungs[first]["decision"].startswith("dropped"), rungs[first]["decision"]
+    again = rungs[first + 1]
+    assert again["rung"] == ("+workers,pin_memory,prefetch (feed bundle) with workers:8 (in place of the 16 chosen alone)"
+                             ) and again["sized"] == "workers", labels
+    assert again["decision"].startswith("kept"), again["decision"]
+    assert "workers:8" in again["spec"].split(",") and "workers" not in again["spec"].split(",")
+    assert "workers:8" in doc["selected"] and "workers" not in doc["selected"]
+    assert any(r.get("ablation") == "workers:8" for r in rungs[first + 2:]), labels
+    assert any("measured again with workers:8" in s["action"] for s in doc["stages"])
+
+
+def test_a_feed_bundle_is_not_measured_again_where_the_count_is_not_what_held_it_back(monkeypatch):
+    """Where 8 workers feed no faster than 16 in the configuration, the second measurement is
+    made once and dropped too: no third, and the pick has no workers."""
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
+                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.0, 16: 1.0}))
+    bundles = [r for r in doc["rungs"] if r["rung"].startswith("+workers,pin_memory,prefetch (feed bundle)")]
+    assert len(bundles) == 2 and all(r["decision"].startswith("dropped") for r in bundles), [r["rung"] for r in bundles]
+    assert not any(s.startswith("workers") for s in doc["selected"])

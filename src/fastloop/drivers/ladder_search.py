@@ -41,7 +41,7 @@ from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder_gates import (ABLATION_LOSS, ablation_order, compute_feed_note, feed_cannot_help,
                                           model_says_no, replaces_loader, spec_names, split_groups)
-from fastloop.drivers.ladder_sizing import as_sized, size_in_configuration
+from fastloop.drivers.ladder_sizing import as_sized, retry_smaller, size_in_configuration
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
 
@@ -290,9 +290,9 @@ class StagedSearch:
         bundle = [s for s in todo if not s.replaces_loader]
         if len(bundle) == 1:
             self.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
-        elif bundle and self.try_adding(bundle, "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
-                                        tell_rate=tell):
-            kept = [s.spec for s in bundle if s.spec in L.selected]
+        elif bundle and (self.try_adding(bundle, label := "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
+                                         tell_rate=tell) or retry_smaller(self, bundle, label, tell_rate=tell)):
+            kept = [s for s in as_sized(L.selected, [s.spec for s in bundle]) if s in L.selected]
             if defer_ablation:
                 self.deferred = kept
             else:  # a count sized alone is measured where it runs before it is taken out
