@@ -241,6 +241,8 @@ def test_a_feed_bundle_dropped_at_the_count_chosen_alone_is_measured_again_one_c
     labels = [r["rung"] for r in rungs]
     first = labels.index("+workers,pin_memory,prefetch (feed bundle)")
     assert rungs[first]["decision"].startswith("dropped"), rungs[first]["decision"]
+    assert rungs[first]["decision"].endswith("; measured again with workers:8")
+    assert not any(t["other"] == rungs[first]["spec"] for t in doc["ties"])  # no longer reported as a tie kept simpler
     again = rungs[first + 1]
     assert again["rung"] == ("+workers,pin_memory,prefetch (feed bundle) with workers:8 (in place of the 16 chosen alone)"
                              ) and again["sized"] == "workers", labels

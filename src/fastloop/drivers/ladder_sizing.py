@@ -221,8 +221,11 @@ def retry_smaller(search: Any, bundle: list, label: str, *, tell_rate: bool) -> 
                                   f"waiting {doc['data_wait_frac']:.0%} for data: measured again with {sized}")
         again = [resolve(sized)[0] if t is member else t for t in bundle]
         count = len(L.rungs)
+        doc["decision"] += f"; measured again with {sized}"
         kept = search.try_adding(again, f"{label} with {sized} (in place of the {chosen} chosen alone)", tell_rate=tell_rate)
         if len(L.rungs) > count:
             L.rungs[-1]["sized"] = member.name
+        if kept:  # the tie the first measurement reported no longer decides anything
+            L.ties = [t for t in L.ties if t["other"] != doc["spec"]]
         return kept
     return False
