@@ -400,3 +400,22 @@ def test_the_loader_makes_a_batch_in_a_few_ops_and_draws_anew_past_each_chunk():
         crops = [c for a in range(2 * pad + 1) for b in range(2 * pad + 1)
                  for c in (padded[:, a:a + 16, b:b + 16], padded[:, a:a + 16, b:b + 16].flip(-1))]
         assert any(torch.equal(x, c) for c in crops), i
+
+
+def test_float_images_are_fused_too_their_pixels_computed_after_the_gather():
+    """Stored float images get no per-value table (it needs uint8): the gather is fused and the
+    per-pixel ops run after it, the same draws and bits as the ops one by one."""
+    from torchvision.transforms import v2
+
+    from fastloop.augment import normalize, random_crop, random_flip
+    from fastloop.speedups.gpu_augment import Fused
+
+    x = torch.rand(32, 3, 10, 10, generator=torch.Generator().manual_seed(2))
+    ops = translate(v2.Compose([v2.RandomCrop(8, padding=1, fill=0.5), v2.RandomHorizontalFlip(),
+                                v2.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])]))
+    fused = Fused.of(ops, x)
+    assert fused is not None and fused.table is None
+    got = run_ops(x, ops, torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    want = random_flip(random_crop(x, 8, padding=1, fill=0.5, generator=g), generator=g)
+    assert torch.equal(got, normalize(want, [0.4, 0.5, 0.6], [0.2, 0.3, 0.4]))
