@@ -361,7 +361,7 @@ def test_the_fused_crops_and_flips_draw_and_compute_what_the_ops_one_by_one_do(m
     want = random_flip(random_flip(want, p=0.5, generator=g), p=0.3, vertical=True, generator=g)
     want = normalize(want.float() / 255.0, [0.1, 0.2, 0.3], [0.3, 0.2, 0.1])
     assert torch.equal(got, want)
-    assert Fused.of(translate(v2.Compose([v2.RandomResizedCrop(8), v2.RandomHorizontalFlip()])), x) is None
+    assert Fused.of(translate(v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop(8)])), x) is None
     assert Fused.of(translate(v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])), x) is None
 
 
@@ -419,3 +419,31 @@ def test_float_images_are_fused_too_their_pixels_computed_after_the_gather():
     g = torch.Generator().manual_seed(5)
     want = random_flip(random_crop(x, 8, padding=1, fill=0.5, generator=g), generator=g)
     assert torch.equal(got, normalize(want, [0.4, 0.5, 0.6], [0.2, 0.3, 0.4]))
+
+
+def test_a_random_resized_crop_is_fused_with_the_same_draws_and_bits():
+    """RandomResizedCrop then flips then per-pixel work: the boxes and flips drawn for many samples
+    at once, a batch one roi_align and one table lookup, the same draws and bits as the ops one by
+    one; the loader redraws only past each chunk."""
+    from torchvision.transforms import v2
+
+    from fastloop.augment import normalize, random_flip, random_resized_crop
+    from fastloop.speedups.gpu_augment import Fused
+
+    x = torch.randint(0, 256, (48, 3, 20, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    t = v2.Compose([v2.RandomResizedCrop((12, 10), scale=(0.2, 1.0)), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(0.4),
+                    v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.3, 0.4, 0.5], [0.2, 0.25, 0.3])])
+    ops = translate(t)
+    assert Fused.of(ops, x) is not None and Fused.of(ops, x).resized is not None
+    got = run_ops(x, ops, torch.Generator().manual_seed(9))
+    g = torch.Generator().manual_seed(9)
+    want = random_resized_crop(x, (12, 10), (0.2, 1.0), (3 / 4, 4 / 3), generator=g)
+    want = random_flip(random_flip(want, p=0.5, generator=g), p=0.4, vertical=True, generator=g)
+    assert torch.equal(got, normalize(want.float() / 255.0, [0.3, 0.4, 0.5], [0.2, 0.25, 0.3]))
+    ds = AugmentedImages(n=40, size=16, transform=v2.Compose([v2.RandomResizedCrop(8), v2.RandomHorizontalFlip(),
+                                                             v2.ToDtype(torch.float32, scale=True)]))
+    aug = make_augmented(DataLoader(ds, batch_size=8), CPU)
+    assert aug.fused is not None and aug.chunk >= 8
+    aug.chunk = 12  # a new draw every other batch
+    out = torch.cat([b for b, _ in aug])
+    assert out.shape == (40, 3, 8, 8) and out.dtype == torch.float32 and 0 <= out.min() and out.max() <= 1

@@ -23,8 +23,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PADDING_MODES", "CropMaps", "draw_crop_maps", "gather_crops", "normalize", "pixel_table", "random_crop",
-           "random_flip", "random_resized_crop", "resized_crop_boxes", "torchvision_padding", "unwrap_subsets"]
+__all__ = ["PADDING_MODES", "BoxMaps", "CropMaps", "draw_boxes", "draw_crop_maps", "gather_crops", "gather_resized",
+           "normalize", "pixel_table", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes",
+           "torchvision_padding", "unwrap_subsets"]
 
 
 def _check(x: torch.Tensor) -> None:
@@ -309,7 +310,71 @@ def pixel_table(pixels: Callable[[torch.Tensor], torch.Tensor], channels: int, d
     return out[0, :, 0, :].contiguous()
 
 
+class BoxMaps(NamedTuple):
+    """Random resized crops and the flips after them, drawn for ``len(rois)`` samples: each
+    sample's box as ``roi_align`` takes it (x1, y1, x2, y2), and whether it is flipped
+    left-right (``hflip``) or top-bottom (``vflip``), each (K, 1, 1, 1) or None (no such flip)."""
+
+    rois: torch.Tensor
+    hflip: torch.Tensor | None
+    vflip: torch.Tensor | None
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return self.rois.shape[0]
+
+
+def draw_boxes(k: int, height: int, width: int, scale: Sequence[float], ratio: Sequence[float],
+               flips: Sequence[tuple[float, bool]] = (), *, generator: torch.Generator | None = None,
+               device: torch.device | str = "cpu") -> BoxMaps:
+    """``k`` boxes of :func:`resized_crop_boxes` and the draws of the flips after them (``flips``:
+    (p, vertical) each), in the order :func:`random_resized_crop` and :func:`random_flip` draw
+    them: the same generator state gives the same crops and flips."""
+    dev = torch.device(device)
+    gdev = generator.device if generator is not None else dev
+    top, left, h, w = resized_crop_boxes(k, height, width, scale, ratio, generator=generator, device=dev).to(dev).unbind(1)
+    flipped: dict[bool, torch.Tensor | None] = {False: None, True: None}
+    for p, vertical in flips:
+        f = torch.rand(k, generator=generator, device=gdev).to(dev) < p
+        flipped[vertical] = f if flipped[vertical] is None else flipped[vertical] ^ f  # two flips undo each other
+    return BoxMaps(torch.stack([left, top, left + w, top + h], 1),
+                   *(None if f is None else f[:, None, None, None] for f in (flipped[False], flipped[True])))
+
+
+def gather_resized(x: torch.Tensor, maps: BoxMaps, size: tuple[int, int], *, index: torch.Tensor | None = None,
+                   start: int = 0, table: torch.Tensor | None = None) -> torch.Tensor:
+    """The resized crops and flips of ``maps`` (rows ``start`` on) of the images ``x[index]``, as
+    :func:`random_resized_crop` and :func:`random_flip` make them (one ``roi_align``); uint8 images
+    rounded to uint8 values, then, where ``table`` (:func:`pixel_table`) is given, looked up."""
+    from torchvision.ops import roi_align
+
+    _check(x)
+    imgs = x if index is None else x.index_select(0, index)
+    n = imgs.shape[0]
+    if start + n > len(maps):
+        raise ValueError(f"{n} images from box {start} need {start + n} boxes, there are {len(maps)}")
+    rois = torch.cat([_positions(n, maps.rois.dtype, x.device), maps.rois[start:start + n]], 1)
+    out = roi_align(imgs.float(), rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    if x.dtype == torch.uint8:
+        out = out.round_().clamp_(0, 255)
+        out = out.to(torch.uint8) if table is None else table[_channels(x.shape[1], x.device), out.long()]
+    else:
+        out = out.to(x.dtype)
+    for flip, dim in ((maps.hflip, -1), (maps.vflip, -2)):
+        if flip is not None:
+            out = torch.where(flip[start:start + n], out.flip(dim), out)
+    return out
+
+
 _CHANNELS: dict[tuple[int, str], torch.Tensor] = {}
+_POSITIONS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
+
+
+def _positions(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` as an (n, 1) column of ``dtype`` on ``device``, made once per size."""
+    key = (n, dtype, str(device))
+    if key not in _POSITIONS:
+        _POSITIONS[key] = torch.arange(n, device=device, dtype=dtype)[:, None]
+    return _POSITIONS[key]
 
 
 def _channels(c: int, device: torch.device) -> torch.Tensor:

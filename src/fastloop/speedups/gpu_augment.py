@@ -22,7 +22,8 @@ batch, which averages where torchvision antialiases), ``RandomHorizontalFlip`` a
 ``RandomVerticalFlip`` (p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
 ``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
 ``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s; crops and flips
-followed by per-pixel work run fused (:class:`Fused`): one gather and one table lookup a batch.
+(or one RandomResizedCrop) followed by per-pixel work run fused (:class:`Fused`): one gather (or
+one ``roi_align``) and one table lookup a batch.
 
 Example:
     >>> import torch
@@ -46,8 +47,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import (PADDING_MODES, CropMaps, draw_crop_maps, gather_crops, normalize, pixel_table, random_crop,
-                               random_flip, random_resized_crop, torchvision_padding, unwrap_subsets)
+from fastloop.augment import (PADDING_MODES, BoxMaps, CropMaps, draw_boxes, draw_crop_maps, gather_crops, gather_resized,
+                               normalize, pixel_table, random_crop, random_flip, random_resized_crop, torchvision_padding,
+                               unwrap_subsets)
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
@@ -147,16 +149,18 @@ def _pixels(x: torch.Tensor, op: Op) -> torch.Tensor:
 
 
 class Fused:
-    """Crops and flips followed by per-pixel work, as one gather a batch: the crops' and flips'
-    draws made for many samples at once (:func:`~fastloop.augment.draw_crop_maps`), and uint8
+    """Crops (or one random resized crop) and flips followed by per-pixel work, fused: the crops'
+    and flips' draws made for many samples at once (:func:`~fastloop.augment.draw_crop_maps`,
+    :func:`~fastloop.augment.draw_boxes`), a batch one gather (or one ``roi_align``), and uint8
     pixels scaled and normalised by looking each value up (:func:`~fastloop.augment.pixel_table`).
     The same draws and the same bits as running the ops one by one (``tests/test_gpu_augment.py``),
-    in about 5 kernels a batch instead of about 30: the host, which launches them between steps,
-    is what a fast step waits on."""
+    in a handful of ops a batch instead of 30-40: the host, which launches them between steps, is
+    what a fast step waits on."""
 
     def __init__(self, ops: list[Op], channels: int, dtype: torch.dtype, device: torch.device) -> None:
-        cut = next((i for i, op in enumerate(ops) if op.kind not in GEOMETRY), len(ops))
+        cut = next((i for i, op in enumerate(ops) if op.kind not in GEOMETRY | {"resized_crop"}), len(ops))
         self.steps = [(op.kind, op.params) for op in ops[:cut]]
+        self.resized = self.steps[0][1] if self.steps and self.steps[0][0] == "resized_crop" else None
         self.pixel_ops = ops[cut:]
         fills = {float(p.get("fill", 0.0)) for kind, p in self.steps if kind == "crop"}
         self.fill = fills.pop() if fills else 0.0
@@ -165,11 +169,14 @@ class Fused:
     @staticmethod
     def of(ops: list[Op], x: torch.Tensor) -> Fused | None:
         """The fused form of ``ops`` for images like ``x`` (N, C, H, W); None where the ops are not
-        crops and flips followed by per-pixel work, or their crops pad with different fills."""
+        crops and flips, or one random resized crop and flips, followed by per-pixel work, or their
+        crops pad with different fills."""
         kinds = [op.kind for op in ops]
-        cut = next((i for i, k in enumerate(kinds) if k not in GEOMETRY), len(kinds))
+        cut = next((i for i, k in enumerate(kinds) if k not in GEOMETRY | {"resized_crop"}), len(kinds))
+        geometry = kinds[:cut]
         fills = {float(op.params.get("fill", 0.0)) for op in ops if op.kind == "crop"}
-        if x.dim() != 4 or not all(k in PIXELS for k in kinds[cut:]) or len(fills) > 1:
+        shape_ok = all(k in GEOMETRY for k in geometry) or (geometry[0] == "resized_crop" and set(geometry[1:]) <= {"flip"})
+        if x.dim() != 4 or not shape_ok or not all(k in PIXELS for k in kinds[cut:]) or len(fills) > 1:
             return None
         return Fused(ops, x.shape[1], x.dtype, x.device)
 
@@ -181,15 +188,23 @@ class Fused:
     def out_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) the crops make of images ``height`` x ``width``."""
         for kind, p in self.steps:
-            if kind == "crop":
+            if kind in ("crop", "resized_crop"):
                 height, width = (p["size"], p["size"]) if isinstance(p["size"], int) else p["size"]
         return height, width
 
-    def draw(self, k: int, height: int, width: int, generator: torch.Generator, device: torch.device) -> CropMaps:
+    def draw(self, k: int, height: int, width: int, generator: torch.Generator, device: torch.device) -> CropMaps | BoxMaps:
+        if self.resized is not None:
+            flips = [(p["p"], p.get("vertical", False)) for _, p in self.steps[1:]]
+            return draw_boxes(k, height, width, self.resized["scale"], self.resized["ratio"], flips,
+                              generator=generator, device=device)
         return draw_crop_maps(k, height, width, self.steps, generator=generator, device=device)
 
-    def __call__(self, x: torch.Tensor, maps: CropMaps, *, index: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
-        out = gather_crops(x, maps, index=index, start=start, fill=self.fill, table=self.table)
+    def __call__(self, x: torch.Tensor, maps: CropMaps | BoxMaps, *, index: torch.Tensor | None = None,
+                 start: int = 0) -> torch.Tensor:
+        if isinstance(maps, BoxMaps):
+            out = gather_resized(x, maps, self.out_size(*x.shape[2:]), index=index, start=start, table=self.table)
+        else:
+            out = gather_crops(x, maps, index=index, start=start, fill=self.fill, table=self.table)
         return out if self.table is not None else self.pixels(out)
 
 
@@ -227,9 +242,9 @@ class GPUAugmentLoader:
         self.batch_size, self.drop_last = resident.batch_size, resident.drop_last
         self.dataset, self.sampler = resident.dataset, resident.sampler
         self.fused = Fused.of(ops, resident.tensors[0])
-        if self.fused is not None:  # maps for ~16M output pixels a draw (16 MiB of padding mask at most)
+        if self.fused is not None:  # maps for ~16M output pixels a draw (16 MiB of padding mask at most); boxes: 64Ki
             h, w = self.fused.out_size(*resident.tensors[0].shape[2:])
-            self.chunk = max(1, 2**24 // (h * w))
+            self.chunk = 2**16 if self.fused.resized is not None else max(1, 2**24 // (h * w))
 
     def __iter__(self) -> Iterator[Any]:
         if self.fused is None:  # not fusable (or set aside: the ops one by one)
