@@ -130,6 +130,8 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
                            "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier")} if graph else None,
             "failures": {k: r.failures for k, r in sides.items() if r.failures}, "rounds": rounds,
             "runs": {k: len(r.docs) for k, r in sides.items()},
+            "per_run": {k: [{"throughput": (d.get("throughput") or {}).get("value"), "data_wait": d.get("data_wait_frac"),
+                             "steps": d.get("steps")} for d in r.docs] for k, r in sides.items()},
             "method": "interleaved fresh processes (plain, expert, pick; the order reversed every other round) "
                       "x rounds, every module's round r before any module's round r+1; 2 s windows of steady "
                       "steps; ratio = B/A throughput via run-level t-interval (fastloop.compare)"}

@@ -104,6 +104,9 @@ def test_zoo_measures_an_earlier_pick_beside_and_reports_each_sides_data_wait(tm
     assert [s for _, s in calls[4:]] == ["workers", "gpu_augment,bf16", "none", "none"]  # reversed
     assert row["before"] == "workers" and row["pick_vs_before"]["ratio"] == pytest.approx(2.0, rel=0.02)
     assert row["data_wait"]["before"] == pytest.approx(0.3) and row["data_wait"]["pick"] == pytest.approx(0.02)
+    # each run's own figures kept, so a side that ran slower than the ladder's runs can be looked into
+    assert [r["data_wait"] for r in row["per_run"]["before"]] == [0.3, 0.3] and len(row["per_run"]["pick"]) == 2
+    assert row["per_run"]["pick"][0]["throughput"] == pytest.approx(256 / 0.004)  # the run's own, not the merge
 
 
 def test_a_zoo_modules_data_is_prepared_before_anything_is_timed(monkeypatch, tmp_path):
