@@ -447,3 +447,22 @@ def test_a_random_resized_crop_is_fused_with_the_same_draws_and_bits():
     aug.chunk = 12  # a new draw every other batch
     out = torch.cat([b for b, _ in aug])
     assert out.shape == (40, 3, 8, 8) and out.dtype == torch.float32 and 0 <= out.min() and out.max() <= 1
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_fused_forms_give_the_ops_one_by_one_bits():
+    """On the GPU (the draws from a CUDA generator): the fused crop-and-flip and resized-crop forms
+    give the same bits as the ops one by one from the same generator state."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torchvision.transforms import v2
+
+    x = torch.randint(0, 256, (64, 3, 24, 20), dtype=torch.uint8, device="cuda")
+    for t in (v2.Compose([v2.RandomCrop(16, padding=4, padding_mode="reflect"), v2.RandomHorizontalFlip(),
+                          v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]),
+              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize([0.4] * 3, [0.2] * 3)])):
+        ops = translate(t)
+        fused = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7))
+        one_by_one = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7), fuse=False)
+        assert fused.is_cuda and torch.equal(fused, one_by_one)
