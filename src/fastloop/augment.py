@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -76,6 +77,15 @@ PADDING_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicat
 """torchvision's ``padding_mode`` names and torch's ``F.pad`` modes that pad alike."""
 
 
+def _crop_params(size: int | Sequence[int], padding: int | Sequence[int], padding_mode: str
+                 ) -> tuple[int, int, tuple[int, ...]]:
+    """A crop's height, width and padding (left, top, right, bottom), its padding mode checked."""
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode {padding_mode!r} is not one of {sorted(PADDING_MODES)}")
+    h, w = (size, size) if isinstance(size, int) else size
+    return h, w, (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+
+
 def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | Sequence[int] = 0,
                 fill: float = 0.0, padding_mode: str = "constant",
                 generator: torch.Generator | None = None) -> torch.Tensor:
@@ -84,10 +94,7 @@ def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | 
     (``"edge"``) the border (torchvision's ``RandomCrop(size, padding, fill, padding_mode)``: every
     offset equally likely)."""
     _check(x)
-    if padding_mode not in PADDING_MODES:
-        raise ValueError(f"padding_mode {padding_mode!r} is not one of {sorted(PADDING_MODES)}")
-    h, w = (size, size) if isinstance(size, int) else size
-    left, top, right, bottom = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+    h, w, (left, top, right, bottom) = _crop_params(size, padding, padding_mode)
     if left or top or right or bottom:
         pad = (left, right, top, bottom)
         x = F.pad(x, pad, value=fill) if padding_mode == "constant" else F.pad(x, pad, mode=PADDING_MODES[padding_mode])
@@ -180,18 +187,14 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *,
     return (y - m) / s
 
 
-_STATS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@functools.cache
 def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``mean`` and ``std`` as (1, C, 1, 1) tensors on ``device``, made once per device and dtype:
     a tensor built from a list on a CUDA device is a copy from pageable memory, which waits for
     every kernel queued before it; once a batch, that sync kept the host from running ahead."""
-    key = (mean, std, dtype, str(device))
-    if key not in _STATS:
-        _STATS[key] = tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
-    return _STATS[key]
+    m, s = (torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
+    return m, s
 
 
 class CropMaps(NamedTuple):
@@ -246,11 +249,8 @@ def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, d
     cok: torch.Tensor | None = None
     for kind, p in steps:
         if kind == "crop":
-            h, w = (p["size"], p["size"]) if isinstance(p["size"], int) else p["size"]
-            left, top, right, bottom = (p.get("padding", 0),) * 4 if isinstance(p.get("padding", 0), int) else p["padding"]
             mode = p.get("padding_mode", "constant")
-            if mode not in PADDING_MODES:
-                raise ValueError(f"padding_mode {mode!r} is not one of {sorted(PADDING_MODES)}")
+            h, w, (left, top, right, bottom) = _crop_params(p["size"], p.get("padding", 0), mode)
             hp, wp = rows.shape[1] + top + bottom, cols.shape[1] + left + right
             if h > hp or w > wp:
                 raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
@@ -365,21 +365,13 @@ def gather_resized(x: torch.Tensor, maps: BoxMaps, size: tuple[int, int], *, ind
     return out
 
 
-_CHANNELS: dict[tuple[int, str], torch.Tensor] = {}
-_POSITIONS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
-
-
+@functools.cache
 def _positions(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``arange(n)`` as an (n, 1) column of ``dtype`` on ``device``, made once per size."""
-    key = (n, dtype, str(device))
-    if key not in _POSITIONS:
-        _POSITIONS[key] = torch.arange(n, device=device, dtype=dtype)[:, None]
-    return _POSITIONS[key]
+    return torch.arange(n, device=device, dtype=dtype)[:, None]
 
 
+@functools.cache
 def _channels(c: int, device: torch.device) -> torch.Tensor:
     """``arange(c)`` shaped (1, c, 1, 1) on ``device``, made once (a kernel saved every batch)."""
-    key = (c, str(device))
-    if key not in _CHANNELS:
-        _CHANNELS[key] = torch.arange(c, device=device)[None, :, None, None]
-    return _CHANNELS[key]
+    return torch.arange(c, device=device)[None, :, None, None]
