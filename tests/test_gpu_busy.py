@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder_report import _breakdown
@@ -93,13 +94,45 @@ def test_a_host_bound_step_fed_on_the_gpu_and_graphed_in_part_gets_advice_that_a
     cfg = _cfg(0.49, wait=0.07, syncs=2.7)
     cfg["speedups"] = [{"name": "gpu_augment", "status": "applied"}, {"name": "bf16", "status": "applied"},
                        {"name": "cuda_graph", "status": "applied", "detail": f"forward+backward graphed (whole step: {why})"}]
+    cfg["extra"] = {"cuda_graph_tier": "forward+backward graphed", "cuda_graph_why_not_whole": why}  # as both adapters record it
     d = diagnose(cfg)
     assert d["bottleneck"] == "host-bound"
     rec = d["recommendation"]
     assert rec.startswith("remove the per-step host syncs first") and why in rec, rec
     assert "pin_memory" not in rec and "cuda_graph" not in rec and "graph holds only forward+backward" in rec
     assert without_measured(d, {"compile": "0.98x, no significant difference"}) == d  # nothing named, prose kept
-    # fed from the CPU and graphed whole: the old advice stands (pinned batches, the graph or compile)
+    # fed from the CPU and graphed whole: pinned batches still, and no graph advised (it holds the whole step)
     plain = diagnose({**cfg, "speedups": [{"name": "cuda_graph", "status": "applied",
-                                           "detail": "whole step (forward, backward, optimizer) captured in 0.03 s"}]})
-    assert "pin_memory for batches" in plain["recommendation"] and "cuda_graph (whole-step capture)" in plain["recommendation"]
+                                           "detail": "whole step (forward, backward, optimizer) captured in 0.03 s"}],
+                      "extra": {"cuda_graph_tier": "whole step"}})
+    assert "pin_memory for batches" in plain["recommendation"] and "cuda_graph" not in plain["recommendation"]
+    assert "already replays as one CUDA graph" in plain["recommendation"], plain
+
+
+def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_the_feed(monkeypatch):
+    """Round 29's U-Net pick (on one H100): the whole step one graph (compile, cuda_graph), 4.07 ms
+    a step, MFU unknown, 18% data wait. It was called launch-bound with the advice "cuda_graph
+    (whole-step capture) or compile", both on already. A whole step replayed as one graph launches
+    nothing one by one: the wait (>= 10% there) is what is left, and the GPU paths that the loader's
+    data check rules out (a hand-written __getitem__: no transform to translate) are not advised."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the launch-bound rule is the GPU's
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 * 2**30))
+    graphed = [{"name": n, "status": "applied"} for n in ("bf16", "compile", "cuda_graph", "pin_memory")]
+    checks = {"gpu_augment": "the dataset has no transform to run on the GPU",
+              "dali": "the dataset is PairedCrops, not an ImageFolder/DatasetFolder of image files"}
+    cfg = {"data_wait_frac": 0.18, "step_s": {"median": 0.00407, "mean": 0.0042}, "peak_mem_bytes": 7e8, "mfu": None,
+           "speedups": graphed, "extra": {"cuda_graph_tier": "whole step"}, "model_checks": checks}
+    d = diagnose(cfg)
+    assert d["bottleneck"] == "data-bound", d
+    assert "no transform to run on the GPU" in d["recommendation"]
+    assert "dali" not in d["recommendation"] and "gpu_augment" not in d["recommendation"] and "cuda_graph" not in d["recommendation"]
+    assert d["recommendation"].startswith("workers, prefetch")  # the CPU feed's own fixes not applied yet
+    # the same step with a partial graph (forward+backward) under 10% wait is still launch-bound, with the reason
+    part = {**cfg, "data_wait_frac": 0.05, "extra": {"cuda_graph_tier": "forward+backward graphed",
+                                                      "cuda_graph_why_not_whole": "the optimizer is LBFGS"}}
+    d2 = diagnose(part)
+    assert d2["bottleneck"] == "launch-bound" and "the optimizer is LBFGS" in d2["recommendation"], d2
+    # whole, below 10%: neither launch-bound nor data-bound
+    assert diagnose({**cfg, "data_wait_frac": 0.05})["bottleneck"] not in ("launch-bound", "data-bound")

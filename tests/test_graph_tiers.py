@@ -188,6 +188,8 @@ def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     rec = _record(graphed, "cuda_graph")
     assert rec["status"] == "applied", rec
     assert graphed["extra"].get("cuda_graph_tier") == tier, (rec, graphed["extra"])
+    # the reason a step stays out of one graph is a statistic the doctor reads, not only prose
+    assert bool(graphed["extra"].get("cuda_graph_why_not_whole")) == (tier != "whole step"), graphed["extra"]
     n = min(len(eager["losses"]), len(graphed["losses"]))
     diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager["losses"][:n], graphed["losses"][:n]))
     assert diff <= GPU_TOL, f"{pattern}: losses differ by {diff:.2e} (> {GPU_TOL}) from eager"

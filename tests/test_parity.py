@@ -160,6 +160,7 @@ def test_both_adapters_reach_the_same_cuda_graph_tier_in_combinations(spec):
     lit_st = {r["name"]: r["status"] for r in lit["speedups"]}
     assert lit_st == {r.name: r.status for r in plain.records}, (lit["speedups"], plain.records)
     assert lit["extra"].get("cuda_graph_tier") == plain.extra.get("cuda_graph_tier"), (lit["extra"], plain.extra)
+    assert bool(lit["extra"].get("cuda_graph_why_not_whole")) == bool(plain.extra.get("cuda_graph_why_not_whole"))
     n = min(len(lit["losses"]), len(plain.losses))
     diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(lit["losses"][:n], plain.losses[:n]))
     assert diff <= COMBOS[spec], diff

@@ -217,6 +217,7 @@ class SpeedupCallback(Callback):
         if run.tier is not None:
             ctx.stats[f"{name}_tier"] = run.tier
             if run.tier_why:
+                ctx.stats[f"{name}_why_not_whole"] = run.tier_why  # the doctor's advice reads it
                 ctx.describe(name, f"{run.tier} (whole step: {run.tier_why})")
 
     def _undo(self) -> list:

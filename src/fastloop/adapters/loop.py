@@ -206,6 +206,7 @@ class FastLoop:
                                 can_compile=next(self.model.parameters(), None) is not None,
                                 user_compiled=compiled_by_user(self.model))
         self.ctx.stats[f"{owner}_tier"] = tier.name
+        self.ctx.stats[f"{owner}_why_not_whole"] = why_not_whole  # the doctor's advice reads it
         if tier.compile_mode is not None:  # compile is lazy: a mode set before the first step is the one used
             self.model = apply_compile(self.model, tier.compile_mode)
         self.mark_steps = tier.name == TIERS[1]

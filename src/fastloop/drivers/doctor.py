@@ -5,11 +5,12 @@ pinned, kernel launch overhead. On a CPU-only machine it says what it cannot mea
 measures what it can (CPU matmul rate).
 
 Diagnosis: from a measured baseline configuration:
-- data-bound: the step waits for its batch >= 20% of the time;
+- data-bound: the step waits for its batch >= 20% of the time (>= 10% where the whole step replays
+  as one CUDA graph);
 - host-bound (CUDA, with the run's GPU profile): the GPU is busy for less than 85% of the step
   outside data wait; it idles while the host works (the profile also counts host syncs);
 - launch-bound (CUDA, no profile): the GPU is idle between kernels: step time far above the time its
-  FLOPs need at the measured ceiling, and small steps (< 5 ms);
+  FLOPs need at the measured ceiling, and small steps (< 5 ms), unless the whole step is one graph;
 - memory-bound: peak memory above 90% of the device;
 - compute-bound: otherwise.
 
@@ -29,8 +30,17 @@ import torch
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import advice_pattern
+from fastloop.speedups.cuda_graph import TIERS
 
-__all__ = ["COMM_BOUND_EFFICIENCY", "HOST_BOUND_BUSY", "diagnose", "machine_ceilings"]
+__all__ = ["COMM_BOUND_EFFICIENCY", "DATA_BOUND_WAIT", "GRAPHED_DATA_WAIT", "HOST_BOUND_BUSY", "diagnose",
+           "machine_ceilings"]
+
+DATA_BOUND_WAIT = 0.2
+"""A step that waits for its batch this share of the time or more is called data-bound."""
+
+GRAPHED_DATA_WAIT = 0.1
+"""Where the whole step replays as one CUDA graph (no launches left to cut), a wait of this share
+or more is called data-bound too: the feed is what is left between the graph's replays."""
 
 HOST_BOUND_BUSY = 0.85
 """With a GPU profile: when GPU busy + data wait cover less than this share of the step, the rest
@@ -108,9 +118,19 @@ def machine_ceilings(quick: bool = False) -> dict:
     return out
 
 
-def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None) -> str:
+def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None, checks: dict | None = None) -> str:
     """The next data-pipeline fix, given what is already applied (and whether there is a GPU).
-    ``stamp``: the run's environment stamp, when it has one (what CUDA_DEVICE_MAX_CONNECTIONS was)."""
+    ``stamp``: the run's environment stamp, when it has one (what CUDA_DEVICE_MAX_CONNECTIONS was).
+    ``checks``: speedup -> why it cannot apply to this loader's data (the run document's
+    ``model_checks``): a GPU feed path ruled out there is not advised.
+
+    Example:
+        >>> fix = _data_fix({"workers", "pin_memory", "prefetch"}, checks={"dali": "not a folder", "gpu_augment": "no transform"})
+        >>> print(fix.split(" (")[0])
+        the CPU pipeline is at its limit with workers, pinned memory and prefetch, and this loader's data cannot be decoded or augmented on the GPU by fastloop
+        >>> "dali" in fix, "gpu_augment" in fix, "dali" in _data_fix({"workers"}, checks={"gpu_augment": "no transform"})
+        (False, False, True)
+    """
     if not cuda:
         if "workers" in applied:
             return ("the loader's workers are the limit: more of them (workers:N, when the loader waits on storage "
@@ -126,13 +146,27 @@ def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None) -
     if "dali" in applied:
         return ("DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
                 "disk, lighter augmentation, or a larger batch (fewer steps per image).")
-    gpu_paths = ("for JPEG data in an ImageFolder, decode and augment on the GPU (dali); for in-memory images with a "
-                 "torchvision crop/resized-crop/flip/normalize pipeline, augment each batch on the GPU (gpu_augment)")
+    checks = checks or {}
+    paths = [text for name, text in _GPU_FEEDS if name not in checks]
     todo = [n for n in ("workers", "pin_memory", "prefetch") if n not in applied]
+    if not paths:  # neither GPU path reads this loader's data: say so without naming them (advice filters read names)
+        why = checks.get("gpu_augment") or checks.get("dali")
+        tail = (f"this loader's data cannot be decoded or augmented on the GPU by fastloop ({why}); cache decoded "
+                "data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in "
+                "__getitem__).")
+        return (f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {tail}" if todo else
+                f"the CPU pipeline is at its limit with workers, pinned memory and prefetch, and {tail}")
+    gpu_paths = "; ".join(paths)
     if todo:
         return f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {gpu_paths}."
     return (f"the CPU pipeline is at its limit with workers, pinned memory and prefetch: {gpu_paths}; cache decoded "
             "data, or make per-sample work cheaper.")
+
+
+_GPU_FEEDS = (("dali", "for JPEG data in an ImageFolder, decode and augment on the GPU (dali)"),
+              ("gpu_augment", "for in-memory images with a torchvision crop/resized-crop/flip/normalize pipeline, "
+                              "augment each batch on the GPU (gpu_augment)"))
+"""The GPU feed paths the doctor advises, each where the loader's data check does not rule it out."""
 
 
 def _feed_rates(cfg: dict, wait: float) -> str:
@@ -167,10 +201,11 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                 "recommendation": ("ddp_comm (gradient_as_bucket_view; try ddp_comm:50 or :100 for larger buckets), a "
                                    "larger batch per device (more compute to overlap), compile (shorter backward, but "
                                    "measure: it also shrinks the window the all-reduce hides in)." )}
-    if wait >= 0.2:
+    whole = "cuda_graph" in applied and (cfg.get("extra") or {}).get("cuda_graph_tier") == TIERS[0]
+    if wait >= DATA_BOUND_WAIT or (whole and wait >= GRAPHED_DATA_WAIT):
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
-        fix = _data_fix(applied, cuda=cuda, stamp=cfg.get("env"))
+        fix = _data_fix(applied, cuda=cuda, stamp=cfg.get("env"), checks=cfg.get("model_checks"))
         if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied:
             fix = (f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory tensors "
                    f"({data['type']}); keep it on the GPU and serve batches there (no loader, no copies).")
@@ -200,12 +235,13 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                              f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
                              f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
                              f"{prof.get('profiled_steps')} steps)."),
-                "recommendation": fix + (_graph_in_part(cfg, applied) or _launch_fix(cfg))
+                "recommendation": fix + _launch_fix(cfg, applied)
                 + "; a larger batch (more GPU work per host step)."}
-    if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1):
+    if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1) and not whole:
+        # a whole step replayed as one CUDA graph launches no kernels one by one: not this
         return {"bottleneck": "launch-bound",
                 "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
-                "recommendation": _launch_fix(cfg) + "; a larger batch."}
+                "recommendation": _launch_fix(cfg, applied) + "; a larger batch."}
     user_half = _user_half_precision(cfg)
     if torch.cuda.is_available() and not user_half and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
         return {"bottleneck": "compute-bound (fp32)",
@@ -218,41 +254,55 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
             else "already near the ceiling: only algorithmic changes will help much."}
 
 
-def _launch_fix(cfg: dict) -> str:
-    """Fewer launches: a whole-step graph, unless the run's batches (or model) rule graphs out.
+def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> str:
+    """Fewer launches, given what the configuration already has: a whole-step graph, unless the
+    run's batches (or model) rule graphs out; where a graph runs, what keeps it from the whole step
+    (the tier and its reason, ``extra.cuda_graph_tier`` and ``extra.cuda_graph_why_not_whole`` as
+    both adapters record them); where it holds the whole step, that nothing is left to cut there.
 
     Example:
         >>> _launch_fix({})
         'cuda_graph (whole-step capture) or compile (fewer launches)'
         >>> _launch_fix({"model_checks": {"cuda_graph": "the batches change shape (...)"}})
         'compile (fewer launches; a CUDA graph cannot help here: the batches change shape (...))'
+        >>> _launch_fix({"extra": {"cuda_graph_tier": "whole step"}}, {"cuda_graph"})[:64]
+        'the whole step already replays as one CUDA graph: the host time '
     """
+    extra = cfg.get("extra") or {}
+    graphed = "cuda_graph" in applied
+    if graphed and extra.get("cuda_graph_tier") == TIERS[0]:
+        # no speedup's name in the text: advice filtering reads them (without_measured)
+        return ("the whole step already replays as one CUDA graph: the host time left is outside it (the loader, the "
+                "framework's hooks and logging between steps)")
+    part = _graph_in_part(cfg, applied)
+    if part:
+        return part
     why = (cfg.get("model_checks") or {}).get("cuda_graph")
     # no "cuda_graph" in the text: advice filtering reads speedup names (without_measured)
-    return f"compile (fewer launches; a CUDA graph cannot help here: {why})" if why else \
-        "cuda_graph (whole-step capture) or compile (fewer launches)"
+    if why:
+        return f"compile (fewer launches; a CUDA graph cannot help here: {why})" if "compile" not in applied else \
+            f"fewer, larger kernels (a larger batch; a CUDA graph cannot help here: {why})"
+    return "cuda_graph (whole-step capture) or compile (fewer launches)"
 
 
-def _graph_in_part(cfg: dict, applied: set[str]) -> str | None:
-    """Where the step's graph covers less than the whole step, what keeps the rest out (from the
-    graph's own record), as advice; None where no graph runs or it holds the whole step.
+def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
+    """Where the step's graph covers less than the whole step, what keeps the rest out (the tier
+    and reason the adapters record as ``extra.cuda_graph_tier`` / ``extra.cuda_graph_why_not_whole``),
+    as advice; None where no graph runs or it holds the whole step.
 
     Example:
-        >>> cfg = {"speedups": [{"name": "cuda_graph", "status": "applied", "detail": "forward+backward graphed "
-        ...        "(whole step: OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph "
-        ...        "would bake in)"}]}
+        >>> cfg = {"extra": {"cuda_graph_tier": "forward+backward graphed", "cuda_graph_why_not_whole":
+        ...        "OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in"}}
         >>> print(_graph_in_part(cfg, {"cuda_graph"}))
         the whole step in one CUDA graph: the graph holds only forward+backward (whole step: OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in); change that in the module and the whole step is captured
     """
-    if "cuda_graph" not in applied:
+    extra = cfg.get("extra") or {}
+    tier, why = extra.get("cuda_graph_tier"), extra.get("cuda_graph_why_not_whole")
+    if "cuda_graph" not in applied or tier in (None, TIERS[0]) or not why or why.startswith("not captured"):
         return None
-    detail = next((x.get("detail") or "" for x in cfg.get("speedups", []) if x.get("name") == "cuda_graph"), "")
-    tier, sep, why = detail.partition(" (whole step: ")
-    if not sep or why.startswith("not captured"):
-        return None
+    held = f"the graph holds only {tier.removesuffix(' graphed')}" if tier == TIERS[1] else f"the step runs {tier}"
     # no speedup's name in the text: advice filtering reads them (without_measured)
-    return (f"the whole step in one CUDA graph: the graph holds only {tier.removesuffix(' graphed')} (whole step: {why}; "
-            "change that in the module and the whole step is captured")
+    return f"the whole step in one CUDA graph: {held} (whole step: {why}); change that in the module and the whole step is captured"
 
 
 def _user_half_precision(cfg: dict) -> bool:
