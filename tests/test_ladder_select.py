@@ -465,3 +465,23 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
 
     doc = run_ladder("demo", ["bf16", "prefetch"], measure=whole, device="cpu", mode="sequential")
     assert next(r for r in doc["rungs"] if r["rung"] == "+prefetch")["rung_status"] == "applied"
+
+
+def test_the_report_lists_what_the_selected_sets_speedups_changed_not_a_dropped_rungs():
+    """Round 29's U-Net report listed ``workers: 8 worker processes`` under a pick without workers
+    (the line came from a rung measured and dropped)."""
+    from fastloop.report.markdown import render_markdown
+
+    inner = _fake()  # workers hurts there (dropped), bf16 helps (kept)
+
+    def measure(target, spec, **kw):
+        doc = inner(target, spec, **kw)
+        for rec in doc["speedups"]:
+            rec["detail"] = {"workers": "8 worker processes", "bf16": "Trainer precision 32-true -> bf16-mixed"}[rec["name"]]
+        return doc
+
+    doc = run_ladder("x", ["workers", "bf16"], measure=measure, device="cpu", mode="sequential")
+    assert doc["selected"] == ["bf16"]
+    md = render_markdown({"kind": "ladder", "target": "x", "env": {}, **doc})
+    changed = md.split("What the applied speedups changed:")[1]
+    assert "`bf16`: Trainer precision 32-true -> bf16-mixed" in changed and "worker processes" not in changed, changed

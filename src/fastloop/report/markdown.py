@@ -6,7 +6,7 @@ from fastloop.compare import loss_line
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 
-__all__ = ["render_markdown"]
+__all__ = ["applied_changes", "render_markdown"]
 
 
 def search_story(doc: dict) -> list[str]:
@@ -113,12 +113,31 @@ def render_markdown(doc: dict) -> str:
                if s["status"] != "applied"]
     if skipped:
         lines += ["", "Not applied:"] + sorted({f"- `{s['name']}` {s['status']}: {s['reason']}" for s in skipped})
-    changed: dict[str, str] = {}  # one line a speedup: its latest configuration's (a ladder's: the selected)
-    for c in [doc] if doc.get("speedups") else doc.get("rungs", []):
-        changed.update({s["name"]: s["detail"] for s in c.get("speedups", []) if s["status"] == "applied" and s.get("detail")})
+    changed = applied_changes(doc)
     if changed:
         lines += ["", "What the applied speedups changed:"] + [f"- `{n}`: {d}" for n, d in sorted(changed.items())]
     return "\n".join(lines) + "\n"
+
+
+def applied_changes(doc: dict) -> dict[str, str]:
+    """Speedup -> what it changed, one line a speedup: a run's own records; a ladder's selected
+    set's (its ``selected: ...`` rung), not a rung measured and then dropped (a report that listed
+    ``workers: 8 worker processes`` under a pick without workers misled); without a selected rung
+    (interrupted), the latest configuration's line of each speedup.
+
+    Example:
+        >>> rung = lambda label, *names: {"rung": label, "speedups": [{"name": n, "status": "applied", "detail": n + "!"} for n in names]}
+        >>> applied_changes({"rungs": [rung("+workers", "workers", "bf16"), rung("selected: bf16", "bf16")]})
+        {'bf16': 'bf16!'}
+        >>> applied_changes({"rungs": [rung("+workers", "workers")]})
+        {'workers': 'workers!'}
+    """
+    configs = [doc] if doc.get("speedups") else doc.get("rungs", [])
+    selected = [c for c in configs if str(c.get("rung", "")).startswith("selected: ")]
+    changed: dict[str, str] = {}
+    for c in selected[-1:] or configs:
+        changed.update({s["name"]: s["detail"] for s in c.get("speedups", []) if s["status"] == "applied" and s.get("detail")})
+    return changed
 
 
 def _plan(entry: dict) -> str:
