@@ -466,3 +466,47 @@ def test_on_cuda_the_fused_forms_give_the_ops_one_by_one_bits():
         fused = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7))
         one_by_one = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7), fuse=False)
         assert fused.is_cuda and torch.equal(fused, one_by_one)
+
+
+class _Unchecked(torch.utils.data.Dataset):
+    """A hand-written dataset as many are: it calls ``self.transform`` without checking for None,
+    on a PIL image made from a stored HWC uint8 array; ``as_dict``: samples as dicts."""
+
+    def __init__(self, transform, n: int = 64, as_dict: bool = False) -> None:
+        import numpy as np
+
+        self.data = np.random.default_rng(0).integers(0, 256, (n, 16, 16, 3), dtype=np.uint8)
+        self.labels = [i % 10 for i in range(n)]
+        self.transform, self.as_dict = transform, as_dict
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        image = self.transform(Image.fromarray(self.data[i]))
+        return {"image": image, "label": self.labels[i]} if self.as_dict else (image, self.labels[i])
+
+
+def test_a_dataset_calling_its_transform_unchecked_is_read_and_dict_samples_are_named():
+    """Round 29: the stored sample was read with the transform set to None, so a ``__getitem__``
+    that calls ``self.transform(img)`` unchecked failed with a TypeError inside the run (the check
+    before it had passed). It is read with a transform that changes nothing; samples that are dicts
+    are refused by the check itself, with the reason."""
+    from torchvision import transforms as T
+
+    tf = T.Compose([T.RandomCrop(16, padding=2), T.RandomHorizontalFlip(), T.ToTensor(),
+                    T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    loader = DataLoader(_Unchecked(tf), batch_size=16, shuffle=True, drop_last=True)
+    assert augment_why_not(loader) is None
+    aug = make_augmented(loader, CPU)
+    assert aug.resident.tensors[0].dtype == torch.uint8 and aug.resident.tensors[0].shape[1:] == (3, 16, 16)
+    assert torch.equal(aug.resident.tensors[0][0].permute(1, 2, 0), torch.from_numpy(loader.dataset.data[0]))
+    (x, y), (xa, ya) = next(iter(loader)), next(iter(aug))
+    assert xa.shape == x.shape and xa.dtype == x.dtype and ya.dtype == torch.as_tensor(y).dtype
+    assert loader.dataset.transform is tf  # put back
+    dicts = DataLoader(_Unchecked(tf, as_dict=True), batch_size=16)
+    assert "gives dict samples, not (image, ...) tuples" in augment_why_not(dicts)
+    with pytest.raises(Skip, match="gives dict samples"):
+        make_augmented(dicts, CPU)

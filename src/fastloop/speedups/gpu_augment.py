@@ -279,6 +279,9 @@ def augment_why_not(loader: Any) -> str | None:
         translate(transform)
     except Skip as why:
         return why.reason
+    sample = _stored_sample(dataset, holder)
+    if isinstance(sample, str):
+        return sample
     with _transform_as(holder, as_chw):
         found = fixed_samples(dataset)
     return f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
@@ -298,6 +301,23 @@ def _transform_as(dataset: Any, transform: Any = None) -> Iterator[None]:
             setattr(dataset, k, v)
 
 
+def _unchanged(image: Any) -> Any:
+    """The transform a sample is read with to see what it stores: the image as it is."""
+    return image
+
+
+def _stored_sample(dataset: Any, holder: Any) -> Any:
+    """The dataset's first sample read with the image left as stored (the transform set to one
+    that changes nothing, not to None: a ``__getitem__`` may call ``self.transform`` without
+    checking), or the reason it is not an (image, ...) tuple of a tensor, an array or a PIL image."""
+    with _transform_as(holder, _unchanged):
+        sample = dataset[0]
+    if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
+        return (f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
+                f" samples, not (image, ...) tuples of tensors, arrays or PIL images")
+    return sample
+
+
 def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0.5, seed: int = 0) -> GPUAugmentLoader:
     """The loader's stored images on ``device`` and its transform translated; Skip with the
     reason where it cannot be done."""
@@ -311,11 +331,9 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
     if getattr(holder, "target_transform", None) is not None:
         raise Skip(f"the dataset has a target_transform ({type(holder.target_transform).__name__}), not translated")
     ops = [op for op in translate(transform) if op.kind != "hwc_to_chw"]  # the images are read as CHW
-    with _transform_as(holder):
-        sample = dataset[0]
-    if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
-        raise Skip(f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
-                   f" samples, not (image, ...) tuples of tensors, arrays or PIL images")
+    sample = _stored_sample(dataset, holder)
+    if isinstance(sample, str):
+        raise Skip(sample)
     with _transform_as(holder, as_chw):
         try:
             resident = make_resident(loader, device, share=share)
