@@ -169,8 +169,9 @@ def test_data_bound_recommendation_names_the_next_fix():
         return {"data_wait_frac": 0.5, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30,  # measured on a GPU
                 "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names]}
 
-    assert diagnose(cfg())["recommendation"].startswith("workers, pin_memory, prefetch")
-    assert diagnose(cfg("workers"))["recommendation"].startswith("pin_memory, prefetch")
+    assert [n for n, _ in diagnose(cfg())["advice"]][:3] == ["workers", "pin_memory", "prefetch"]
+    assert diagnose(cfg())["recommendation"].startswith("workers (more loader processes); pin_memory")
+    assert [n for n, _ in diagnose(cfg("workers"))["advice"]][:2] == ["pin_memory", "prefetch"]
     rec = diagnose(cfg("workers", "pin_memory", "prefetch", "bf16"))["recommendation"]
     assert "at its limit" in rec and "dali" in rec
     assert diagnose(cfg("dali", "bf16"))["recommendation"].startswith("DALI itself is the limit")

@@ -128,7 +128,17 @@ def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_t
     assert d["bottleneck"] == "data-bound", d
     assert "no transform to run on the GPU" in d["recommendation"]
     assert "dali" not in d["recommendation"] and "gpu_augment" not in d["recommendation"] and "cuda_graph" not in d["recommendation"]
-    assert d["recommendation"].startswith("workers, prefetch")  # the CPU feed's own fixes not applied yet
+    assert [n for n, _ in d["advice"]] == ["workers", "prefetch", None]  # the CPU feed's own fixes not applied yet
+    # round 29's second U-Net ladder: its pick had pin_memory and prefetch, and workers measured not faster;
+    # the filtered advice read "Next: pin_memory" (the prose "pinned memory" matched its name) and lost the rest
+    from fastloop.drivers.doctor import without_measured
+
+    pick = diagnose({**cfg, "speedups": graphed + [{"name": "prefetch", "status": "applied"}]})
+    out = without_measured(pick, {"workers": "without it 1.04x [0.94, 1.16], no significant difference"})
+    rec = out["recommendation"]
+    assert out["advice_filtered"] == ["workers"] and "pin_memory" not in rec and "prefetch" not in rec, rec
+    assert rec.startswith("this loader's data cannot be decoded or augmented on the GPU") and "cache decoded data" in rec
+    assert rec.endswith("not advised again: workers (without it 1.04x [0.94, 1.16], no significant difference).")
     # the same step with a partial graph (forward+backward) under 10% wait is still launch-bound, with the reason
     part = {**cfg, "data_wait_frac": 0.05, "extra": {"cuda_graph_tier": "forward+backward graphed",
                                                       "cuda_graph_why_not_whole": "the optimizer is LBFGS"}}

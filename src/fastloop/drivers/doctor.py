@@ -32,8 +32,8 @@ from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import advice_pattern
 from fastloop.speedups.cuda_graph import TIERS
 
-__all__ = ["COMM_BOUND_EFFICIENCY", "DATA_BOUND_WAIT", "GRAPHED_DATA_WAIT", "HOST_BOUND_BUSY", "diagnose",
-           "machine_ceilings"]
+__all__ = ["COMM_BOUND_EFFICIENCY", "DATA_BOUND_WAIT", "GRAPHED_DATA_WAIT", "HOST_BOUND_BUSY", "data_advice",
+           "diagnose", "join_advice", "machine_ceilings", "without_measured"]
 
 DATA_BOUND_WAIT = 0.2
 """A step that waits for its batch this share of the time or more is called data-bound."""
@@ -118,49 +118,61 @@ def machine_ceilings(quick: bool = False) -> dict:
     return out
 
 
-def _data_fix(applied: set[str], cuda: bool = True, stamp: dict | None = None, checks: dict | None = None) -> str:
-    """The next data-pipeline fix, given what is already applied (and whether there is a GPU).
+def join_advice(clauses: list[tuple[str | None, str]]) -> str:
+    """Advice clauses (speedup or None, text) as one recommendation line.
+
+    Example:
+        >>> join_advice([("workers", "workers (more loader processes)"), (None, "cache decoded data")])
+        'workers (more loader processes); cache decoded data.'
+    """
+    return "; ".join(text for _, text in clauses) + "."
+
+
+_FEED_CLAUSES = (("workers", "workers (more loader processes)"), ("pin_memory", "pin_memory (pinned host batches)"),
+                 ("prefetch", "prefetch (the next batch copied while the step runs)"))
+
+
+def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
+                checks: dict | None = None) -> list[tuple[str | None, str]]:
+    """The next data-pipeline fixes as clauses, each the speedup it advises (None: prose that
+    names none), so a ladder that measured one of them drops that clause and keeps the rest.
     ``stamp``: the run's environment stamp, when it has one (what CUDA_DEVICE_MAX_CONNECTIONS was).
     ``checks``: speedup -> why it cannot apply to this loader's data (the run document's
     ``model_checks``): a GPU feed path ruled out there is not advised.
 
     Example:
-        >>> fix = _data_fix({"workers", "pin_memory", "prefetch"}, checks={"dali": "not a folder", "gpu_augment": "no transform"})
-        >>> print(fix.split(" (")[0])
-        the CPU pipeline is at its limit with workers, pinned memory and prefetch, and this loader's data cannot be decoded or augmented on the GPU by fastloop
-        >>> "dali" in fix, "gpu_augment" in fix, "dali" in _data_fix({"workers"}, checks={"gpu_augment": "no transform"})
-        (False, False, True)
+        >>> for name, text in data_advice({"pin_memory"}, checks={"dali": "not a folder", "gpu_augment": "no transform"}):
+        ...     print(name, "|", text)
+        workers | workers (more loader processes)
+        prefetch | prefetch (the next batch copied while the step runs)
+        None | this loader's data cannot be decoded or augmented on the GPU by fastloop (no transform); cache decoded data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in __getitem__)
     """
     if not cuda:
         if "workers" in applied:
-            return ("the loader's workers are the limit: more of them (workers:N, when the loader waits on storage "
-                    "rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the transform).")
-        return "workers (several loader processes prepare batches while the step runs)."
+            return [(None, "the loader's workers are the limit: more of them (workers:N, when the loader waits on "
+                           "storage rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the "
+                           "transform)")]
+        return [("workers", "workers (several loader processes prepare batches while the step runs)")]
     if "dali" in applied and stamp is not None and "cuda_device_max_connections" in stamp:
         from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note
 
         value = stamp["cuda_device_max_connections"]
         note = cuda_queues_note({CUDA_QUEUES_VAR: value} if value else {})
         if note:
-            return f"first, CUDA's hardware queues: {note}."
+            return [(None, f"first, CUDA's hardware queues: {note}")]
     if "dali" in applied:
-        return ("DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
-                "disk, lighter augmentation, or a larger batch (fewer steps per image).")
+        return [(None, "DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
+                       "disk, lighter augmentation, or a larger batch (fewer steps per image)")]
     checks = checks or {}
-    paths = [text for name, text in _GPU_FEEDS if name not in checks]
-    todo = [n for n in ("workers", "pin_memory", "prefetch") if n not in applied]
-    if not paths:  # neither GPU path reads this loader's data: say so without naming them (advice filters read names)
+    todo = [(n, text) for n, text in _FEED_CLAUSES if n not in applied]
+    paths = [(n, text) for n, text in _GPU_FEEDS if n not in checks]
+    limit = [] if todo else [(None, "the CPU pipeline is at its limit with workers, pinned memory and prefetch")]
+    if not paths:  # neither GPU path reads this loader's data: said without naming them
         why = checks.get("gpu_augment") or checks.get("dali")
-        tail = (f"this loader's data cannot be decoded or augmented on the GPU by fastloop ({why}); cache decoded "
-                "data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in "
-                "__getitem__).")
-        return (f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {tail}" if todo else
-                f"the CPU pipeline is at its limit with workers, pinned memory and prefetch, and {tail}")
-    gpu_paths = "; ".join(paths)
-    if todo:
-        return f"{', '.join(todo)} (more loader workers, pinned memory, copies one step ahead); {gpu_paths}."
-    return (f"the CPU pipeline is at its limit with workers, pinned memory and prefetch: {gpu_paths}; cache decoded "
-            "data, or make per-sample work cheaper.")
+        return todo + limit + [(None, f"this loader's data cannot be decoded or augmented on the GPU by fastloop "
+                                      f"({why}); cache decoded data, or make per-sample work cheaper (one transform on "
+                                      "the whole batch instead of each sample in __getitem__)")]
+    return todo + limit + paths + ([] if todo else [(None, "cache decoded data, or make per-sample work cheaper")])
 
 
 _GPU_FEEDS = (("dali", "for JPEG data in an ImageFolder, decode and augment on the GPU (dali)"),
@@ -205,13 +217,14 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     if wait >= DATA_BOUND_WAIT or (whole and wait >= GRAPHED_DATA_WAIT):
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
-        fix = _data_fix(applied, cuda=cuda, stamp=cfg.get("env"), checks=cfg.get("model_checks"))
+        advice = data_advice(applied, cuda=cuda, stamp=cfg.get("env"), checks=cfg.get("model_checks"))
         if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied:
-            fix = (f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory tensors "
-                   f"({data['type']}); keep it on the GPU and serve batches there (no loader, no copies).")
+            advice = [("gpu_resident", f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory "
+                                       f"tensors ({data['type']}); keep it on the GPU and serve batches there (no "
+                                       "loader, no copies)")]
         return {"bottleneck": "data-bound",
                 "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
-                "recommendation": fix}
+                "recommendation": join_advice(advice), "advice": advice}
     if mem and total and mem > 0.9 * total:
         return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
                 "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}
@@ -354,6 +367,15 @@ def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
         'compile; measured here and not faster, so not advised again: bf16 (1.00x, no significant difference).'
     """
     rec = diagnosis.get("recommendation") or ""
+    if diagnosis.get("advice"):  # clauses, each naming the speedup it advises: drop the measured ones, keep the prose
+        clauses = [tuple(c) for c in diagnosis["advice"]]
+        dropped = [n for n, _ in clauses if n in measured]
+        if not dropped:
+            return diagnosis
+        kept = [(n, t) for n, t in clauses if n not in measured]
+        said = "; ".join(f"{n} ({measured[n]})" for n in dropped)
+        text = (join_advice(kept)[:-1] + "; " if kept else "") + f"measured here and not faster, so not advised again: {said}."
+        return {**diagnosis, "recommendation": text, "advice": kept, "advice_filtered": dropped}
     named = [cls.name for cls in sorted(REGISTRY.values(), key=lambda c: c.order)
              if re.search(advice_pattern(cls), rec, re.IGNORECASE)]
     dropped = [n for n in named if n in measured]
