@@ -263,3 +263,25 @@ def test_a_feed_bundle_is_not_measured_again_where_the_count_is_not_what_held_it
     bundles = [r for r in doc["rungs"] if r["rung"].startswith("+workers,pin_memory,prefetch (feed bundle)")]
     assert len(bundles) == 2 and all(r["decision"].startswith("dropped") for r in bundles), [r["rung"] for r in bundles]
     assert not any(s.startswith("workers") for s in doc["selected"])
+
+
+def test_the_feed_kept_after_the_compute_stack_is_ablated_with_it_costliest_first(monkeypatch):
+    """Round 29's two U-Net ladders (H100): the compute bundle's ablation waited for the feed; the
+    feed bundle, kept and sized, was ablated at once (its count, prefetch), then the compute
+    members, and the budget ran out at channels_last and bf16 both times. Now the feed kept after
+    the compute stack is ablated together with the compute bundle, in the one order (compile,
+    graphs, precision, layout, then processes and prefetch): what the budget leaves untried is the
+    cheapest to keep."""
+    from fastloop.drivers.ladder_gates import ablation_order
+
+    for name in ("pin_memory", "prefetch"):
+        monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
+    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
+                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2))
+    rungs = doc["rungs"]
+    ablated = [r["ablation"] for r in rungs if r.get("ablation")]
+    assert ablated == ["compile", "bf16", "workers:8", "prefetch"] == ablation_order(ablated), ablated
+    stage = next(s for s in doc["stages"] if s["stage"] == "compute bundle ablated after the feed")
+    assert stage["action"] == "ablation: compile,bf16,workers:8,prefetch", stage
+    sized = next(i for i, r in enumerate(rungs) if r.get("sized"))
+    assert all(rungs.index(r) > sized for r in rungs if r.get("ablation"))  # the count sized first, as before

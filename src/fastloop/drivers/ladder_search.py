@@ -16,12 +16,13 @@ processes, run-level intervals):
    shape) as one candidate on top of the best so far, kept when significantly faster, then
    **ablated** (each member out in turn, left out when not significantly missed). A bundle that
    is not faster (or fails) is tried one speedup at a time instead. Where the faster step now
-   waits for data (>= ``FEED_FIRST_WAIT``), the ablation waits until the feed is checked: a
-   member taken out would hide behind the wait, and the budget must reach the feed.
+   waits for data (>= ``FEED_FIRST_WAIT``), the ablation waits until the feed is checked (a
+   member taken out would hide behind the wait) and then takes the feed kept since with it,
+   costliest first (:func:`ablation_order`: what the budget leaves untried is the cheapest).
 4. **The feed again**: a faster step needs more data. A feed rung dropped before the bottleneck
    moved is tried again after it moved. A kept rung that sized itself alone (the worker count) is
-   measured at the sizes around it in the configuration (:mod:`~fastloop.drivers.ladder_sizing`),
-   before a feed bundle kept first is ablated (the user's count faces the size that trains fastest).
+   measured at the sizes around it in the configuration (:mod:`~fastloop.drivers.ladder_sizing`)
+   before it is ablated (the user's count faces the size that trains fastest).
 5. Whatever is left (``batch_size``), one at a time.
 
 The budget bounds the whole search: what does not fit with the final comparison's reserve is
@@ -96,10 +97,7 @@ class StagedSearch:
         prediction, the reserve for the final comparison and the seconds that were left)."""
         for n in names:
             if not any(t["name"] == n for t in self.L.not_tried):
-                entry = {"name": n, "stage": self.stage, "why": why}
-                if plan:
-                    entry.update(plan)
-                self.L.not_tried.append(entry)
+                self.L.not_tried.append({"name": n, "stage": self.stage, "why": why, **(plan or {})})
 
     def cut_short(self, what: str, runs: int) -> None:
         """A comparison that was measured, but ended by the budget before its interval could call it."""
@@ -293,7 +291,7 @@ class StagedSearch:
         elif bundle and (self.try_adding(bundle, label := "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
                                          tell_rate=tell) or retry_smaller(self, bundle, label, tell_rate=tell)):
             kept = [s for s in as_sized(L.selected, [s.spec for s in bundle]) if s in L.selected]
-            if defer_ablation:
+            if defer_ablation or self.deferred_compute:  # later: after the compute bundle, or with its ablation
                 self.deferred = kept
             else:  # a count sized alone is measured where it runs before it is taken out
                 size_in_configuration(self)
@@ -375,9 +373,9 @@ class StagedSearch:
             self.compute(compute, "compute stack", feed_next=bool(feed))
             if self.deferred:
                 size_in_configuration(self)  # as in feed(): sized where it runs before it is taken out
-                self.deferred = as_sized(L.selected, self.deferred)
-                self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(self.deferred))
-                self.ablate(self.deferred)
+                done, self.deferred = as_sized(L.selected, self.deferred), []
+                self.note("feed bundle ablated after the compute stack", "ablation: " + ",".join(done))
+                self.ablate(done)
             self.feed(feed, "feed re-checked after the compute stack")
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
@@ -392,9 +390,10 @@ class StagedSearch:
             self.queue(0)
             self.feed(feed, "feed checked for the faster step")
         size_in_configuration(self)  # the feed's sizes in the configuration, then what hid behind its wait
-        if self.deferred_compute:
-            self.note("compute bundle ablated after the feed", "ablation: " + ",".join(self.deferred_compute))
-            self.ablate(self.deferred_compute)
+        if self.deferred_compute:  # with the feed kept after it, costliest first (compile ... processes, prefetch)
+            both = self.deferred_compute + as_sized(L.selected, self.deferred)
+            self.note("compute bundle ablated after the feed", "ablation: " + ",".join(ablation_order(both)))
+            self.ablate(both)
         if rest:
             self.note("the workload", "one at a time: " + ",".join(s.spec for s in rest))
             self.singles(rest)
