@@ -107,6 +107,7 @@ def test_a_host_bound_step_fed_on_the_gpu_and_graphed_in_part_gets_advice_that_a
                       "extra": {"cuda_graph_tier": "whole step"}})
     assert "pin_memory for batches" in plain["recommendation"] and "cuda_graph" not in plain["recommendation"]
     assert "already replays as one CUDA graph" in plain["recommendation"], plain
+    assert "then the whole step already" not in plain["recommendation"]  # said as its own clause
 
 
 def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_the_feed(monkeypatch):

@@ -248,7 +248,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                              f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
                              f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
                              f"{prof.get('profiled_steps')} steps)."),
-                "recommendation": fix + _launch_fix(cfg, applied)
+                "recommendation": (fix.removesuffix(", then ") + "; " if fix and whole else fix) + _launch_fix(cfg, applied)
                 + "; a larger batch (more GPU work per host step)."}
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1) and not whole:
         # a whole step replayed as one CUDA graph launches no kernels one by one: not this
