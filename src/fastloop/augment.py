@@ -193,8 +193,7 @@ def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch
     """``mean`` and ``std`` as (1, C, 1, 1) tensors on ``device``, made once per device and dtype:
     a tensor built from a list on a CUDA device is a copy from pageable memory, which waits for
     every kernel queued before it; once a batch, that sync kept the host from running ahead."""
-    m, s = (torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
-    return m, s
+    return tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))  # type: ignore[return-value]
 
 
 class CropMaps(NamedTuple):

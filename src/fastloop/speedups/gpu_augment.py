@@ -148,6 +148,11 @@ def _pixels(x: torch.Tensor, op: Op) -> torch.Tensor:
     return normalize(x, op.params["mean"], op.params["std"], dtype=x.dtype if x.is_floating_point() else torch.float32)
 
 
+def _geometry_end(ops: list[Op]) -> int:
+    """Where the leading crops, resized crops and flips of ``ops`` end (the per-pixel work begins)."""
+    return next((i for i, op in enumerate(ops) if op.kind not in GEOMETRY | {"resized_crop"}), len(ops))
+
+
 class Fused:
     """Crops (or one random resized crop) and flips followed by per-pixel work, fused: the crops'
     and flips' draws made for many samples at once (:func:`~fastloop.augment.draw_crop_maps`,
@@ -158,7 +163,7 @@ class Fused:
     what a fast step waits on."""
 
     def __init__(self, ops: list[Op], channels: int, dtype: torch.dtype, device: torch.device) -> None:
-        cut = next((i for i, op in enumerate(ops) if op.kind not in GEOMETRY | {"resized_crop"}), len(ops))
+        cut = _geometry_end(ops)
         self.steps = [(op.kind, op.params) for op in ops[:cut]]
         self.resized = self.steps[0][1] if self.steps and self.steps[0][0] == "resized_crop" else None
         self.pixel_ops = ops[cut:]
@@ -172,7 +177,7 @@ class Fused:
         crops and flips, or one random resized crop and flips, followed by per-pixel work, or their
         crops pad with different fills."""
         kinds = [op.kind for op in ops]
-        cut = next((i for i, k in enumerate(kinds) if k not in GEOMETRY | {"resized_crop"}), len(kinds))
+        cut = _geometry_end(ops)
         geometry = kinds[:cut]
         fills = {float(op.params.get("fill", 0.0)) for op in ops if op.kind == "crop"}
         shape_ok = all(k in GEOMETRY for k in geometry) or (geometry[0] == "resized_crop" and set(geometry[1:]) <= {"flip"})
@@ -288,7 +293,7 @@ def augment_why_not(loader: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def _transform_as(dataset: Any, transform: Any = None) -> Iterator[None]:
+def _transform_as(dataset: Any, transform: Any) -> Iterator[None]:
     """The dataset with its ``transform`` set to ``transform`` (and a VisionDataset's
     ``transforms`` to None)."""
     saved = {k: getattr(dataset, k) for k in ("transform", "transforms") if hasattr(dataset, k)}
