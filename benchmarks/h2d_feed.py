@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks._common import emit
-from fastloop.data import CUDAPrefetcher, to_device
+from fastloop.data import to_device
+from fastloop.feed import BackgroundFeed
 
 MB = 2**20
 
@@ -33,7 +34,7 @@ class Big(Dataset):
 
 def feed(pin: bool, prefetch: bool, pinned_source: bool = False) -> float:
     loader = DataLoader(Big(pinned_source=pinned_source), batch_size=None, pin_memory=pin, num_workers=0)
-    src = CUDAPrefetcher(loader, "cuda") if prefetch else loader
+    src = BackgroundFeed(loader, "cuda") if prefetch else loader
     acc = torch.zeros((), device="cuda", dtype=torch.int64)
     nbytes, t0 = 0, None
     for i, batch in enumerate(src):

@@ -16,6 +16,8 @@ Benchmarks:
 - ``pad-lm``: a causal LM on per-batch padded rows, without and with pad_buckets: the loss
   trajectories and real tokens/s (benchmarks/pad_lm.py)
 - ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
+- ``graph-schedules``: the whole-step graph beside eager under SGD + StepLR and AdamW + OneCycleLR,
+  both adapters: the tier, the reason and the weights after 16 steps (benchmarks/graph_schedules.py)
 - ``gpu-tests``: the GPU test suite (``pytest -m gpu``)
 
 Probes (where a step's time goes; their output explains a benchmark's figure):
@@ -36,7 +38,8 @@ import sys
 
 SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritten.py",
            "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py",
-           "noise": "benchmarks/noise_bench.py", "tiers": "benchmarks/tiers_bench.py", "pad-lm": "benchmarks/pad_lm.py"}
+           "noise": "benchmarks/noise_bench.py", "tiers": "benchmarks/tiers_bench.py", "pad-lm": "benchmarks/pad_lm.py",
+           "graph-schedules": "benchmarks/graph_schedules.py"}
 PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
           "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
           "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",

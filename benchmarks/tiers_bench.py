@@ -74,7 +74,7 @@ def _graph_record(runs: Runs) -> dict:
         tiers.append(extra.get("cuda_graph_tier"))
         rec = next((r for r in doc.get("speedups") or [] if r.get("name") == "cuda_graph"), {})
         statuses.append(rec.get("status"))
-        why = extra.get("cuda_graph_whole_step") or rec.get("reason") or rec.get("detail")
+        why = extra.get("cuda_graph_why_not_whole") or rec.get("reason") or rec.get("detail")
         if why and why not in reasons:
             reasons.append(why)
     return {"tiers": tiers, "statuses": statuses, "why_not_higher": reasons}

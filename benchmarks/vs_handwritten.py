@@ -205,15 +205,19 @@ ALL = [("gpt", 16, 50, 10), ("gpt", 32, 50, 10), ("rn50", 256, 40, 10), ("mlp", 
 """The cases of ``all``: (case, batch, steps, warm-up), as recorded in RESULTS.md."""
 
 
-def run_all(rounds: int) -> None:
-    """Every case, each side in a fresh process, the sides' order alternating by round (hand
-    first in odd rounds): a table of the ratio per case (the mean over rounds), JSON under $OUT."""
+def run_all(rounds: int, cases: str | None = None) -> None:
+    """Every case (or those of ``cases``: ``mlp,gpt:16`` names a case, or a case at one batch),
+    each side in a fresh process, the sides' order alternating by round (hand first in odd
+    rounds): a table of the ratio per case (the mean over rounds), JSON under $OUT."""
     import json
     import subprocess
     import sys
 
+    wanted = [c.strip() for c in cases.split(",")] if cases else None
     rows = []
     for case, batch, steps, warmup in ALL:
+        if wanted is not None and case not in wanted and f"{case}:{batch}" not in wanted:
+            continue
         got: dict[str, list[float]] = {"hand": [], "fastloop": []}
         for r in range(rounds):
             for side in (("hand", "fastloop") if r % 2 == 0 else ("fastloop", "hand")):
@@ -240,9 +244,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--tag", default="0")
+    p.add_argument("--cases", default=None, help="all: only these cases (mlp,gpt:16,rn50)")
     a = p.parse_args()
     if a.case == "all":
-        run_all(a.rounds)
+        run_all(a.rounds, a.cases)
         return
     if a.side is None:
         p.error("a case takes a side: hand or fastloop")

@@ -40,7 +40,7 @@ from fastloop.compare import Runs, compare, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
 MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug",
-           "resnet50_folder", "unet_paired")
+           "resnet50_folder", "unet_paired", "bert_collate", "audio_padded")
 
 
 def _prepare(module: str) -> None:

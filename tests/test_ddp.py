@@ -108,4 +108,4 @@ def test_ddp_comm_tunes_ddp_on_every_rank_and_is_skipped_on_one_device(tmp_path)
     (rec,) = json.loads(one.read_text())["speedups"]
     assert rec["status"] == "skipped" and "not a multi-rank DDP run" in rec["reason"]
     proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--speedups", "ddp_comm:0")
-    assert proc.returncode == 2 and "bucket size must be an integer" in proc.stderr
+    assert proc.returncode == 2 and "bucket_mb must be an integer" in proc.stderr

@@ -4,11 +4,14 @@ weights equal those of a run without it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from fastloop.drivers.runner import run_configuration
 from fastloop.speedups.base import REGISTRY, Speedup, register
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
 
@@ -84,7 +87,7 @@ def test_compile_with_graphs_falls_back_to_compile_without_them():
     compile_, = resolve("compile:reduce-overhead")
     err = RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
     variant = compile_.fallback_variant(err)
-    assert variant is not None and variant.spec == "compile:default" and not variant.uses_cudagraphs()
+    assert variant is not None and variant.spec == "compile" and not variant.uses_cudagraphs()
     assert resolve("compile:max-autotune")[0].fallback_variant(err).spec == "compile:max-autotune-no-cudagraphs"
     assert resolve("compile")[0].fallback_variant(err) is None  # no graphs to give up: dropped
     assert compile_.fallback_variant(RuntimeError("an Inductor lowering failed")) is None
@@ -96,10 +99,16 @@ class ExplodeMild(Explode):
     name = "explode_mild"
 
     def fallback_variant(self, err: BaseException):
+        @dataclasses.dataclass(frozen=True, kw_only=True)
+        class MildOptions(Options):
+            speedup = "explode_mild"
+            mode: str = option("full", "how it runs", choices=("full", "mild"))
+
         class Mild(Speedup):
             name = "explode_mild"
             changes = "model"
             order = 99
+            options_type = MildOptions
         return Mild(mode="mild")
 
 

@@ -37,8 +37,8 @@ def test_without_the_package_it_says_not_installed(name, package, monkeypatch):
 
 
 def test_fp8_options_are_checked():
-    assert resolve("fp8:rowwise")[0].options["mode"] == "rowwise"
-    with pytest.raises(FastloopError, match="unknown fp8 recipe 'fast'; accepted: tensorwise, rowwise"):
+    assert resolve("fp8:rowwise")[0].opts.recipe == "rowwise"
+    with pytest.raises(FastloopError, match="fp8: recipe must be one of tensorwise, rowwise, got 'fast'"):
         resolve("fp8:fast")
 
 

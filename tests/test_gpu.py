@@ -102,16 +102,18 @@ def test_fp16_overflow_steps_skipped_and_counted():
 def test_h2d_prefetch_moves_nested_batches():
     from dataclasses import dataclass
 
-    from fastloop.data import CUDAPrefetcher
+    from fastloop.feed import BackgroundFeed
 
     @dataclass
     class B:
         x: torch.Tensor
         meta: dict
 
-    batches = [B(torch.full((4,), float(i)).pin_memory(), {"y": (torch.tensor([i]).pin_memory(),)}) for i in range(5)]
-    out = list(CUDAPrefetcher(batches, "cuda"))
-    assert [int(b.x[0].item()) for b in out] == list(range(5))
+    batches = [B(torch.full((4,), float(i)).pin_memory(), {"y": (torch.tensor([i]),)}) for i in range(5)]  # y pageable
+    feed = BackgroundFeed(batches, "cuda")
+    out = list(feed)
+    assert feed.mode == "background thread"
+    assert [int(b.x[0].item()) for b in out] == list(range(5)) and [int(b.meta["y"][0]) for b in out] == list(range(5))
     assert all(b.x.is_cuda and b.meta["y"][0].is_cuda for b in out)
 
 

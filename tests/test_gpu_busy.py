@@ -147,3 +147,26 @@ def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_t
     assert d2["bottleneck"] == "launch-bound" and "the optimizer is LBFGS" in d2["recommendation"], d2
     # whole, below 10%: neither launch-bound nor data-bound
     assert diagnose({**cfg, "data_wait_frac": 0.05})["bottleneck"] not in ("launch-bound", "data-bound")
+
+
+def test_the_advice_of_a_custom_collate_run_never_names_what_the_same_run_refused():
+    """Issue 64's held-out run: in-memory token rows padded by a custom collate_fn, the pick
+    pad_buckets,tf32,bf16,fused_optimizer,cuda_graph waiting 19% for data with a prog_bar value
+    read every step. The report said "Next: gpu_resident" while its own records said gpu_resident
+    skipped (custom collate_fn); now the advice is the background feed and the sync."""
+    from fastloop.drivers.doctor import diagnose
+
+    applied = ["pad_buckets", "tf32", "bf16", "fused_optimizer", "cuda_graph"]
+    cfg = {"data_wait_frac": 0.19, "step_s": {"median": 0.0081, "mean": 0.0081}, "items_per_step": 64,
+           "peak_mem_bytes": 2**30, "host_fetch_s": 0.00129,
+           "speedups": [{"name": n, "status": "applied", "reason": ""} for n in applied]
+           + [{"name": "gpu_resident", "status": "skipped", "reason": "the loader has a custom collate_fn"},
+              {"name": "workers", "status": "skipped", "reason": "worker processes deliver less than the main process"}],
+           "extra": {"dataset": {"in_memory_tensors": True, "bytes": 5 * 2**20, "type": "Rows"},
+                     "cuda_graph_tier": "whole step", "prog_bar_keys": ["train_loss"]}}
+    d = diagnose(cfg)
+    names = [n for n, _ in d["advice"]]
+    assert d["bottleneck"] == "data-bound" and "gpu_resident" not in names and "workers" not in names, d
+    assert "prefetch" in names and "background thread" in d["recommendation"], d
+    assert "train_loss without prog_bar=True" in d["recommendation"], d
+    assert "gpu_resident" not in d["recommendation"] and "workers (" not in d["recommendation"]

@@ -4,6 +4,8 @@ augmentations match torchvision's per-sample transforms."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -365,3 +367,94 @@ def test_a_concatenation_of_in_memory_datasets_is_read_once_and_one_random_part_
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(NotResident, match="gave different values when read again"):
         make_resident(loader(ConcatDataset([InMemory(n=12), RarelyFlipped()])), CPU)
+
+
+def _batches_equal(a, b) -> bool:
+    from fastloop.speedups.resident_pad import first_difference
+
+    return len(a) == len(b) and all(first_difference(x, y) is None for x, y in zip(a, b))
+
+
+def _two_epochs(loader) -> list:
+    torch.manual_seed(11)
+    return [b for _ in range(2) for b in loader]
+
+
+@pytest.mark.parametrize("collate", ["pad_collate", "left_pad_lm_collate"])
+def test_a_padding_collate_is_served_from_padded_samples_with_the_collates_own_batches(collate):
+    """Issue 64: in-memory token rows with a collate that pads to the batch's longest row (right,
+    or left with -100 labels): gpu_resident stores the samples padded and cuts every batch as the
+    collate builds it; two epochs of shuffled batches equal the loader's, key by key, dtype by dtype."""
+    from fastloop.speedups.resident_pad import PaddedResidentLoader
+    from tests import targets
+
+    def make():
+        return DataLoader(targets.TextRows(n=60, causal=collate != "pad_collate"), batch_size=8, shuffle=True,
+                          collate_fn=getattr(targets, collate))
+
+    resident = make_resident(make(), torch.device("cpu"))
+    assert isinstance(resident, PaddedResidentLoader)
+    assert _batches_equal(_two_epochs(make()), _two_epochs(resident))
+    assert GPUResident().why_not_data(make()) is None
+
+
+def _sorted_collate(samples):
+    """Sorts the batch by length (not the samples' own order): not a padding gpu_resident reproduces."""
+    from tests.targets import pad_collate
+
+    return pad_collate(sorted(samples, key=lambda s: len(s["input_ids"])))
+
+
+def _multiple_of_8(samples):
+    """Pads to a multiple of 8 (Hugging Face's pad_to_multiple_of=8): a sample alone is padded so too,
+    so the cut batches are the collate's (learnt by example, not parsed)."""
+    from tests.targets import pad_collate
+
+    b = pad_collate(samples)
+    extra = -b["input_ids"].shape[1] % 8
+    return {k: torch.nn.functional.pad(v, (0, extra)) if v.dim() == 2 else v for k, v in b.items()}
+
+
+def _weighted(samples):
+    """A weight per row that depends on the whole batch (its share of the batch's tokens)."""
+    from tests.targets import pad_collate
+
+    b = pad_collate(samples)
+    n = b["attention_mask"].sum(1).float()
+    return {**b, "weight": n / n.sum()}
+
+
+def test_a_collate_that_pads_to_a_multiple_is_reproduced_too():
+    from tests.targets import TextRows
+
+    make = lambda: DataLoader(TextRows(n=60), batch_size=8, shuffle=True, collate_fn=_multiple_of_8)  # noqa: E731
+    assert GPUResident().why_not_data(make()) is None
+    assert _batches_equal(_two_epochs(make()), _two_epochs(make_resident(make(), torch.device("cpu"))))
+
+
+@pytest.mark.parametrize("collate, words", [
+    (_sorted_collate, "batch 0, batch['input_ids']: different values"),
+    (_weighted, "batch 0, batch['weight']: different values"),
+])
+def test_a_collate_it_does_not_reproduce_is_refused_with_the_first_difference_before_the_run(collate, words):
+    from tests.targets import TextRows
+
+    loader = DataLoader(TextRows(n=60), batch_size=8, collate_fn=collate)
+    why = GPUResident().why_not_data(loader)
+    assert why is not None and words in why and "(collate_fn vs cut from the padded samples)" in why, why
+    with pytest.raises(NotResident, match=re.escape(words)):
+        make_resident(loader, torch.device("cpu"))
+
+
+def test_a_custom_collate_over_samples_that_are_not_fixed_keeps_the_refusal_before_the_run():
+    from tests.targets import pad_collate
+
+    class Drawn(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.randint(1, 50, (5 + i % 7,)), "label": i % 2}
+
+    why = GPUResident().why_not_data(DataLoader(Drawn(), batch_size=4, collate_fn=pad_collate))
+    assert why is not None and why.startswith("the loader has a custom collate_fn and the dataset (Drawn) holds no"), why

@@ -433,9 +433,10 @@ def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster
 
 def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
     """GPT on the H200 (round 9): the loader took 1.5 ms of host time a batch (4.9% of the
-    compiled step), the copy to the device a small part of it, and the GPU waited 0.2%. prefetch
-    (which hides only the copy) then ran 11 runs to learn ~1.00x. Workers can give back the
-    loader's time and are measured; pin_memory and prefetch only the copy's, and are not."""
+    compiled step), the copy to the device a small part of it, and the GPU waited 0.2%. The copy
+    speedup then ran 11 runs to learn ~1.00x. Workers and prefetch (whose thread builds the next
+    batches off the step's path, issue 64) can give back the loader's time and are measured;
+    pin_memory only the copy's, and is not."""
     from fastloop.speedups.pin_memory import PinMemory
     from fastloop.speedups.prefetch import Prefetch
 
@@ -452,8 +453,9 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
     doc = run_ladder("demo", ["bf16", "fused_optimizer", "workers", "pin_memory", "prefetch"], measure=measure,
                      device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
-    assert by["+workers"]["rung_status"] == "applied" and by["+workers"]["speedup_vs_prev"] is not None
-    for name in ("+pin_memory", "+prefetch"):
+    for name in ("+workers", "+prefetch"):
+        assert by[name]["rung_status"] == "applied" and by[name]["speedup_vs_prev"] is not None, by[name]
+    for name in ("+pin_memory",):
         r = by[name]
         assert r["rung_status"] == "skipped" and "copying batches to the device" in r["rung_reason"], r
         assert "0.3% of its step's host time" in r["rung_reason"] and "a faster copy could gain at most" in r["rung_reason"]
@@ -463,8 +465,8 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
         doc.update(host_wait_frac=0.049)
         return doc
 
-    doc = run_ladder("demo", ["bf16", "prefetch"], measure=whole, device="cpu", mode="sequential")
-    assert next(r for r in doc["rungs"] if r["rung"] == "+prefetch")["rung_status"] == "applied"
+    doc = run_ladder("demo", ["bf16", "pin_memory"], measure=whole, device="cpu", mode="sequential")
+    assert next(r for r in doc["rungs"] if r["rung"] == "+pin_memory")["rung_status"] == "applied"
 
 
 def test_the_report_lists_what_the_selected_sets_speedups_changed_not_a_dropped_rungs():

@@ -86,7 +86,7 @@ def test_buckets_bound_the_number_of_distinct_shapes():
 
 
 def test_the_option_is_checked_where_it_is_parsed():
-    with pytest.raises(FastloopError, match="pad_buckets:abc"):
+    with pytest.raises(FastloopError, match="pad_buckets: multiple must be an integer from 1 to 65,536 or none, got 'abc'"):
         resolve("pad_buckets:abc")
     with pytest.raises(FastloopError, match="max_buckets"):
         PadOptions(max_buckets=0)
@@ -172,10 +172,36 @@ def test_the_plain_loop_also_keeps_one_graph_per_bucket():
 
 def test_the_padding_applies_before_the_feed_wraps_the_loader():
     """H100 round 21: in the ladder's feed bundle, prefetch had wrapped the loader in a
-    CUDAPrefetcher before pad_buckets came to it, and the padding skipped itself there. It now
+    prefetcher before pad_buckets came to it, and the padding skipped itself there. It now
     applies before pin_memory and prefetch (and after workers, whose rebuilt loader it keeps)."""
     names = [s.name for s in resolve("prefetch,pin_memory,pad_buckets,workers")]
     assert names.index("pad_buckets") < names.index("pin_memory") < names.index("prefetch")
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_workers_then_pad_buckets_keeps_the_workers_loader_and_its_batches():
+    """Issue 64: a loader rebuilt by a later speedup keeps the class and options of the one it
+    replaces: workers' PersistentWorkersLoader (its RNG parity) survives pad_buckets, with the same
+    batches as pad_buckets alone and the workers it was given."""
+    from fastloop.loop import FastLoop
+    from fastloop.speedups.workers import PersistentWorkersLoader
+    from tests.targets import masked_text
+
+    def batches(spec):
+        module, loader = masked_text(batch_size=4)
+        loop = FastLoop(module, module.configure_optimizers()["optimizer"], loader, device="cpu", speedups=spec,
+                        step_fn=lambda m, b: m.training_step(b, 0)["loss"])
+        torch.manual_seed(3)
+        out = [b for _, b in zip(range(8), loop.loader)]
+        return loop.loader, out
+
+    workers_loader, with_workers = batches("workers:2,pad_buckets")
+    _, alone = batches("pad_buckets")
+    assert type(workers_loader) is PersistentWorkersLoader and workers_loader.num_workers == 2
+    assert workers_loader.persistent_workers and "PaddedCollate" in type(workers_loader.collate_fn).__name__
+    assert len(with_workers) == len(alone) == 8
+    for a, b in zip(with_workers, alone):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_check_compares_the_models_outputs_on_the_real_positions_and_says_so():

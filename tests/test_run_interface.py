@@ -4,6 +4,7 @@ leaves nothing changed."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -17,6 +18,7 @@ from fastloop.lightning import SpeedupCallback
 from fastloop.speedups import REGISTRY, resolve
 from fastloop.speedups.base import Context, Skip, Speedup
 from fastloop.speedups.base import apply_all
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
 CPU = torch.device("cpu")
@@ -109,10 +111,19 @@ def test_the_same_speedup_works_under_lightning_and_is_put_back_after_fit():
     assert trainer.strategy.batch_to_device == original  # the patch is gone after fit
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModeOptions(Options):
+    """The test speedups' one option."""
+
+    speedup = "test"
+    mode: str | None = option(None, "how the test speedup behaves")
+
+
 class Breaks(Speedup):
     """Test-only: changes the model, then fails (with Skip or an error, by option)."""
 
     name, changes, order = "test_breaks", "model", 99
+    options_type = ModeOptions
 
     def apply(self, run: Run) -> None:
         def change(model):
@@ -120,7 +131,7 @@ class Breaks(Speedup):
             run.ctx.undo.append(lambda: delattr(model, "flag"))
             return model
         run.change_model(change)
-        if self.options.get("mode") == "skip":
+        if self.opts.mode == "skip":
             raise Skip("this model has no such layer")
         raise RuntimeError("the kernel is missing\nsecond line")
 
@@ -150,6 +161,7 @@ class Switch(Speedup):
     ``then-skip`` it cannot apply after asking for it."""
 
     name, changes, order = "test_switch", "step", 99
+    options_type = ModeOptions
     on: list[bool] = []
 
     def apply(self, run: Run) -> None:
@@ -163,7 +175,7 @@ class Switch(Speedup):
             finally:
                 Switch.on.pop()
         run.hold(switch)
-        if self.options.get("mode") == "then-skip":
+        if self.opts.mode == "then-skip":
             raise Skip("not on this model")
 
 

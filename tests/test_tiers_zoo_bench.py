@@ -26,7 +26,7 @@ def _load(name: str):
 def _doc(step_s: float, tier: str | None = None, why: str | None = None) -> dict:
     extra = {"cuda_graph_tier": tier} if tier else {}
     if why:
-        extra["cuda_graph_whole_step"] = why
+        extra["cuda_graph_why_not_whole"] = why
     recs = [{"name": "cuda_graph", "status": "applied", "detail": f"{tier} (whole step: {why})"}] if tier else []
     return {"step_s_all": [step_s * (1 + 0.01 * i) for i in range(20)], "items_per_step": 256,
             "throughput": {"value": 256 / step_s, "unit": "samples/s"}, "extra": extra, "speedups": recs}

@@ -22,9 +22,9 @@ VOCAB, MAX_LEN, PAD_ID = 8192, 128, 0
 class Rows(Dataset):
     """Token rows of 16-128 tokens and a 4-way label each."""
 
-    def __init__(self, n: int, seed: int = 0) -> None:
+    def __init__(self, n: int, seed: int = 0, shortest: int = 16) -> None:
         g = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(16, MAX_LEN + 1, (n,), generator=g).tolist()
+        lengths = torch.randint(shortest, MAX_LEN + 1, (n,), generator=g).tolist()
         self.rows = [torch.randint(1, VOCAB, (k,), generator=g) for k in lengths]
         self.labels = [int(r[0]) % 4 for r in self.rows]
 

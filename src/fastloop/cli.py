@@ -53,6 +53,10 @@ _seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6
 _measure_seconds = _number(float, 0, 1e6, "--measure-s must be seconds, a number in (0, 1e6)", low_open=True)
 
 
+SPEEDUPS_HELP = ("comma-separated speedups, each with its options after a colon (workers:8, "
+                 "compile:max-autotune:shapes=static), or none; `fastloop speedups` lists every speedup and option")
+
+
 def _common(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     sp.add_argument("--json", metavar="FILE", help="write the JSON document here")
@@ -82,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="measure one configuration")
     sp.add_argument("target")
-    sp.add_argument("--speedups", default="none", help="comma-separated speedup names, or none")
+    sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
     sp.add_argument("--no-scaling", action="store_true",
                     help="with --devices N: skip the 1-device run that scaling efficiency is measured against")
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
@@ -97,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     _ranks(sp)
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
-    sp.add_argument("--rungs", default=None, help="comma-separated speedups (default: all that apply here)")
+    sp.add_argument("--rungs", default=None, help=SPEEDUPS_HELP.replace(", or none", "") + " (default: all that apply here)")
     sp.add_argument("--max-repeats", type=_number(int, 3, 100, "--max-repeats must be an integer from 3 to 100"),
                     default=6,
                     help="most runs a side per comparison (3 first; more only while the answer is unclear)")
@@ -120,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     _ranks(sp)
     sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
     sp.add_argument("target")
-    sp.add_argument("--a", required=True)
-    sp.add_argument("--b", required=True)
+    sp.add_argument("--a", required=True, help="configuration A: " + SPEEDUPS_HELP)
+    sp.add_argument("--b", required=True, help="configuration B (a ratio > 1 means B is faster): " + SPEEDUPS_HELP)
     sp.add_argument("--repeats", type=_positive("--repeats", most=1000), default=5,
                     help="runs a side, interleaved (fewer than 3: too few runs to tell)")
     sp.add_argument("--measure-s", type=_measure_seconds, default=None,
@@ -132,11 +136,13 @@ def _parser() -> argparse.ArgumentParser:
     _ranks(sp)
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
     sp.add_argument("target")
-    sp.add_argument("--speedups", default="none")
+    sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
     sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
     sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
     sp.add_argument("--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size")
     _common(sp)
+    sp = sub.add_parser("speedups", help="every speedup and its options (what each accepts, its default, its doc)")
+    sp.add_argument("names", nargs="*", help="only these speedups")
     sp = sub.add_parser("doctor", help="machine ceilings; with a target, its bottleneck")
     sp.add_argument("target", nargs="?")
     sp.add_argument("--quick", action="store_true", help="smaller problems (faster, less exact)")
@@ -266,6 +272,19 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _list_speedups(names: list[str]) -> int:
+    """``fastloop speedups [NAME ...]``: each speedup's line and options, from their one definition."""
+    from fastloop.speedups import REGISTRY, speedup_names
+    from fastloop.speedups.catalog import options_text
+
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        sys.stderr.write(f"fastloop: error: unknown speedup {unknown[0]!r}; valid names: {', '.join(speedup_names())}\n")
+        return 2
+    print(options_text(names or None))
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     if argv is None and threading.current_thread() is threading.main_thread():
         arm_interrupt_deadline()
@@ -277,6 +296,8 @@ def _main(argv: list[str] | None = None) -> int:
         sys.stderr.write("fastloop: interrupted\n")
         return 130
     doc: dict | None = None
+    if args.cmd == "speedups":
+        return _list_speedups(args.names)
     try:
         _check_target(args)
         _check_outputs(args)

@@ -16,7 +16,7 @@ cannot have it. This module does not import torch.
 Example:
     >>> cuda_queues_note({"CUDA_DEVICE_MAX_CONNECTIONS": "32"}) is None
     True
-    >>> cuda_queues_note({}).split(":")[0]
+    >>> cuda_queues_note({}).partition(":")[0]
     "CUDA_DEVICE_MAX_CONNECTIONS is not set (CUDA's default"
     >>> ensure_cuda_queues({"CUDA_DEVICE_MAX_CONNECTIONS": "8"})   # the user's own choice stays
     'kept'

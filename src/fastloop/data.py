@@ -1,5 +1,5 @@
 """Batch plumbing shared by the data-pipeline speedups: move any nested batch, rebuild a
-DataLoader with new settings, and prefetch to the GPU on a side stream.
+DataLoader with new settings (the background feed is :mod:`fastloop.feed`).
 
 Example:
     >>> import torch
@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
 
-__all__ = ["WHOLE_BATCHES", "CUDAPrefetcher", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
+__all__ = ["WHOLE_BATCHES", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
            "tensor_dataset_parts", "to_channels_last", "to_device", "yields_whole_batches"]
 
 
@@ -314,7 +314,8 @@ def yields_whole_batches(loader: DataLoader) -> bool:
 def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
     """A new DataLoader over the same dataset, sampler and collate function, with ``overrides``.
 
-    ``loader_cls`` (an override) builds a subclass of DataLoader instead. Raises TypeError if
+    The rebuilt loader is of ``loader``'s class where that class takes DataLoader's arguments
+    (:func:`_rebuildable_class`); ``loader_cls`` (an override) builds another. Raises TypeError if
     ``loader`` is not a ``torch.utils.data.DataLoader``.
     """
     if not isinstance(loader, DataLoader):
@@ -352,49 +353,13 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         kw.pop("in_order")
     if kw.get("pin_memory_device") in ("", None):
         kw.pop("pin_memory_device", None)
-    cls = kw.pop("loader_cls", DataLoader)
+    cls = kw.pop("loader_cls", None) or _rebuildable_class(loader)
     return cls(loader.dataset, **kw)
 
 
-class CUDAPrefetcher:
-    """Iterate ``loader`` with the next batch already on its way to the GPU.
-
-    Batch ``i+1`` is copied on a side stream (``non_blocking``) while step ``i`` runs; before a
-    batch is handed out the compute stream waits for its copy, and every tensor is marked with
-    ``record_stream`` so the caching allocator does not reuse its memory while the compute
-    stream still reads it. Copies only overlap compute when the host tensors are pinned.
-    """
-
-    def __init__(self, loader: Iterable, device: torch.device | str = "cuda") -> None:
-        self.loader = loader
-        self.device = torch.device(device)
-        if self.device.type != "cuda":
-            raise ValueError("CUDAPrefetcher needs a CUDA device")
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    def __getattr__(self, attr: str) -> Any:  # batch_size, dataset, sampler... of the loader
-        if attr in ("loader",):  # not set yet (unpickling): no recursion
-            raise AttributeError(attr)
-        return getattr(self.loader, attr)
-
-    def __iter__(self) -> Iterator[Any]:
-        stream = torch.cuda.Stream(device=self.device)
-        it = iter(self.loader)
-
-        def load() -> Any:
-            try:
-                host = next(it)
-            except StopIteration:
-                return StopIteration
-            with torch.cuda.stream(stream):
-                return to_device(host, self.device, non_blocking=True)
-
-        nxt = load()
-        while nxt is not StopIteration:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(stream)
-            batch = map_tensors(lambda t: (t.record_stream(current), t)[1], nxt)
-            nxt = load()
-            yield batch
+def _rebuildable_class(loader: DataLoader) -> type[DataLoader]:
+    """The class a rebuilt loader keeps: the loader's own where it takes DataLoader's arguments
+    (a subclass that does not override ``__init__``, such as ``workers``' loader, which keeps
+    the RNG stream of a loader without workers), else DataLoader."""
+    cls = type(loader)
+    return cls if cls.__init__ is DataLoader.__init__ else DataLoader

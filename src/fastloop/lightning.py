@@ -17,14 +17,10 @@ from fastloop._compat import Callback, Trainer
 from fastloop.adapters.lightning import BatchSizeSearch, SpeedupCallback
 from fastloop.speedups.base import Record, RunInputs, Speedup, resolve, valid_step_rate
 
-__all__ = ["BatchSizeSearch", "SpeedupCallback", "callback_for", "callbacks", "records_of"]
+__all__ = ["BatchSizeSearch", "SpeedupCallback", "callbacks", "records_of"]
 
 
-def callback_for(speedup: Speedup) -> SpeedupCallback:
-    return SpeedupCallback(speedup)
-
-
-def callbacks(spec: str | list[str] | None, *, step_rate: float | None = None) -> list[Callback]:
+def callbacks(spec: str | list[str | Speedup] | None, *, step_rate: float | None = None) -> list[Callback]:
     """One callback per speedup in ``spec`` (validated: unknown names raise FastloopError).
     ``None``, ``"none"``, ``""`` and ``[]`` mean the baseline (no callbacks), as in
     :func:`~fastloop.speedups.base.resolve` and ``FastLoop(speedups=None)``.
@@ -35,14 +31,14 @@ def callbacks(spec: str | list[str] | None, *, step_rate: float | None = None) -
     waiting for data, if you measured it (``workers`` then sizes the loader to the step's demand).
     """
     if spec is not None and not isinstance(spec, (str, list, tuple)):
-        raise TypeError(f"callbacks() takes a comma-separated string, a list of speedup names or None, "
+        raise TypeError(f"callbacks() takes a comma-separated string, a list of speedup names or objects, or None, "
                         f"got {type(spec).__name__}")
     chosen = resolve(spec)
     if step_rate is not None and not valid_step_rate(step_rate):
         raise ValueError(f"step_rate must be steps per second, a number > 0, got {step_rate!r}")
     in_training = [s for s in chosen if not s.prepares_run]
     inputs = RunInputs(step_rate=step_rate)
-    return [BatchSizeSearch(speedups=[o.spec for o in in_training] or None) if s.prepares_run
+    return [BatchSizeSearch(speedups=in_training or None) if s.prepares_run
             else SpeedupCallback(s, inputs=inputs) for s in chosen]
 
 

@@ -26,8 +26,7 @@ from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
-from fastloop.speedups.compile import compile_fell_back, graphs_so_far
-from fastloop.speedups.cuda_graph import TIERS
+from fastloop.speedups.compile import check_compiled, compiles, graphs_so_far
 from fastloop.speedups.precision import held_on_skipped_steps
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]
@@ -134,8 +133,7 @@ class SpeedupCallback(Callback):
         if stage != "fit":
             return
         s = self.speedup
-        compiles = s.compile_mode() is not None or s.uses_cudagraphs()
-        self._graphs_before = graphs_so_far() if compiles else None  # Dynamo's import costs ~1 s
+        self._graphs_before = graphs_so_far() if compiles(s) else None  # Dynamo's import costs ~1 s
         self.ctx = ctx = Context(trainer.strategy.root_device, inputs=self._shared_inputs(trainer))
         if trainer.world_size > 1:
             ctx.ddp_kwargs = ddp_kwargs(trainer.strategy)
@@ -188,37 +186,13 @@ class SpeedupCallback(Callback):
             self._skipped = skipped if self._skipped is None else self._skipped + skipped
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._check_compiled(pl_module)
         graph = self.run.graph if self.run is not None else None
-        if graph is not None and self.ctx is not None and graph.failed is None:
-            if graph.graph is None:  # the fit ended before the capture: nothing was graphed
-                self._fail("skipped", f"the fit ended after {graph.steps} steps, before the whole step was "
-                                      f"captured (after {graph.warmup} warm-up steps)")
-            else:
-                self.ctx.describe(self.speedup.name, graph.detail())
-                if graph.graphs.capture_s is not None:
-                    self.ctx.stats[f"{self.speedup.name}_capture_s"] = round(graph.graphs.capture_s, 3)
-                self.ctx.stats[f"{self.speedup.name}_shapes"] = graph.shapes_captured()
+        if graph is not None and self.ctx is not None:
+            graph.engine.finish(self.ctx, self.speedup.name)
+        if self.ctx is not None:
+            check_compiled(self.ctx, [self.speedup], self._graphs_before)
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
-
-    def _check_compiled(self, pl_module: LightningModule) -> None:
-        """A compile that compiled nothing (every frame fell back to eager) is not ``applied``:
-        ``fallback`` with torch's first graph-break reason. cuda_graph's tier is named."""
-        ctx, name, run = self.ctx, self.speedup.name, self.run
-        if ctx is None or run is None or not ctx.applied(name):
-            return
-        why = compile_fell_back(self._graphs_before, compile_mode=self.speedup.compile_mode(),
-                                graphed_by_compile=run.tier == TIERS[1])
-        if why:
-            run.tier = "eager" if run.tier else None
-            self._fail("fallback", why)
-            return
-        if run.tier is not None:
-            ctx.stats[f"{name}_tier"] = run.tier
-            if run.tier_why:
-                ctx.stats[f"{name}_why_not_whole"] = run.tier_why  # the doctor's advice reads it
-                ctx.describe(name, f"{run.tier} (whole step: {run.tier_why})")
 
     def _undo(self) -> list:
         """Where every change to the user's objects registers how to put it back (run at teardown)."""
@@ -230,7 +204,10 @@ class SpeedupCallback(Callback):
             while self.ctx.undo:
                 self.ctx.undo.pop()()
         if self.run is not None:
-            for loader in self.run.loaders:  # a rebuilt loader's persistent workers end with the fit
+            for loader in self.run.loaders:  # a rebuilt loader's persistent workers (a feed's thread) end with the fit
+                close = getattr(loader, "close", None)
+                if callable(close) and not isinstance(loader, torch.utils.data.DataLoader):
+                    close()
                 shutdown_workers(loader)
             self.run.loaders.clear()
 

@@ -11,7 +11,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop.data import rebuild_loader
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Record, resolve
+from fastloop.speedups.base import Record, Speedup, resolve
 from fastloop.speedups.batch_size import BatchSize, search_batch_size
 
 __all__ = ["BatchSizeSearch"]
@@ -34,16 +34,16 @@ class BatchSizeSearch(Callback):
     """
 
     def __init__(self, objective: str = "throughput", margin: float = 0.9, max_size: int = 4096,
-                 speedups: str | list | None = None) -> None:
+                 speedups: str | list[str | Speedup] | None = None) -> None:
         if objective not in ("max", "throughput"):
             raise ValueError(f"objective must be 'max' or 'throughput', got {objective!r}")
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
             raise ValueError(f"margin must be a number in (0, 1], got {margin!r}")
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be an integer >= 1, got {max_size!r}")
-        if speedups is not None:
-            resolve(speedups)  # unknown names fail here, not at fit
-        self.objective, self.margin, self.max_size, self.speedups = objective, margin, max_size, speedups
+        self.speedups: list[Speedup] | None = resolve(speedups) if speedups is not None else None
+        """The speedups as objects (unknown names fail here, not at fit)."""
+        self.objective, self.margin, self.max_size = objective, margin, max_size
         self.result: dict | None = None
         self._record = Record(BatchSize.name, "skipped", "the Trainer never started fit")
 

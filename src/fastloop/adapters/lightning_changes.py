@@ -10,7 +10,7 @@ import torch
 
 from fastloop._compat import Trainer
 
-__all__ = ["compilable_children", "cycled_hyperparameters", "describe_children", "patch_attr", "trainer_precision_conflict"]
+__all__ = ["compilable_children", "describe_children", "patch_attr", "trainer_precision_conflict"]
 
 
 _ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
@@ -100,22 +100,3 @@ def describe_children(children: list[tuple[str, torch.nn.Module]]) -> str:
         label = f"{parent}.{names[0]}-{names[-1]}" if len(names) > 1 else (f"{parent}.{names[0]}" if parent else names[0])
         out.append(f"{label} ({kind})")
     return ", ".join(out)
-
-
-CYCLING = {"OneCycleLR": ("cycle_momentum", "momentum"), "CyclicLR": ("cycle_momentum", "momentum")}
-"""Schedulers that change a hyperparameter besides lr every step when their flag is on."""
-
-
-def cycled_hyperparameters(trainer: Trainer) -> str | None:
-    """Why the whole step cannot be replayed because a scheduler cycles a hyperparameter the
-    graph would bake in (OneCycleLR cycles SGD's momentum or Adam's beta1 by default), known
-    before the first step; None when no scheduler does."""
-    for config in getattr(trainer, "lr_scheduler_configs", []) or []:
-        sched = config.scheduler
-        flag = CYCLING.get(type(sched).__name__)
-        if flag and getattr(sched, flag[0], False):
-            opt = getattr(sched, "optimizer", None)
-            what = "betas" if opt is not None and "betas" in opt.defaults else "momentum"
-            return (f"{type(sched).__name__} cycles {type(opt).__name__ if opt is not None else 'the optimizer'}'s "
-                    f"{what} every step ({flag[0]}=True), which a graph would bake in")
-    return None

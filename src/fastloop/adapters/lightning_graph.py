@@ -1,23 +1,21 @@
 """The whole Lightning training step as one CUDA graph: forward, backward and optimizer step.
 
 Lightning runs ``optimizer_step`` with a closure that calls ``training_step`` and ``backward``.
-After warm-up, :class:`WholeStepGraph` captures one call of that hook (all of it: the
-training step, the backward, gradient clipping and the optimizer's update) into a CUDA graph
-and from then on replays it: each step's batch is copied into the graph's static input
-buffers, the graph is replayed, and Lightning gets the step's loss and the values the training
-step logged as if the closure had run. The host work of the step (Lightning's hooks, autograd,
-the optimizer's Python) is paid once, at capture, instead of every step.
+:class:`WholeStepGraph` is Lightning's driver of the captured-step engine
+(:class:`fastloop.speedups.captured_step.CapturedStep`, the same for the plain loop: its warm-up,
+its optimizer preparation, its checks and guards): it hands the engine the batch after the
+strategy's ``batch_to_device`` and one call of that hook (all of it: the training step, the
+backward, gradient clipping and the optimizer's update); after a replay Lightning gets the step's
+loss and the values the training step logged as if the closure had run. The host work of the step
+(Lightning's hooks, autograd, the optimizer's Python) is paid once, at capture, instead of every
+step.
 
-What a graph cannot replay is checked before capture, and the step then stays eager with the
-reason recorded: host syncs in the step (``.item()``, printing a tensor), a value logged from
-``training_step`` that is not a tensor (it would freeze), a step counter or the batch index read
-by ``training_step`` (an annealed weight would freeze), hooks of the module or of a callback
-that run inside the step (they would run once), manual optimization, gradient accumulation,
-fp16's GradScaler, more than one process. A batch of another shape (a bucket of ``pad_buckets``)
-gets its own graph, up to ``MAX_GRAPHS``, all in one memory pool: its first step runs eagerly
-(compile's code for the shape), its second is captured; past that it runs eagerly; a scheduler that changes a hyperparameter the graph baked in (momentum, betas) ends
-the replays. Python side effects of ``training_step`` other than ``self.log`` (a counter, a
-print) run once, at capture.
+What only Lightning has is checked here (:func:`whole_step_blocker`, before the first step):
+a step counter or the batch index read by ``training_step`` (an annealed weight would freeze),
+hooks of the module or of a callback that run inside the step (they would run once), manual
+optimization, gradient accumulation, fp16's GradScaler, more than one process; and at capture, a
+value logged from ``training_step`` that is not a tensor (it would freeze). Python side effects of
+``training_step`` other than ``self.log`` (a counter, a print) run once, at capture.
 
 Example (needs a GPU):
     ``Trainer(callbacks=fastloop.lightning.callbacks("bf16,compile,cuda_graph"))``
@@ -25,17 +23,14 @@ Example (needs a GPU):
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
-from fastloop.data import map_tensors
 from fastloop.adapters.step_source import step_reads_counters
-from fastloop.errors import GraphIneligible
-from fastloop.speedups.graph_capture import StepGraphs, copy_into, make_capturable, sync_lr
+from fastloop.speedups.captured_step import CapturedStep, Entry
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 
@@ -96,60 +91,30 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     return None
 
 
-def _hyperparameters(optimizer: Any) -> list[dict]:
-    """What the graph baked in: every number of every param group but a tensor lr (of the
-    torch optimizer inside Lightning's LightningOptimizer)."""
-    opt = getattr(optimizer, "optimizer", optimizer)
-    return [{k: v for k, v in g.items() if k != "params" and not torch.is_tensor(v)} for g in opt.param_groups]
-
-
-
-
 class WholeStepGraph:
-    """Capture and replay Lightning's optimizer step (see the module's docstring).
+    """Lightning's driver of the captured-step engine (see the module's docstring).
 
-    Installed by the ``cuda_graph`` callback: it patches the strategy's ``batch_to_device``
-    (static input buffers), the module's ``optimizer_step`` (capture, then replay) and, during
-    the capture only, the module's ``log`` (the logged values are re-logged after every
-    replay). ``on_fit_start`` prepares the optimizer (fused or capturable, lr as a tensor).
+    Installed by the ``cuda_graph`` callback: it patches the strategy's ``batch_to_device`` (the
+    batch the engine chose: the graph's static buffers from the capture on), the module's
+    ``optimizer_step`` (the engine's route for the step) and, during a capture only, the module's
+    ``log`` (the logged values are re-logged after every replay). :meth:`prepare` readies the
+    optimizer when the fit starts.
 
     Args:
         trainer, pl_module: the fit.
         patch: ``patch(obj, attr, value)`` installs a patch that teardown removes.
-        warmup: eager steps before the capture; the last one runs on a side stream and is
-            watched for host syncs.
-        on_fallback: called with the reason when the step must stay eager.
+        on_fallback: called with the reason when the step stops being replayed whole.
     """
 
-    def __init__(self, trainer: Trainer, pl_module: LightningModule, patch: Any, warmup: int = 3,
-                 on_fallback: Any = None) -> None:
+    def __init__(self, trainer: Trainer, pl_module: LightningModule, patch: Any, on_fallback: Any = None) -> None:
         self.trainer, self.module = trainer, pl_module
-        self.warmup = max(2, warmup)
-        self.on_fallback = on_fallback
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.failed: str | None = None
-        self.steps = 0
-        self.replays = 0
-        self.eager_after_capture = 0
-        self.graphs = StepGraphs()
-        """The capture core: each captured batch shape's (graph, static batch, closure result, logs,
-        baked hyperparameters), one memory pool, which shape replays, is captured or stays eager."""
-        self._static: Any = None
-        self._shape_key: tuple | None = None
-        self._result: Any = None
-        self._logs: list[tuple[str, Any, tuple, dict, Any]] = []
-        self._lr_pairs: list = []
-        self._baked: list[dict] | None = None
-        self._sync_checks = 2
-        self._clean = False
-        self._warm_key: tuple | None = None
-        self._use_static = False
-        self._capturing = False
+        self.engine = CapturedStep(on_fallback=on_fallback)
         original_b2d = trainer.strategy.batch_to_device
         self._original_step = pl_module.optimizer_step
 
         def batch_to_device(*args: Any, **kwargs: Any) -> Any:
-            return self._batch(original_b2d(*args, **kwargs))
+            batch = original_b2d(*args, **kwargs)
+            return self.engine.batch(batch) if trainer.training else batch
 
         def optimizer_step(*args: Any, **kwargs: Any) -> Any:
             return self._step(*args, **kwargs)
@@ -157,187 +122,66 @@ class WholeStepGraph:
         patch(trainer.strategy, "batch_to_device", batch_to_device)
         patch(pl_module, "optimizer_step", optimizer_step)
 
-    # -- setup ---------------------------------------------------------------------------------
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, undo: list) -> None:
-        """Make the optimizer capturable (its lr a device tensor where the implementation takes
-        one); ``undo`` gets the function that puts float lrs back."""
-        floats = [g["lr"] for g in optimizer.param_groups]
-        try:
-            self._lr_pairs = make_capturable(optimizer)
-        except GraphIneligible as err:
-            self.fail(str(err))
+    def prepare(self, undo: list) -> None:
+        """When the optimizers exist: one optimizer, ready for the graph given the schedulers
+        (fused or capturable, lr a device tensor); ``undo`` gets the float lrs back."""
+        if len(self.trainer.optimizers) != 1:
+            self.engine.fail(f"{len(self.trainer.optimizers)} optimizers (the graph takes one)")
             return
-
-        def restore() -> None:
-            for g, old in zip(optimizer.param_groups, floats):
-                if torch.is_tensor(g["lr"]) and not torch.is_tensor(old):
-                    g["lr"] = float(g["lr"])
-
-        undo.append(restore)
-
-    # -- per step ------------------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        return self.failed is None and self.trainer.training
-
-    def _batch(self, batch: Any) -> Any:
-        """The batch the step sees: from the capture on, the graph's static buffers (this
-        batch copied in) when the shapes match. The capture waits for a batch shaped like the
-        checked warm-up step's (not a short last batch)."""
-        self._use_static = False
-        if not self.active or self.steps < self.warmup - 1:
-            return batch
-        key = StepGraphs.key(batch)
-        if self.graph is None:
-            if not self._clean:  # the checked step's batch: the capture will want this shape
-                self._warm_key = key
-                return batch
-            if key != self._warm_key:
-                return batch
-            self._static = map_tensors(lambda t: t.clone(), batch)
-            self._shape_key = key
-            self._use_static = True
-            return self._static
-        route = self.graphs.route(key)
-        if route == "replay":
-            self._select(key)
-            copy_into(self._static, batch)
-            self._use_static = True
-            return self._static
-        if route == "capture":  # a shape's second step after the first capture: captured
-            self._static = map_tensors(lambda t: t.clone(), batch)
-            self._shape_key, self._capturing, self._use_static = key, True, True
-            return self._static
-        return batch
-
-    def _select(self, key: tuple) -> None:
-        """Replay the graph captured for batch shape ``key`` from now on."""
-        self.graph, self._static, self._result, self._logs, self._baked = self.graphs.entries[key]
-        self._shape_key = key
+        schedulers = [c.scheduler for c in getattr(self.trainer, "lr_scheduler_configs", []) or []]
+        if self.engine.prepare(self.trainer.optimizers[0], schedulers):
+            assert self.engine.prepared is not None
+            undo.append(self.engine.prepared.restore)
 
     def _step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            if not self.active or self.steps < self.warmup - 1:
-                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if self.graph is None:
-                if not self._clean:
-                    return self._checked_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-                if not self._use_static:  # another shape than the checked step's: capture a later one
-                    return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-                return self._capture(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if not self._use_static:
-                self.eager_after_capture += 1
-                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if self._capturing:  # a shape first seen after the first capture
-                return self._capture(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            if _hyperparameters(optimizer) != self._baked:
-                self.fail("a scheduler changed an optimizer hyperparameter other than lr, which the graph baked in; "
-                           "the steps from here on run eagerly")
-                return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-            return self._replay(closure)
-        finally:
-            self.steps += 1
+        def eager() -> Any:
+            return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
 
-    def _checked_step(self, *args: Any, **kwargs: Any) -> Any:
-        """An eager step on a side stream (PyTorch's warm-up before a capture) that fails the
-        graph if anything in it synchronizes with the host."""
-        if self.failed is not None:
-            return self._original_step(*args, **kwargs)
-        out, why = StepGraphs.checked(lambda: self._original_step(*args, **kwargs))
-        self._clean = why is None
-        if why is not None and "random numbers" in why:  # in code the source check cannot see (a library's transform)
-            self.fail(why)
-        elif why is not None:
-            self._sync_checks -= 1
-            if self._sync_checks <= 0:
-                self.fail(why)
-        return out
-
-    def _capture(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        if not self.trainer.training:
+            return eager()
+        if self.engine.route != "capture":
+            return self.engine.step(eager, replayed=lambda entry: self._replayed(closure, entry))
         module = self.module
-        original_log = module.log
         logs: list[tuple[str, Any, tuple, dict, Any]] = []
 
         def log(name: str, value: Any, *a: Any, **kw: Any) -> None:
             logs.append((name, value, a, kw, current_hook(module)))
 
-        module.log = log  # type: ignore[method-assign]
-        err: str | None = None
-        late = bool(self.graphs.entries)
-        try:
-            graph, _ = self.graphs.capture(lambda: self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs))
-        except GraphIneligible as e:
-            err = str(e)
-        finally:
-            del module.log
-        if err is None:
+        def recorded() -> Any:  # what the graph records: the step, its self.log calls noted
+            module.log = log  # type: ignore[method-assign]
+            try:
+                return eager()
+            finally:
+                del module.log
+
+        def kept(_: Any) -> tuple[Any, str | None]:
             bad = [(n, type(v).__name__) for n, v, _, _, _ in logs if not torch.is_tensor(v)]
             if bad:
-                err = (f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays tensor work "
-                       f"only, so a Python value would freeze at its first value")
-            elif peek_closure_result(closure) is None or peek_closure_result(closure).closure_loss is None:
-                err = "training_step returned no loss"
-        self._capturing = False
-        if err is not None and late:  # this shape stays eager; the shapes captured before replay on
-            torch.cuda.synchronize()
-            self.graphs.refuse(self._shape_key, err)
-            self._select(next(iter(self.graphs.entries)))
-            return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-        if err is not None:
-            torch.cuda.synchronize()
-            self.fail(err)
-            # nothing of the captured step ran: run the step for real
-            return self._original_step(epoch, batch_idx, optimizer, closure, *args, **kwargs)
-        self.graph, self._logs = graph, logs
-        self._result = peek_closure_result(closure)
-        self._baked = _hyperparameters(optimizer)
-        self.graphs.add(self._shape_key, (graph, self._static, self._result, logs, self._baked), time.perf_counter() - t0)
-        graph.replay()  # this step, for real
-        closure_result(closure, self._result)  # this step's outputs must not alias the graph's buffers
-        self._relog(original_log)
+                return None, (f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays "
+                              f"tensor work only, so a Python value would freeze at its first value")
+            result = peek_closure_result(closure)
+            if result is None or result.closure_loss is None:
+                return None, "training_step returned no loss"
+            return (result, logs), None
+
+        return self.engine.step(eager, recorded=recorded, kept=kept,
+                                replayed=lambda entry: self._replayed(closure, entry))
+
+    def _replayed(self, closure: Any, entry: Entry) -> None:
+        result, logs = entry.kept
+        closure_result(closure, result)  # this step's outputs, as if the closure had run
+        self._relog(logs)
         return None
 
-    def _replay(self, closure: Any) -> None:
-        sync_lr(self._lr_pairs)
-        self.graph.replay()  # type: ignore[union-attr]
-        closure_result(closure, self._result)
-        self._relog(self.module.log)
-        self.replays += 1
-
-    def _relog(self, log: Any) -> None:
+    def _relog(self, logs: list[tuple[str, Any, tuple, dict, Any]]) -> None:
         """Log what the captured training step logged: the same calls, with this step's values
         (the tensors the graph just wrote), under the hook that logged them."""
-        if not self._logs:
+        if not logs:
             return
         before = current_hook(self.module)
         try:
-            for name, value, args, kwargs, hook in self._logs:
+            for name, value, args, kwargs, hook in logs:
                 set_current_hook(self.module, hook)
-                log(name, value, *args, **kwargs)
+                self.module.log(name, value, *args, **kwargs)
         finally:
             set_current_hook(self.module, before)
-
-    def fail(self, reason: str) -> None:
-        """Keep the steps eager from here on, for ``reason`` (the first reason wins)."""
-        if self.failed is None:
-            self.failed = reason
-            self.graph = None
-            if self.on_fallback is not None:
-                self.on_fallback(reason)
-
-    def shapes_captured(self) -> dict:
-        """The graphs per batch shape (:meth:`StepGraphs.summary`)."""
-        return self.graphs.summary()
-
-    def detail(self) -> str:
-        """What happened, for the run record."""
-        if self.failed is not None:
-            return f"whole step not captured: {self.failed}"
-        if self.graph is None:
-            return "whole step: not captured yet"
-        out = (f"whole step (forward, backward, optimizer) captured in {self.graphs.capture_s:.2f} s, "
-               f"{self.replays} replays" + self.graphs.describe())
-        if self.eager_after_capture:
-            out += f", {self.eager_after_capture} steps of another batch shape eager"
-        return out

@@ -28,13 +28,12 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LightningModule, Trainer
 from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop._torch_private import compiled_call, set_compiled_call
-from fastloop.adapters.lightning_changes import (cycled_hyperparameters, compilable_children, describe_children, patch_attr,
+from fastloop.adapters.lightning_changes import (compilable_children, describe_children, patch_attr,
                                                  trainer_precision_conflict)
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
-from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
-from fastloop.speedups.fused_optimizer import why_not_fused, apply_fused_optimizer
+from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
@@ -110,10 +109,7 @@ class LightningRun(Run):
         self.scale_loss = False
         """fp16's GradScaler: the callback holds the schedulers on the steps it skipped."""
         self.graph: WholeStepGraph | None = None
-        self.tier: str | None = None
-        """cuda_graph only: the tier that ran ("whole step", "forward+backward graphed", "eager")."""
-        self.tier_why: str | None = None
-        """Why the tier above it did not run."""
+        """cuda_graph only: the whole step's driver, while the whole step may still replay."""
 
     @property
     def undo(self) -> list:
@@ -250,76 +246,51 @@ class LightningRun(Run):
 
     def graph_step(self) -> None:
         """The whole step (training_step, backward, optimizer) as one graph where nothing in the
-        step needs the host (lightning_graph.py); otherwise the tier :func:`tier_below_whole`
-        gives (the policy is cuda_graph's, the same for the plain loop). If the compile speedup
-        compiled the children already, its mode is raised instead: one compilation (compile is
-        lazy: nothing was compiled yet)."""
+        step needs the host (the captured-step engine, driven by lightning_graph.py); otherwise
+        the tier :func:`~fastloop.speedups.cuda_graph.below_whole` gives (one fallback for both
+        adapters). If the compile speedup compiled the children already, its mode is raised
+        instead: one compilation (compile is lazy: nothing was compiled yet)."""
         assert self.speedup is not None
         already = _COMPILE_MODE.get(self.model)
         blocker = (common_blocker(cuda=self.ctx.cuda, scale_loss=self.scale_loss)
-                   or whole_step_blocker(self.trainer, self.model))
-        self.fit_start.append(self._fuse_for_graph)
-        if already not in CUDAGRAPH_MODES and blocker is None:
+                   or whole_step_blocker(self.trainer, self.model)
+                   or ("compile's CUDA graphs were asked for" if already in CUDAGRAPH_MODES else None))
+        if blocker is None:
             self.graph = WholeStepGraph(self.trainer, self.model, lambda obj, attr, value: patch_attr(obj, attr, value, self.undo),
                                         on_fallback=self._graph_fallback)
-            self.tier = TIERS[0]
-            self.ctx.describe(self.speedup.name, self.graph.detail())
-            self.fit_start.append(self._prepare_graph)
+            self.ctx.describe(self.speedup.name, self.graph.engine.detail())
+            self.fit_start.append(lambda: self.graph.prepare(self.undo) if self.graph is not None else None)
             return
-        if blocker is not None:
-            self.ctx.stats[f"{self.speedup.name}_whole_step"] = f"not captured whole: {blocker}"
-        self._below_whole(blocker or "compile's CUDA graphs were asked for")
+        below_whole(self, self.speedup.name, blocker)
 
-    def _fuse_for_graph(self) -> None:
-        """The graph's optimizer step runs fused where it can (graphed all the same where not)."""
-        for opt in self.trainer.optimizers:
-            reason = why_not_fused(opt)
-            if reason:
-                self._fail("applied", reason)
-            else:
-                apply_fused_optimizer(opt)
+    def graph_tier_facts(self) -> TierFacts:
+        already = _COMPILE_MODE.get(self.model)
+        children = compilable_children(self.model)
+        return TierFacts(compiled_mode=already,
+                         graphs_unsafe=graphs_unsafe(self.trainer, self.model) if already not in CUDAGRAPH_MODES else None,
+                         can_compile=bool(children) or already is not None)
 
-    def _prepare_graph(self) -> None:
-        assert self.graph is not None
-        cycling = cycled_hyperparameters(self.trainer)
-        if len(self.trainer.optimizers) != 1:
-            self.graph.fail(f"{len(self.trainer.optimizers)} optimizers (the graph takes one)")
-        elif cycling:  # known before the first step: the next tier compiles before warm-up
-            self.graph.fail(cycling)
-        else:
-            self.graph.prepare_optimizer(self.trainer.optimizers[0], self.undo)
-
-    def _below_whole(self, why_not_whole: str) -> None:
-        """The tier cuda_graph's policy gives a step not captured whole: compile's CUDA graphs of
-        forward and backward (each step marked in on_train_batch_start), compiled without graphs,
-        or eager; the children compiled here (or the compile speedup's mode raised: compile is
-        lazy, nothing was compiled before the first step)."""
+    def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:
+        """The children compiled in ``mode`` (or the compile speedup's mode raised to it: compile is
+        lazy, nothing was compiled before the first step). Every step is marked by the callback
+        (``on_train_batch_start``) whatever the tier."""
         assert self.speedup is not None
         name, module = self.speedup.name, self.model
         already = _COMPILE_MODE.get(module)
-        children = compilable_children(module)
-        tier = tier_below_whole(why_not_whole, compiled_mode=already,
-                                graphs_unsafe=graphs_unsafe(self.trainer, module) if already not in CUDAGRAPH_MODES else None,
-                                can_compile=bool(children) or already is not None)
-        self.tier, self.tier_why = tier.name, why_not_whole
-        if tier.compile_mode is not None:
-            if already is None or tier.compile_mode in CUDAGRAPH_MODES:
-                for _, child in children:
-                    self._compile(child, tier.compile_mode)
-            if already is not None and tier.compile_mode != already:
-                self.ctx.stats[name] = f"compile's mode raised from {already} to {tier.compile_mode}"
-            _COMPILE_MODE[module] = tier.compile_mode
+        if mode is not None:
+            if already is None or mode in CUDAGRAPH_MODES:
+                for _, child in compilable_children(module):
+                    self._compile(child, mode)
+            if already is not None and mode != already:
+                self.ctx.stats[name] = f"compile's mode raised from {already} to {mode}"
+            _COMPILE_MODE[module] = mode
             self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         elif already in CUDAGRAPH_MODES:
             self.ctx.stats[name] = f"captured by compile:{already}"
-        if tier.status == "fallback":
-            self.ctx.stats[f"{name}_tier"] = tier.name
-            self._fail("fallback", tier.detail)
-        else:
-            self.ctx.describe(name, tier.detail)
 
     def _graph_fallback(self, reason: str) -> None:
-        """The whole step cannot be replayed (found while the run is under way): drop one tier, to
-        compile's CUDA graphs of forward and backward, in the same run."""
+        """The whole step cannot be replayed (found when the fit starts or while it trains): drop
+        one tier, to compile's CUDA graphs of forward and backward, in the same run."""
+        assert self.speedup is not None
         self.graph = None
-        self._below_whole(reason)
+        below_whole(self, self.speedup.name, reason)

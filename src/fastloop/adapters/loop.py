@@ -29,13 +29,13 @@ import torch
 from fastloop._torch_private import found_inf
 from fastloop.data import to_device
 from fastloop.device import resolve_device
-from fastloop.errors import FastloopError, GraphIneligible
+from fastloop.errors import FastloopError
 from fastloop.adapters.step_source import host_draws
 from fastloop.adapters.graph_step import GraphedStep
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
-from fastloop.speedups.compile import apply_compile, compile_fell_back, compiled_by_user, graphs_so_far
-from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
+from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, check_compiled, compiled_by_user, compiles, graphs_so_far
+from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.precision import held_on_skipped_steps
 from fastloop.speedups.run import Run, eval_loss
 
@@ -72,6 +72,8 @@ class LoopRun(Run):
         """The speedup that asked for the whole-step graph (None: the step runs eagerly)."""
         self.held: list[Callable[[], contextlib.AbstractContextManager]] = []
         """Contexts entered while the loop trains (TF32, cuDNN autotuning)."""
+        self.mark_steps = False
+        """Forward and backward run through compile's CUDA graphs: each step is marked."""
 
     def _need(self, value: Any, what: str) -> Any:
         if value is None:
@@ -112,6 +114,18 @@ class LoopRun(Run):
     def graph_step(self) -> None:
         assert self.speedup is not None
         self.graph_owner = self.speedup.name
+
+    def graph_tier_facts(self) -> TierFacts:
+        model = self._need(self.model, "model")
+        return TierFacts(compiled_mode=self.compile_mode, graphs_unsafe=None,  # the loop holds no gradients over
+                         can_compile=next(model.parameters(), None) is not None, user_compiled=compiled_by_user(model))
+
+    def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:
+        self.graph_owner = None  # the step runs below the whole-step graph from here on
+        if mode is not None:  # compile is lazy: a mode set before the next step is the one used
+            self.model = apply_compile(self._need(self.model, "model"), mode)
+            self.compile_mode = mode
+        self.mark_steps = mark_steps or self.compile_mode in CUDAGRAPH_MODES
 
     def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
         self.held.append(context)
@@ -189,41 +203,25 @@ class FastLoop:
         if scheduler is not None and self.scaler is not None:  # fp16's rule, as under Lightning
             self._scheduler_step = held_on_skipped_steps(scheduler.step, lambda: self._last_skipped, self.ctx)
         self._skipped_dev: torch.Tensor | None = None
+        self._graphs_before = graphs_so_far() if any(compiles(s) for s in self.speedups) else None
         self.graphed: GraphedStep | None = None
-        self._graphs_before = graphs_so_far() if any(s.compiles for s in self.speedups) else None
-        self.mark_steps = False
-        """Forward and backward run through compile's CUDA graphs: each step is marked."""
-        blocker = common_blocker(cuda=self.device.type == "cuda", scale_loss=self.run.scale_loss)
-        if self.run.graph_owner and blocker:
-            self._below_whole(self.run.graph_owner, blocker)
-
-    def _below_whole(self, owner: str, why_not_whole: str) -> None:
-        """The tier cuda_graph's policy gives a step not captured whole (as under Lightning):
-        forward and backward through compile's CUDA graphs ("reduce-overhead", each step marked),
-        the optimizer step eager; or the reason it runs eagerly."""
-        self.run.graph_owner = None
-        tier = tier_below_whole(why_not_whole, compiled_mode=self.run.compile_mode, graphs_unsafe=None,
-                                can_compile=next(self.model.parameters(), None) is not None,
-                                user_compiled=compiled_by_user(self.model))
-        self.ctx.stats[f"{owner}_tier"] = tier.name
-        self.ctx.stats[f"{owner}_why_not_whole"] = why_not_whole  # the doctor's advice reads it
-        if tier.compile_mode is not None:  # compile is lazy: a mode set before the first step is the one used
-            self.model = apply_compile(self.model, tier.compile_mode)
-        self.mark_steps = tier.name == TIERS[1]
-        if tier.status == "fallback":
-            self.ctx.record(owner, "fallback", tier.detail)
-        else:
-            self.ctx.describe(owner, tier.detail)
-
-    def _check_compiled(self) -> None:
-        """A compile that compiled nothing is a ``fallback`` with torch's first graph-break reason,
-        as under Lightning (one check: :func:`fastloop.speedups.compile.compile_fell_back`)."""
-        for s in self.speedups:
-            if not (s.compiles and self.ctx.applied(s.name)):
-                continue
-            why = compile_fell_back(self._graphs_before, compile_mode=s.compile_mode(), graphed_by_compile=self.mark_steps)
+        self.graph_owner = owner = self.run.graph_owner
+        if owner:  # what keeps the whole step out of one graph, known before the first step
+            drawn = host_draws(step_fn, model)
+            why = (common_blocker(cuda=self.device.type == "cuda", scale_loss=self.run.scale_loss)
+                   or (f"the step function uses {drawn}" if drawn else None))
             if why:
-                self.ctx.record(s.name, "fallback", why)
+                below_whole(self.run, owner, why)
+            else:
+                self.graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.run.autocast_dtype,
+                                           schedulers=[scheduler] if scheduler is not None else [],
+                                           on_fallback=lambda reason: below_whole(self.run, owner, reason))
+        self.model = self.run.model  # a tier below the whole step compiled it (in place)
+
+    @property
+    def mark_steps(self) -> bool:
+        """Forward and backward run through compile's CUDA graphs: each step is marked."""
+        return self.run.mark_steps
 
     @property
     def records(self) -> list[Record]:
@@ -260,25 +258,10 @@ class FastLoop:
     def _step_scheduler(self) -> None:
         if self.scheduler is not None:
             self._scheduler_step()
-            if self.graphed is not None:
-                self.graphed.sync_lr()
 
     def _graph_step(self, batch: Any) -> torch.Tensor:
-        if self.graphed is None:
-            graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.run.autocast_dtype)
-            owner = self.run.graph_owner
-            assert owner is not None
-            try:
-                drawn = host_draws(self.step_fn)
-                if drawn:
-                    raise GraphIneligible(f"the step function uses {drawn}")
-                self.ctx.stats[f"{owner}_capture_s"] = round(graphed.capture(batch), 3)  # the Lightning adapter's names
-                self.ctx.stats[f"{owner}_tier"] = TIERS[0]
-                self.graphed = graphed
-            except GraphIneligible as err:  # one tier down, in the same run, as under Lightning
-                self._below_whole(owner, str(err))
-                return self._eager_step(batch)
-        loss = self.graphed(batch)
+        assert self.graphed is not None
+        loss = self.graphed(batch)  # the engine fell a tier if it could not replay (on_fallback)
         self._step_scheduler()
         return loss
 
@@ -304,12 +287,13 @@ class FastLoop:
         it = self.batches()
         t0 = time.perf_counter()
         with contextlib.ExitStack() as held:  # what the speedups hold while the loop trains (TF32, cuDNN, ...)
+            held.callback(it.close)  # on any exit (Ctrl-C too): the epoch's iterator ends, a feed thread with it
             for context in self.run.held:
                 held.enter_context(context())
             for i in range(warmup + steps):
                 with timer.fetching():
                     batch = self.run.prepare(next(it), self.device)
-                loss = self._graph_step(batch) if self.run.graph_owner else self._eager_step(batch)
+                loss = self._graph_step(batch) if self.run.graph_owner and self.graphed else self._eager_step(batch)
                 losses.append(loss)
                 timer.step_end()
                 if i == warmup - 1:
@@ -319,11 +303,11 @@ class FastLoop:
                     timer.resume()
         stats = timer.result()
         stats.set_warmup_overhead(time.perf_counter() - t0)
-        self._check_compiled()
+        if self.graphed is not None and self.graph_owner is not None:
+            self.graphed.engine.finish(self.ctx, self.graph_owner)
+        check_compiled(self.ctx, self.speedups, self._graphs_before)
         if self._skipped_dev is not None:
             self.skipped_steps += int(self._skipped_dev.item())
-        if self.graphed is not None:
-            self.ctx.stats["cuda_graph_shapes"] = self.graphed.shapes_captured()
         extra = dict(self.ctx.stats)
         if self.scaler is not None:
             extra["fp16_skipped_steps"] = self.skipped_steps

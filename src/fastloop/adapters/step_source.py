@@ -77,10 +77,13 @@ def _host_draw(call: ast.Call) -> str | None:
     return None
 
 
-def host_draws(fn: Any) -> str | None:
-    """A draw on the host (Python's or numpy's generator, a torch draw with no device) in a plain
-    step function's source (the plain loop's ``step_fn``), which a captured step would freeze; None if none is found or the source
-    cannot be read.
+def host_draws(fn: Any, model: Any = None) -> str | None:
+    """What a plain step function (the plain loop's ``step_fn(model, batch)``) does that a captured
+    step would freeze: a draw on the host (Python's or numpy's generator, a torch draw with no
+    device) in its own source, or, in a method of ``model``'s own classes that it calls on its
+    first argument (``model.training_step(batch, 0)``), what Lightning's check finds in
+    ``training_step`` (:func:`step_reads_counters`: a draw, a counter, a Python number it updates),
+    followed the same two levels down. None if none is found or the source cannot be read.
 
     Example:
         >>> from tests.targets import mixup_step
@@ -90,7 +93,20 @@ def host_draws(fn: Any) -> str | None:
     node = _parse(fn)
     if node is None:
         return None
-    return next((why for sub in ast.walk(node) if isinstance(sub, ast.Call) and (why := _host_draw(sub))), None)
+    direct = next((why for sub in ast.walk(node) if isinstance(sub, ast.Call) and (why := _host_draw(sub))), None)
+    if direct or model is None or not node.args.args:
+        return direct
+    first = node.args.args[0].arg
+    classes = _own_classes(type(model))
+    for sub in ast.walk(node):
+        f = sub.func if isinstance(sub, ast.Call) else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == first:
+            found = _method(classes, f.attr)
+            callee = _parse(found[0]) if found else None
+            what = _reads(callee, found[1], classes, None, 2, model) if callee is not None else None
+            if what:
+                return f"{what} (in {f.attr})"
+    return None
 
 
 def _reads(node: Any, klass: type, classes: list[type], index: str | None, depth: int, module: Any) -> str | None:

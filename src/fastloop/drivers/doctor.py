@@ -1,8 +1,7 @@
 """``fastloop doctor``: this machine's ceilings, and (given a target) its bottleneck.
 
-Machine part: matmul TFLOP/s per dtype, device copy bandwidth, host->device pageable vs
-pinned, kernel launch overhead. On a CPU-only machine it says what it cannot measure and
-measures what it can (CPU matmul rate).
+Machine part: matmul TFLOP/s per dtype, device copy bandwidth, host->device pageable vs pinned,
+kernel launch overhead (on a CPU: what it can, the matmul rate, and says what it cannot).
 
 Diagnosis: from a measured baseline configuration:
 - data-bound: the step waits for its batch >= 20% of the time (>= 10% where the whole step replays
@@ -129,7 +128,7 @@ def join_advice(clauses: list[tuple[str | None, str]]) -> str:
 
 
 _FEED_CLAUSES = (("workers", "workers (more loader processes)"), ("pin_memory", "pin_memory (pinned host batches)"),
-                 ("prefetch", "prefetch (the next batch copied while the step runs)"))
+                 ("prefetch", "prefetch (the next batches built on a background thread while the step runs)"))
 
 
 def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
@@ -144,7 +143,7 @@ def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
         >>> for name, text in data_advice({"pin_memory"}, checks={"dali": "not a folder", "gpu_augment": "no transform"}):
         ...     print(name, "|", text)
         workers | workers (more loader processes)
-        prefetch | prefetch (the next batch copied while the step runs)
+        prefetch | prefetch (the next batches built on a background thread while the step runs)
         None | this loader's data cannot be decoded or augmented on the GPU by fastloop (no transform); cache decoded data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in __getitem__)
     """
     if not cuda:
@@ -179,6 +178,16 @@ _GPU_FEEDS = (("dali", "for JPEG data in an ImageFolder, decode and augment on t
               ("gpu_augment", "for in-memory images with a torchvision crop/resized-crop/flip/normalize pipeline, "
                               "augment each batch on the GPU (gpu_augment)"))
 """The GPU feed paths the doctor advises, each where the loader's data check does not rule it out."""
+
+
+def _sync_clause(cfg: dict) -> list[tuple[str | None, str]]:
+    """Where the step syncs every step (``prog_bar`` values, a counted sync): remove it (no speedup's clause)."""
+    pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
+    syncs = (cfg.get("gpu_profile") or {}).get("host_syncs_per_step") or 0.0
+    then = ", so the host builds the next batch only once the GPU is done"
+    if pbar:  # Lightning's .item() on each
+        return [(None, f"log {', '.join(pbar)} without prog_bar=True: Lightning reads them to the host every step{then}")]
+    return [(None, f"remove the step's {syncs:.1f} host syncs a step (.item(), .cpu(), print){then}")] if syncs >= 0.5 else []
 
 
 def _feed_rates(cfg: dict, wait: float) -> str:
@@ -217,11 +226,13 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     if wait >= DATA_BOUND_WAIT or (whole and wait >= GRAPHED_DATA_WAIT):
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
-        advice = data_advice(applied, cuda=cuda, stamp=cfg.get("env"), checks=cfg.get("model_checks"))
-        if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied:
+        checks, refused = cfg.get("model_checks") or {}, {x["name"] for x in cfg.get("speedups", []) if x.get("status") in ("skipped", "fallback")}
+        advice = data_advice(applied, cuda=cuda, stamp=cfg.get("env"), checks=checks)
+        if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied | refused | set(checks):
             advice = [("gpu_resident", f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory "
                                        f"tensors ({data['type']}); keep it on the GPU and serve batches there (no "
                                        "loader, no copies)")]
+        advice = [(n, t) for n, t in advice if n not in refused] + _sync_clause(cfg)  # never what this run refused
         return {"bottleneck": "data-bound",
                 "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
                 "recommendation": join_advice(advice), "advice": advice}
@@ -352,8 +363,6 @@ def _compute_fixes(applied: set[str], model_checks: dict[str, str]) -> str:
     return ("the usual compute fixes are " + (f"applied ({', '.join(have)})" if have else "not for this model")
             + (f" or do not apply ({'; '.join(cannot)})" if cannot and have else (f" ({'; '.join(cannot)})" if cannot else ""))
             + ": profile the step (fastloop run --out DIR shows its GPU profile), or a larger batch (batch_size).")
-
-
 
 
 def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:

@@ -68,8 +68,9 @@ def wants_compiler(argv: list[str]) -> bool:
         (True, False)
     """
     from fastloop.speedups import REGISTRY  # the server imports torch before its first request
+    from fastloop.speedups.base import name_of
 
-    words = {w.split(":")[0] for arg in argv for w in arg.replace("+", ",").split(",")}
+    words = {name_of(w) for arg in argv for w in arg.replace("+", ",").split(",") if w}
     return any(cls.compiles for name, cls in REGISTRY.items() if name in words)
 
 

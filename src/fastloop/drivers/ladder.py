@@ -98,7 +98,7 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         # feed the fast step: data speedups are tried once the step is as fast as the others make
         # it (a loader that keeps up with an fp32 step may be the wall after compile)
         chosen = select_order(chosen, set(recipe_rungs(target)[1]))
-    taken = {b.split(":")[0] for b in base_names}
+    taken = {s.name for s in resolve(base or [])}
     if rungs is None:
         chosen = [s for s in chosen if s.name not in taken]
     clash = [s.name for s in chosen if s.name in taken]

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastloop.compare import Runs
 from fastloop.speedups import REGISTRY
+from fastloop.speedups.base import name_of
 
 __all__ = ["BudgetPlan"]
 
@@ -101,7 +102,7 @@ class BudgetPlan:
     def graph_key(spec: str) -> frozenset[str] | None:
         """The speedups of ``spec`` that shape a compiled graph (the model's changes and the math
         precision); None when nothing in it compiles."""
-        names = {s.split(":")[0] for s in spec.split(",")} & set(REGISTRY)
+        names = {name_of(s) for s in spec.split(",")} & set(REGISTRY)
         key = frozenset(n for n in names if REGISTRY[n].changes == "model" or REGISTRY[n].math_dtype)
         return key if any(REGISTRY[n].compiles for n in key) else None
 

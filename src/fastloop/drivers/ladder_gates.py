@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import merge_runs
-from fastloop.speedups.base import REGISTRY
+from fastloop.speedups.base import REGISTRY, name_of
 
 if TYPE_CHECKING:
     from fastloop.drivers.ladder_state import LadderState
@@ -84,8 +84,7 @@ def ablation_order(members: list[str]) -> list[str]:
         >>> ablation_order(["tf32", "bf16", "compile", "workers:4"])
         ['compile', 'bf16', 'workers:4']
     """
-    ranked = [(REGISTRY[m.split(":")[0]].ablation_rank, i, m) for i, m in enumerate(members)
-              if m.split(":")[0] in REGISTRY]
+    ranked = [(REGISTRY[n].ablation_rank, i, m) for i, m in enumerate(members) if (n := name_of(m)) in REGISTRY]
     return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]
 
 
@@ -93,7 +92,7 @@ def compute_feed_note(best: Any, selected: list[str], feed_first_wait: float) ->
     """What the compute rungs are measured on, for the report: the feed fixed first (a data-bound
     baseline), or the user's feed, and how much of the best step waits for it."""
     wait = (merge_runs(best).get("data_wait_frac") or 0.0) if best else 0.0
-    feeds = [n for n in (s.split(":")[0] for s in selected) if n in REGISTRY and REGISTRY[n].feeds]
+    feeds = [n for n in map(name_of, selected) if n in REGISTRY and REGISTRY[n].feeds]
     if feeds and wait < feed_first_wait:
         return f"; measured on the feed fixed first ({','.join(feeds)}; the step waits {wait:.0%} for data)"
     if feeds:
@@ -118,7 +117,7 @@ def split_groups(speedups: list) -> tuple[list, list, list]:
 
 def spec_names(specs: list[str]) -> set[str]:
     """The speedup names of ``specs`` (``compile:max-autotune`` -> ``compile``)."""
-    return {s.split(":")[0] for s in specs}
+    return {n for n in map(name_of, specs) if n is not None}
 
 
 def replaces_loader(names: set[str]) -> bool:

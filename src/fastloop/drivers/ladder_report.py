@@ -13,13 +13,14 @@ from fastloop.drivers.doctor import diagnose, without_measured
 from fastloop.errors import ConfigurationFailed
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.measure.stats import MIN_EFFECT
+from fastloop.speedups.base import name_of
 
 __all__ = ["_breakdown", "_feed_line", "filter_advice", "join_specs", "_measured_not_faster", "own_record", "baseline_failed",
            "note_run_order", "rung_doc"]
 
 
 def own_record(doc: dict, spec: str) -> dict | None:
-    name = spec.split(":")[0]
+    name = name_of(spec)
     return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
 
 
@@ -74,7 +75,7 @@ def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
         ci = r.get("speedup_vs_prev")
         names = r.get("measured_not_faster")
         if names is None and str(r.get("rung", "")).startswith("+") and str(r.get("decision", "")).startswith("dropped"):
-            names = [r["rung"][1:].split(":")[0]] if "," not in r["rung"] else []
+            names = [name_of(r["rung"][1:].partition(" (")[0])] if "," not in r["rung"] else []
         if not names or not ci or ci.get("ratio") is None:
             continue
         span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None

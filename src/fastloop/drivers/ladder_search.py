@@ -45,6 +45,7 @@ from fastloop.drivers.ladder_gates import (ABLATION_LOSS, ablation_order, comput
 from fastloop.drivers.ladder_sizing import as_sized, retry_smaller, size_in_configuration
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
+from fastloop.speedups.base import name_of
 
 if TYPE_CHECKING:
     from fastloop.drivers.ladder_state import LadderState
@@ -157,7 +158,7 @@ class StagedSearch:
         doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=self.stage, members=specs)
         if inactive:
             doc["inactive"] = {n: f"{r['status']}: {r['reason']}" for n, r in inactive.items()}
-        active = [s for s in specs if s.split(":")[0] not in inactive]
+        active = [s for s in specs if name_of(s) not in inactive]
         self.inactive.update(inactive)  # skipped or fell back inside its process: not tried again
         kept = bool(active) and bool(ci and ci["significant"] and ci["ratio"] > 1)
         if kept:
@@ -177,11 +178,11 @@ class StagedSearch:
                 doc["decision"] += f" (the budget ended the comparison after {len(cand.docs)} run(s) of it)"
                 self.cut_short(label.lstrip("+"), len(cand.docs))
             if ci and ci.get("ratio") is not None and len(specs) == 1 and active:
-                doc["measured_not_faster"] = [specs[0].split(":")[0]]
+                doc["measured_not_faster"] = [name_of(specs[0])]
             if active:
                 self._tie(doc, base_spec, cand_spec, ci)
             for s in specs:
-                self.dropped_under[s.split(":")[0]] = self._kind()
+                self.dropped_under[name_of(s)] = self._kind()
         L.rungs.append(doc)
         L.publish()
         return kept
@@ -235,7 +236,7 @@ class StagedSearch:
             else:
                 verdict = ci["verdict"] if ci else "no comparison"
                 doc["decision"] = f"removed {spec}: not missed ({verdict})"
-                doc["measured_not_faster"] = [spec.split(":")[0]]
+                doc["measured_not_faster"] = [name_of(spec)]
                 self._tie(doc, cand_spec, base_spec, ci)
                 L.selected = without
                 L.best_runs = {cand_spec: cand}

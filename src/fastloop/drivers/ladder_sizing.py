@@ -31,6 +31,7 @@ from typing import Any
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.ladder_gates import ABLATION_LOSS
 from fastloop.speedups import REGISTRY, resolve
+from fastloop.speedups.base import name_of
 
 __all__ = ["SIZING_WAIT", "as_sized", "retry_smaller", "size_in_configuration"]
 
@@ -45,7 +46,7 @@ def as_sized(selected: list[str], members: list[str]) -> list[str]:
         >>> as_sized(["bf16", "workers:8", "pin_memory"], ["workers", "pin_memory", "prefetch"])
         ['workers:8', 'pin_memory', 'prefetch']
     """
-    return [next((s for s in selected if s.split(":")[0] == m.split(":")[0]), m) for m in members]
+    return [next((s for s in selected if name_of(s) == name_of(m)), m) for m in members]
 
 
 def _chosen(runs: Runs, stat: str) -> int | None:

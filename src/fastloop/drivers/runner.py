@@ -313,7 +313,7 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     in_training = [s for s in chosen if not s.prepares_run]
     for s in chosen:
         if s.prepares_run:
-            data, record, stats = s.prepare_run(module, data, [o.spec for o in in_training], dev,
+            data, record, stats = s.prepare_run(module, data, in_training, dev,
                                                 precision=user_trainer.get("precision"))
             prepared.append(record)
             extra.update(stats)

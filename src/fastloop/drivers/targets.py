@@ -101,7 +101,7 @@ def recipe_rungs(name: str | None) -> tuple[list[str] | None, list[str]]:
     other target. The recipes hold their rungs; the drivers know no speedup by name."""
     if name not in RECIPES:
         return None, []
-    module = importlib.import_module(RECIPES[name].split(":")[0])
+    module = importlib.import_module(RECIPES[name].partition(":")[0])
     own = getattr(module, "LADDER", None)
     return (list(own) if own else None), list(getattr(module, "EXTRA_RUNGS", []))
 

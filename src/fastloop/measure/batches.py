@@ -4,29 +4,14 @@ ready, and the samples in a step's batch."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Trainer
 from fastloop.data import first_tensor
 
-__all__ = ["MeasuredModule", "batch_items", "prefetch_buffer"]
-
-
-@runtime_checkable
-class MeasuredModule(Protocol):
-    """What fastloop reads off a module when it has it (each attribute optional; docs/guide.md):
-    ``throughput_unit`` ("samples", "tokens", ...), ``items_per_batch(batch)`` (counted every
-    batch), ``flops_per_batch(batch)`` and ``flops_convention`` (for MFU)."""
-
-    throughput_unit: str
-
-    def items_per_batch(self, batch: Any) -> Any: ...
-
-    def flops_per_batch(self, batch: Any) -> float: ...
-
-    flops_convention: str
+__all__ = ["batch_items", "prefetch_buffer"]
 
 
 def prefetch_buffer(loader: Any) -> int:

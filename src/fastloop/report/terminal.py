@@ -34,7 +34,7 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         cells = [r["name"] + (f" ({r['status']})" if r["status"] in ("skipped", "failed") else ""), r["step"],
                  r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
         if ladder:
-            cells += [r["vs_prev"], r["vs_base"], r["decision"].split(":")[0][:24]]
+            cells += [r["vs_prev"], r["vs_base"], r["decision"].partition(":")[0][:24]]
         table.add_row(*cells)
     console.print(table)
     for line in warning_lines(doc):

@@ -1,30 +1,20 @@
-"""Every speedup, one module each; importing this package fills the registry."""
+"""Every speedup, one module each; importing this package fills the registry. The speedup
+classes are exported here, where a user looks for them: ``Compile(mode="max-autotune")``,
+``Workers(count=8)`` build the same objects as ``resolve("compile:max-autotune,workers:8")``.
 
-from fastloop.speedups import (  # noqa: F401  (imported for registration)
-    batch_size,
-    channels_last,
-    compile,
-    cuda_graph,
-    cudnn_benchmark,
-    dali,
-    ddp_comm,
-    fp8,
-    fused_loss,
-    fused_optimizer,
-    gpu_augment,
-    gpu_resident,
-    pad_buckets,
-    pin_memory,
-    precision,
-    prefetch,
-    tf32,
-    workers,
-)
-from fastloop.speedups.run import Run
+Example:
+    >>> from fastloop.speedups import Compile, Workers, resolve
+    >>> Compile(shapes="static").spec, Workers(count=4).spec
+    ('compile:shapes=static', 'workers:4')
+    >>> resolve(Compile(shapes="static").spec) == [Compile(shapes="static")]
+    True
+"""
+
 from fastloop.speedups.base import (
     REGISTRY,
     Context,
     Fallback,
+    Options,
     Record,
     Skip,
     Speedup,
@@ -33,5 +23,27 @@ from fastloop.speedups.base import (
     resolve,
     speedup_names,
 )
+from fastloop.speedups.batch_size import BatchSize
+from fastloop.speedups.channels_last import ChannelsLast
+from fastloop.speedups.compile import Compile
+from fastloop.speedups.cuda_graph import CudaGraph
+from fastloop.speedups.cudnn_benchmark import CudnnBenchmark
+from fastloop.speedups.dali import Dali
+from fastloop.speedups.ddp_comm import DDPComm
+from fastloop.speedups.fp8 import FP8
+from fastloop.speedups.fused_loss import FusedLoss
+from fastloop.speedups.fused_optimizer import FusedOptimizer
+from fastloop.speedups.gpu_augment import GPUAugment
+from fastloop.speedups.gpu_resident import GPUResident
+from fastloop.speedups.pad_buckets import PadBuckets
+from fastloop.speedups.pin_memory import PinMemory
+from fastloop.speedups.precision import BF16, FP16
+from fastloop.speedups.prefetch import Prefetch
+from fastloop.speedups.run import Run
+from fastloop.speedups.tf32 import TF32
+from fastloop.speedups.workers import Workers
 
-__all__ = ["REGISTRY", "Context", "Fallback", "Record", "Run", "Skip", "Speedup", "apply_all", "register", "resolve", "speedup_names"]
+__all__ = ["BF16", "FP16", "FP8", "REGISTRY", "TF32", "BatchSize", "ChannelsLast", "Compile", "Context", "CudaGraph",
+           "CudnnBenchmark", "DDPComm", "Dali", "Fallback", "FusedLoss", "FusedOptimizer", "GPUAugment", "GPUResident",
+           "Options", "PadBuckets", "PinMemory", "Prefetch", "Record", "Run", "Skip", "Speedup", "Workers", "apply_all",
+           "register", "resolve", "speedup_names"]

@@ -19,23 +19,22 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
-import re
 from collections.abc import Iterable, Sequence
+from dataclasses import fields as dataclasses_fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
 from fastloop.errors import FastloopError, shorten
-from fastloop.speedups.options import parse_number
+from fastloop.speedups.options import Options
 from fastloop.speedups.records import Context, Fallback, Record, RunInputs, Skip, Status, valid_step_rate
 
 if TYPE_CHECKING:
     from fastloop.speedups.run import Run
 
-__all__ = ["parse_number", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup",
-           "register", "resolve", "speedup_names", "default_ladder", "apply_all", "valid_step_rate"]
+__all__ = ["Options", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup",
+           "register", "resolve", "speedup_names", "default_ladder", "apply_all", "name_of", "valid_step_rate"]
 
 Changes = Literal["model", "optimizer", "data", "step"]
 
@@ -98,62 +97,45 @@ class Speedup:
     advice_pattern: ClassVar[str | None] = None
     """How advice names it (a regular expression); None: its name as a word."""
 
-    option_help: ClassVar[str | None] = None
-    """What the option after the colon may be (None: the speedup takes no option)."""
-    options_type: ClassVar[type | None] = None
-    """A frozen dataclass of this speedup's options: each field documented in its metadata
-    ``doc``, checked in ``__post_init__`` (FastloopError saying what is accepted); the first
-    field is the one typed after the colon (``workers:8``)."""
+    options_type: ClassVar[type[Options] | None] = None
+    """This speedup's options (None: it takes none): a keyword-only frozen dataclass of
+    :class:`~fastloop.speedups.options.Options`, each field made with ``option()`` (its type,
+    default, what it accepts, its doc), from which the parsing, the checks, the help and the spec
+    are derived."""
 
     def __init__(self, **options: Any) -> None:
-        self.options = options
-        self.opts: Any = None
-        """The typed options (an instance of :attr:`options_type`), None without options."""
-        if self.options_type is not None:
-            first = dataclasses.fields(self.options_type)[0].name
-            kw = dict(options)
-            if "mode" in kw:  # the value typed after the colon
-                value = kw.pop("mode")
-                if value is not None:
-                    key, val = _keyed(self.options_type, value)
-                    kw[key or first] = val
-            self.opts = self.options_type(**kw)
+        """The speedup with ``options``, keyword by keyword (``Compile(mode="max-autotune",
+        shapes="static")``, ``Workers(count=4)``); a name it does not have or a value it does not
+        accept raises FastloopError saying what is accepted."""
+        if self.options_type is None:
+            if options:
+                raise FastloopError(f"{self.name!r} takes no option, got {', '.join(options)}")
+            self.opts: Any = None
+            return
+        known = [f.name for f in dataclasses_fields(self.options_type)]
+        unknown = [k for k in options if k not in known]
+        if unknown:
+            raise FastloopError(f"{self.name} has no option {unknown[0]!r}; its options: {', '.join(known)}")
+        self.opts = self.options_type(**options)
+        """The typed options (an instance of :attr:`options_type`), None for a speedup without any."""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options given that are not their defaults (what :attr:`spec` writes)."""
+        return self.opts.non_default() if self.opts is not None else {}
 
     @classmethod
-    def parse_option(cls, text: str) -> Any:
-        """Check and convert the option typed after the colon; FastloopError says what is accepted.
-
-        One source: the text is converted to the type of :attr:`options_type`'s first field (an
-        int or a float where it is annotated so, else the string) and checked by the dataclass's
-        own ``__post_init__``, the check the Python API runs too; ``KEY=VALUE`` sets the string
-        field KEY instead (``compile:shapes=static``); a speedup without ``options_type`` takes
-        no option.
-        """
+    def from_text(cls, text: str) -> Speedup:
+        """The speedup with the options typed after its name (``max-autotune:shapes=static``)."""
         if cls.options_type is None:
             raise FastloopError(f"{cls.name!r} takes no option, got {shorten(f'{cls.name}:{text}', 40)}")
-        key, val = _keyed(cls.options_type, text)
-        if key is not None:  # another field, typed as KEY=VALUE (a string field)
-            try:
-                cls.options_type(**{key: val})
-            except FastloopError as err:
-                raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: {err}; {cls.option_help}") from None
-            return text
-        first = dataclasses.fields(cls.options_type)[0]
-        kind, value = str(first.type), text
-        for convert in (int, float):
-            if re.search(rf"\b{convert.__name__}\b", kind):
-                try:
-                    value = convert(text)
-                except ValueError:
-                    what = "an integer" if convert is int else "a number"
-                    raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: the option must be {what}; "
-                                        f"{cls.option_help}") from None
-                break
-        try:
-            cls.options_type(**{first.name: value})
-        except FastloopError as err:
-            raise FastloopError(f"{shorten(f'{cls.name}:{text}', 40)}: {err}; {cls.option_help}") from None
-        return value
+        opts = cls.options_type.parse(text)
+        return cls(**{f.name: getattr(opts, f.name) for f in dataclasses_fields(opts)})
+
+    @classmethod
+    def options_help(cls) -> str:
+        """How this speedup's options are typed and what each accepts (derived from its fields)."""
+        return cls.options_type.usage() if cls.options_type is not None else f"{cls.name} takes no option"
 
     @classmethod
     def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
@@ -197,7 +179,7 @@ class Speedup:
     prepares_run: ClassVar[bool] = False
     """True for a speedup the run driver applies before training (the batch-size search)."""
 
-    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device, *,
+    def prepare_run(self, module: Any, data: Any, others: list[Speedup], device: torch.device, *,
                     precision: str | None = None) -> tuple[Any, Record, dict]:
         """Before training (only when :attr:`prepares_run`; ``precision``: the user's Trainer's):
         returns the data to train on, this speedup's record and statistics for the report."""
@@ -229,22 +211,20 @@ class Speedup:
 
     @property
     def spec(self) -> str:
-        """The name with its option, as typed: ``compile:max-autotune``, ``workers:8``."""
-        mode = self.options.get("mode")
-        return f"{self.name}:{mode}" if mode else self.name
+        """The name with every option that is not its default, as :func:`resolve` reads it back:
+        ``compile:max-autotune:shapes=static``, ``workers:8``, ``bf16``."""
+        text = self.opts.spec() if self.opts is not None else ""
+        return f"{self.name}:{text}" if text else self.name
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.opts == self.opts  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.opts))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.options or ''})"
-
-
-def _keyed(options_type: type, value: Any) -> tuple[str | None, Any]:
-    """``("KEY", "VALUE")`` where ``value`` is the text ``KEY=VALUE`` naming a field of
-    ``options_type`` other than the first (the one typed plainly), else ``(None, value)``."""
-    if isinstance(value, str) and "=" in value:
-        key, _, val = value.partition("=")
-        if key.strip() in [f.name for f in dataclasses.fields(options_type)[1:]]:
-            return key.strip(), val.strip()
-    return None, value
+        given = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({given})"
 
 
 def register(cls: type[Speedup]) -> type[Speedup]:
@@ -323,11 +303,11 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
             raise FastloopError(_unknown(item, key))
         cls = REGISTRY[key]
         if ":" in item and not opt.strip():
-            raise FastloopError(f"empty option in {shorten(item)!r}: {cls.option_help or f'{key} takes no option'}")
+            raise FastloopError(f"empty option in {shorten(item)!r}: {cls.options_help()}")
         if len(opt) > 64:
             raise FastloopError(f"the option in {shorten(item, 40)!r} is {len(opt):,} characters long: "
-                                f"{cls.option_help or f'{key} takes no option'}")
-        out.append(cls(**({"mode": cls.parse_option(opt.strip())} if opt else {})))
+                                f"{cls.options_help()}")
+        out.append(cls.from_text(opt.strip()) if opt else cls())
     names = [s.name for s in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -337,6 +317,22 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
         if clash:
             raise FastloopError(f"{s.name!r} cannot be combined with {clash[0]!r}: choose one")
     return sorted(out, key=lambda s: (s.order, s.name))
+
+
+def name_of(spec: str) -> str | None:
+    """The name of the one speedup ``spec`` names (``compile:max-autotune`` -> ``compile``), the
+    parsed speedup's attribute (its options checked on the way); None where ``spec`` names no
+    registered speedup or not exactly one.
+
+    Example:
+        >>> name_of("compile:max-autotune:shapes=static"), name_of("graphs"), name_of("warp")
+        ('compile', 'cuda_graph', None)
+    """
+    try:
+        found = resolve([spec.strip()])
+    except (FastloopError, TypeError):
+        return None
+    return found[0].name if len(found) == 1 else None
 
 
 def apply_all(speedups: Sequence[Speedup], run: Run) -> None:

@@ -259,7 +259,7 @@ MIXED_PRECISION = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mix
 """A Trainer's mixed ``precision`` -> the dtype its steps autocast to (the search's trials do too)."""
 
 
-def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list | None = None,
+def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list[str | Speedup] | None = None,
                       device: str = "auto", init: int | None = None, max_size: int = 4096,
                       objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
                       precision: float = 0.0625, trainer_optimizers: list | None = None, attached: bool = False,
@@ -356,7 +356,7 @@ class BatchSize(Speedup):
     order = 70
     prepares_run = True
 
-    def prepare_run(self, module: Any, data: Any, others: list[str], device: torch.device, *,
+    def prepare_run(self, module: Any, data: Any, others: list[Speedup], device: torch.device, *,
                     precision: str | None = None) -> tuple[Any, Record, dict]:
         """Search with the other speedups on, then train at the size found (a DataLoader, fixed
         at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``). Where the

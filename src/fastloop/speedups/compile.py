@@ -9,23 +9,28 @@ Changes the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from fastloop._torch_private import compiled_graph_count, dynamo_counters, first_graph_break
-from fastloop.errors import FastloopError
 from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "compile_counters", "compiled_by_user", "compiled_nothing",
-           "graphs_so_far"]
+__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "check_compiled", "compile_counters", "compiled_by_user",
+           "compiled_nothing", "compiles", "graphs_so_far"]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 """The modes in which torch.compile replays CUDA graphs."""
 
+
+GRAPHED_BY_COMPILE = "forward+backward graphed"
+"""cuda_graph's second tier (``cuda_graph.TIERS[1]``, which imports this module): compile's CUDA graphs."""
 
 SHAPES = {"auto": None, "static": False, "dynamic": True}
 """``shapes`` option -> ``torch.compile(dynamic=...)``: auto (torch's automatic dynamic shapes: a
@@ -34,11 +39,9 @@ under pad_buckets one per bucket), dynamic (one graph with dynamic sizes from th
 
 
 def apply_compile(model: torch.nn.Module, mode: str = "default", shapes: str = "auto") -> torch.nn.Module:
-    """Compile ``model`` in place (``nn.Module.compile``), so references to it stay valid."""
-    if mode not in MODES:
-        raise ValueError(f"unknown compile mode {mode!r}; valid: {', '.join(MODES)}")
-    if shapes not in SHAPES:
-        raise ValueError(f"unknown compile shapes {shapes!r}; valid: {', '.join(SHAPES)}")
+    """Compile ``model`` in place (``nn.Module.compile``), so references to it stay valid;
+    ``mode`` and ``shapes`` are checked as the speedup's options are (:class:`CompileOptions`)."""
+    CompileOptions(mode=mode, shapes=shapes)
     model.compile(mode=None if mode == "default" else mode, dynamic=SHAPES[shapes])
     return model
 
@@ -59,21 +62,15 @@ def compile_counters() -> dict:
             "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else None}
 
 
-@dataclass(frozen=True)
-class CompileOptions:
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions(Options):
     """Options of ``compile``."""
 
-    mode: str = field(default="default", metadata={
-        "doc": "torch.compile mode: " + ", ".join(MODES) + " (reduce-overhead and max-autotune replay CUDA graphs)"})
-    shapes: str = field(default="auto", metadata={
-        "doc": "batch shapes: auto (torch's rule: a second shape recompiles with dynamic sizes), static (one graph "
-               "per shape: under pad_buckets one per bucket), dynamic (dynamic sizes from the start); compile:shapes=static"})
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise FastloopError(f"unknown compile mode {self.mode!r}; accepted: {', '.join(MODES)}")
-        if self.shapes not in SHAPES:
-            raise FastloopError(f"unknown compile shapes {self.shapes!r}; accepted: {', '.join(SHAPES)}")
+    speedup = "compile"
+    mode: str = option("default", "torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs)", choices=MODES)
+    shapes: str = option("auto", "batch shapes: auto (torch's rule: a second shape recompiles with dynamic sizes), "
+                                 "static (one graph per shape: under pad_buckets one per bucket), dynamic (dynamic "
+                                 "sizes from the start)", choices=tuple(SHAPES))
 
 
 @register
@@ -87,8 +84,6 @@ class Compile(Speedup):
     in_default_ladder = True
     warmup_cost = True
 
-    option_help = (f"compile:MODE with MODE one of {', '.join(MODES)}, or compile:shapes=S with S one of "
-                   f"{', '.join(SHAPES)}")
     options_type = CompileOptions
 
 
@@ -120,6 +115,27 @@ def graphs_so_far() -> tuple[int, int]:
     """(graphs Dynamo compiled, frames it tried) in this process: taken before the run trains,
     for :func:`compiled_nothing` after it."""
     return compiled_graph_count()
+
+
+def compiles(speedup: Speedup) -> bool:
+    """The one rule of both adapters: ``speedup`` compiles the step (its own mode, or compile's
+    CUDA graphs in one of cuda_graph's tiers), so its run is checked by :func:`check_compiled`."""
+    return speedup.compile_mode() is not None or speedup.uses_cudagraphs()
+
+
+def check_compiled(ctx: Any, speedups: Iterable[Speedup], before: tuple[int, int] | None) -> None:
+    """After a run, in both adapters: each applied speedup that compiles (:func:`compiles`) but
+    whose run compiled no graph is ``fallback`` with torch's first graph-break reason, and a tier
+    it had recorded (``NAME_tier``) becomes ``eager``."""
+    for s in speedups:
+        if not (compiles(s) and ctx.applied(s.name)):
+            continue
+        tier = ctx.stats.get(f"{s.name}_tier")
+        why = compile_fell_back(before, compile_mode=s.compile_mode(), graphed_by_compile=tier == GRAPHED_BY_COMPILE)
+        if why:
+            if tier is not None:
+                ctx.stats[f"{s.name}_tier"] = "eager"
+            ctx.record(s.name, "fallback", why)
 
 
 def compile_fell_back(before: tuple[int, int] | None, *, compile_mode: str | None, graphed_by_compile: bool) -> str | None:

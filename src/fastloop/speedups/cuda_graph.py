@@ -12,6 +12,10 @@ in :mod:`fastloop.adapters.graph_step`, Lightning's patching in
 :mod:`fastloop.adapters.lightning_graph` (with the Lightning patterns its
 ``whole_step_blocker`` finds: gradient accumulation, hooks inside the step, counters read).
 
+The one fallback below the whole step is :func:`below_whole`, which both adapters call with the
+facts only they know (:class:`TierFacts`); the whole step itself is the captured-step engine's
+(:mod:`fastloop.speedups.captured_step`).
+
 Example:
     >>> common_blocker(cuda=True, scale_loss=True)
     "fp16's GradScaler checks for infs on the host every step"
@@ -28,14 +32,14 @@ from dataclasses import dataclass
 
 from fastloop.errors import GraphIneligible
 from fastloop.speedups.base import Speedup, register
-from fastloop.speedups.compile import CUDAGRAPH_MODES
+from fastloop.speedups.compile import CUDAGRAPH_MODES, GRAPHED_BY_COMPILE
 from fastloop.speedups.graph_capture import MAX_GRAPHS
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CudaGraph", "MAX_GRAPHS", "TIERS", "Tier", "common_blocker", "tier_below_whole"]
+__all__ = ["CudaGraph", "MAX_GRAPHS", "TIERS", "Tier", "TierFacts", "below_whole", "common_blocker", "tier_below_whole"]
 
-TIERS = ("whole step", "forward+backward graphed", "compiled, no graphs", "eager")
+TIERS = ("whole step", GRAPHED_BY_COMPILE, "compiled, no graphs", "eager")
 """cuda_graph's tiers, best first."""
 
 @dataclass(frozen=True)
@@ -48,6 +52,39 @@ class Tier:
     compile_mode: str | None
     status: str
     detail: str
+
+
+@dataclass(frozen=True)
+class TierFacts:
+    """What an adapter knows that decides the tier below the whole step (see :func:`tier_below_whole`)."""
+
+    compiled_mode: str | None
+    """The mode the compile speedup compiled the step with in this run (None: not compiled)."""
+    graphs_unsafe: str | None
+    """Why compile's CUDA graphs would train wrong here (None: they would not)."""
+    can_compile: bool
+    """The step has something to compile (a model with parameters; under Lightning a child with them)."""
+    user_compiled: bool = False
+    """The user's code compiled it (fastloop leaves it alone)."""
+
+
+def below_whole(run: Run, owner: str, why_not_whole: str) -> Tier:
+    """The one fallback below the whole step, for both adapters, at the moment the whole step is
+    refused (before the first step, or while the run trains): the tier :func:`tier_below_whole`
+    gives for ``run``'s :class:`TierFacts`, compiled through the run
+    (``run.compile_for_tier``), its name and ``why_not_whole`` in the statistics
+    (``OWNER_tier``, ``OWNER_why_not_whole``: the doctor reads them), and the record: the tier's
+    detail, ``fallback`` where it is below compile's graphs."""
+    tier = tier_below_whole(why_not_whole, **vars(run.graph_tier_facts()))
+    run.compile_for_tier(tier.compile_mode, mark_steps=tier.name == TIERS[1])
+    run.ctx.stats[f"{owner}_tier"] = tier.name
+    run.ctx.stats[f"{owner}_why_not_whole"] = why_not_whole
+    if tier.status == "fallback":
+        if run.ctx.applied(owner) or owner not in run.ctx.records:
+            run.ctx.record(owner, "fallback", tier.detail)
+    else:
+        run.ctx.describe(owner, tier.detail)
+    return tier
 
 
 def common_blocker(*, cuda: bool, scale_loss: bool) -> str | None:

@@ -12,10 +12,10 @@ Changes the train step (the DDP wrapper).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from fastloop.errors import FastloopError
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Speedup, register
 from fastloop.speedups.run import Run
 
@@ -30,18 +30,12 @@ def ddp_comm_kwargs(bucket_mb: int | None = None) -> dict[str, Any]:
     return kw
 
 
-@dataclass(frozen=True)
-class DDPCommOptions:
+@dataclass(frozen=True, kw_only=True)
+class DDPCommOptions(Options):
     """Options of ``ddp_comm``."""
 
-    bucket_mb: int | None = field(default=None, metadata={
-        "doc": "DDP gradient bucket size in MiB, 1 to 1024; None: DDP's default (25)"})
-
-    def __post_init__(self) -> None:
-        if self.bucket_mb is not None and (isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, int)
-                                           or not 1 <= self.bucket_mb <= 1024):
-            raise FastloopError(f"ddp_comm: the bucket size must be an integer number of MiB from 1 to 1024, "
-                                f"got {self.bucket_mb!r}")
+    speedup = "ddp_comm"
+    bucket_mb: int | None = option(None, "DDP gradient bucket size in MiB; none: DDP's default (25)", low=1, high=1024)
 
 
 @register
@@ -51,7 +45,6 @@ class DDPComm(Speedup):
     changes = "step"
     order = 66
 
-    option_help = "ddp_comm:MB with MB the gradient bucket size in MiB, an integer from 1 to 1024"
     options_type = DDPCommOptions
 
 

@@ -18,11 +18,11 @@ Skipped without CUDA, before sm_89, and when torchao is not installed
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from fastloop.errors import FastloopError
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Speedup, register
 from fastloop.speedups.run import Run
 
@@ -58,16 +58,13 @@ def apply_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> tuple[int, 
     return eligible, len(linears) - eligible, swaps
 
 
-@dataclass(frozen=True)
-class FP8Options:
+@dataclass(frozen=True, kw_only=True)
+class FP8Options(Options):
     """Options of ``fp8``."""
 
-    recipe: str = field(default="tensorwise", metadata={
-        "doc": "torchao scaling recipe: tensorwise (one scale per tensor, fastest) or rowwise (closer to bf16)"})
-
-    def __post_init__(self) -> None:
-        if self.recipe not in RECIPES:
-            raise FastloopError(f"unknown fp8 recipe {self.recipe!r}; accepted: {', '.join(RECIPES)}")
+    speedup = "fp8"
+    recipe: str = option("tensorwise", "torchao scaling recipe: tensorwise (one scale per tensor, fastest) or rowwise "
+                                       "(closer to bf16)", choices=RECIPES)
 
 
 @register
@@ -81,7 +78,6 @@ class FP8(Speedup):
     needs_cuda = True
 
 
-    option_help = f"fp8:RECIPE with RECIPE one of {', '.join(RECIPES)}"
     options_type = FP8Options
 
 

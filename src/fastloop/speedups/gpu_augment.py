@@ -259,7 +259,7 @@ class GPUAugmentLoader:
             return
         stored, rest = self.resident.tensors[0], self.resident.tensors[1:]
         maps, used = None, 0
-        for index in self.resident.batch_indices():
+        for _, index in self.resident.batch_indices():
             n = index.shape[0]
             if maps is None or used + n > len(maps):  # the draws for many batches at once: a few kernels per chunk
                 maps, used = self.fused.draw(max(n, self.chunk), stored.shape[2], stored.shape[3], self.generator,

@@ -21,15 +21,16 @@ Example (CPU tensors standing in for the device):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import WHOLE_BATCHES, fixed_samples, materialize, sample_keys, tensor_dataset_parts, yields_whole_batches
-from fastloop.errors import FastloopError
+from fastloop.speedups.resident_pad import (CHECK_BATCHES, NotPadded, PaddedResidentLoader, batch_indices, learn_padded,
+                                            why_not_padded)
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.run import Run
 
@@ -63,28 +64,12 @@ class GPUResidentLoader:
         self.sampler = loader.sampler
         self.device = tensors[0].device
 
-    def _to_device(self, idx: list[int]) -> torch.Tensor:
-        index = torch.as_tensor(idx, dtype=torch.long)
-        if self.device.type == "cuda":  # pinned: the copy does not wait for the queued step
-            index = index.pin_memory()
-        return index.to(self.device, non_blocking=True)
-
-    def batch_indices(self) -> Iterator[torch.Tensor]:
-        """Each batch's indices on the device: the epoch's order copied once, sliced per batch (a
-        view: no copy, no kernel a batch); a batch sampler's batches copied one by one."""
-        draw_loader_base_seed(self.loader)  # as the loader's own iterator does: the same order
-        if self.batch_size is None:  # batch_sampler given, or automatic batching off
-            yield from (self._to_device(list(b)) for b in self.loader.batch_sampler)  # type: ignore[union-attr]
-            return
-        order = list(iter(self.sampler))  # the loader's own sampler: its seed, its epoch
-        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        if stop:
-            on_device = self._to_device(order[:stop])
-            for i in range(0, stop, self.batch_size):
-                yield on_device[i:i + self.batch_size]
+    def batch_indices(self) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Each batch's indices on the host and on the device (:func:`~fastloop.speedups.resident_pad.batch_indices`)."""
+        return batch_indices(self.loader, self.device)
 
     def __iter__(self) -> Iterator[Any]:
-        for index in self.batch_indices():
+        for _, index in self.batch_indices():
             batch = [t.index_select(0, index) for t in self.tensors]
             yield batch[0] if self.single else dict(zip(self.keys, batch)) if self.keys else batch
 
@@ -116,9 +101,11 @@ def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]
     return (lambda: materialize(dataset)), found.n * found.item_bytes, single, keys
 
 
-def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.5) -> GPUResidentLoader:
+def make_resident(loader: DataLoader, device: torch.device, *,
+                  share: float = 0.5) -> GPUResidentLoader | PaddedResidentLoader:
     """Move ``loader``'s dataset to ``device`` once; raise :class:`NotResident` with the reason
-    when it cannot (not a DataLoader, per-sample transform, custom collate, too large).
+    when it cannot (not a DataLoader, per-sample transform, a collate it does not reproduce, too
+    large). A loader with its own collate that pads is served by :class:`PaddedResidentLoader`.
 
     A TensorDataset's tensors move as they are. A Dataset that holds its samples in memory and
     gives the same values for the same index (:func:`fastloop.data.fixed_samples`) is read once,
@@ -128,13 +115,9 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
     if yields_whole_batches(loader):
         raise NotResident(WHOLE_BATCHES)
     if loader.collate_fn is not default_collate:
-        raise NotResident("the loader has a custom collate_fn (it may do more than stack samples)")
+        return _padded(loader, device, share)
     get, size, single, keys = _resident_parts(loader.dataset)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        if size > share * free:
-            raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
-                              f"{free / 2**30:.1f} GiB of free GPU memory")
+    _fits(size, device, share)
     try:
         tensors = get()
     except (TypeError, RuntimeError, ValueError) as err:  # samples default_collate cannot stack together
@@ -143,16 +126,32 @@ def make_resident(loader: DataLoader, device: torch.device, *, share: float = 0.
     return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader, single=single, keys=keys)
 
 
-@dataclass(frozen=True)
-class ResidentOptions:
+def _fits(size: int, device: torch.device, share: float) -> None:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if size > share * free:
+            raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
+                              f"{free / 2**30:.1f} GiB of free GPU memory")
+
+
+def _padded(loader: DataLoader, device: torch.device, share: float) -> PaddedResidentLoader:
+    """A loader with its own collate: the samples stored padded and every batch cut as the collate
+    builds it, where the cut batches equal the collate's (:mod:`fastloop.speedups.resident_pad`)."""
+    try:
+        store = learn_padded(loader)
+    except NotPadded as why:
+        raise NotResident(str(why)) from None
+    _fits(store.nbytes, device, share)
+    return PaddedResidentLoader(store.to(device), loader)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResidentOptions(Options):
     """Options of ``gpu_resident``."""
 
-    share: float = field(default=0.5, metadata={
-        "doc": "the largest share of free GPU memory the dataset may take, in (0, 0.9]"})
-
-    def __post_init__(self) -> None:
-        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)) or not 0 < self.share <= 0.9:
-            raise FastloopError(f"gpu_resident: the memory share must be in (0, 0.9], got {self.share!r}")
+    speedup = "gpu_resident"
+    share: float = option(0.5, "the largest share of free GPU memory the dataset may take", low=0, high=0.9,
+                          low_open=True)
 
 
 @register
@@ -167,18 +166,36 @@ class GPUResident(Speedup):
     order = 9
     needs_cuda = True
     in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder_search)
-    option_help = "gpu_resident:SHARE with SHARE in (0, 0.9], the largest share of free GPU memory (default 0.5)"
     options_type = ResidentOptions
 
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
 
+    def why_not_data(self, loader: Any) -> str | None:
+        """What rules the loader out before a run (the ladder skips the rung): not a DataLoader,
+        whole batches from the dataset, samples not fixed in memory, a collate it does not
+        reproduce (on a few sampled batches: the whole check runs when it applies)."""
+        if not isinstance(loader, DataLoader):
+            return f"the loader is a {type(loader).__name__}, not a torch DataLoader"
+        if yields_whole_batches(loader):
+            return WHOLE_BATCHES
+        if loader.collate_fn is not default_collate:
+            return why_not_padded(loader)
+        found = fixed_samples(loader.dataset) if tensor_dataset_parts(loader.dataset) is None else None
+        return found if isinstance(found, str) else None
+
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:
         try:
             resident = make_resident(loader, ctx.device, share=self.opts.share)  # type: ignore[arg-type]
         except NotResident as why:
             raise Skip(str(why)) from None
-        ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
+        if isinstance(resident, PaddedResidentLoader):
+            ctx.stats["gpu_resident_bytes"] = resident.store.nbytes
+            ctx.describe(self.name, f"{len(loader.dataset):,} samples stored padded to their longest on the GPU "
+                                    f"({resident.store.nbytes / 2**20:,.1f} MiB); each batch cut as your collate_fn "
+                                    f"builds it (equal on the first {CHECK_BATCHES} batches)")
+        else:
+            ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
         ctx.inputs.batches_on_device = self.name
         return resident

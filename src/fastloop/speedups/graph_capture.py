@@ -1,17 +1,15 @@
-"""The capture core of ``cuda_graph``, one for both adapters: a whole training step captured as
-one CUDA graph per batch shape, every graph in one memory pool, replayed with each batch copied
-into the graph's static buffers.
+"""The capture primitive of ``cuda_graph``: a whole training step captured as one CUDA graph per
+batch shape, every graph in one memory pool, replayed with each batch copied into the graph's
+static buffers.
 
-:class:`StepGraphs` holds what both adapters share: which batch shape replays, is captured or runs
-eagerly (a shape seen after the first capture is captured at its second step, up to
-:data:`~fastloop.speedups.cuda_graph.MAX_GRAPHS`: its first runs eagerly, which is where compile
-builds its code for the shape), the capture itself (PyTorch's "whole network capture": a checked
-eager step on a side stream first, then ``torch.cuda.graph`` in the shared pool), the checks that
-keep a step eager (a host sync, a host random draw) with the same words in both adapters, the
-capturable optimizer (:func:`make_capturable`, :func:`sync_lr`) and the record of what was
-captured. The adapters keep only what is theirs: the plain loop's step function
-(:mod:`fastloop.adapters.graph_step`), and Lightning's patching of ``batch_to_device``,
-``optimizer_step`` and ``log`` (:mod:`fastloop.adapters.lightning_graph`).
+:class:`StepGraphs` holds the graphs: which batch shape replays, is captured or runs eagerly (a
+shape seen after the first capture is captured at its second step, up to :data:`MAX_GRAPHS`: its
+first runs eagerly, which is where compile builds its code for the shape), the checked eager step
+on a side stream (PyTorch's warm-up before a capture, watched for a host sync or a host random
+draw), ``torch.cuda.graph`` in the shared pool, and the record of what was captured; with the
+capturable optimizer (:func:`make_capturable`, :func:`sync_lr`). The one engine that uses it,
+for both adapters, is :class:`fastloop.speedups.captured_step.CapturedStep` (the warm-up, the
+optimizer, the guards, the fallback).
 
 Example:
     >>> graphs = StepGraphs()
@@ -22,31 +20,24 @@ Example:
 
 from __future__ import annotations
 
-import random
 import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from fastloop.data import map_tensors
+from fastloop.feed import host_rng_changed, host_rng_snapshot
 from fastloop.errors import GraphIneligible
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
 from fastloop.measure.timer import one_off_step
 
-__all__ = ["StepGraphs", "copy_into", "host_rng_changed", "host_rng_snapshot", "make_capturable", "shapes_of",
-           "state_tensors", "sync_lr"]
+__all__ = ["StepGraphs", "copy_into", "host_rng_changed", "host_rng_snapshot", "make_capturable", "shapes_of", "sync_lr"]
 
 MAX_GRAPHS = 8
 """The most batch shapes captured (one whole-step graph each, all in one memory pool): the buckets
 of ``pad_buckets``; a shape past them runs eagerly."""
-
-
-def state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's state tensors (moments, step counters)."""
-    return [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
 
 
 def shapes_of(batch: Any) -> list:
@@ -97,36 +88,6 @@ def sync_lr(pairs: list[tuple[dict, torch.Tensor]]) -> None:
         if g["lr"] is not t:
             t.fill_(float(g["lr"]))
             g["lr"] = t
-
-
-def host_rng_snapshot() -> tuple:
-    """The host's random states (torch's CPU generator, Python's ``random``, numpy's global
-    generator), to tell afterwards whether a step drew on the host, whatever code drew."""
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def host_rng_changed(before: tuple) -> str | None:
-    """Which host generator moved since ``before`` (:func:`host_rng_snapshot`), or None. A captured
-    step would replay the first draw: a library's crop offsets or a mixup weight would freeze.
-
-    Example:
-        >>> snap = host_rng_snapshot()
-        >>> print(host_rng_changed(snap))
-        None
-        >>> _ = torch.rand(())
-        >>> host_rng_changed(snap)
-        "torch's CPU generator"
-    """
-    torch_state, py_state, np_state = before
-    moved = []
-    if not torch.equal(torch_state, torch.get_rng_state()):
-        moved.append("torch's CPU generator")
-    if py_state != random.getstate():
-        moved.append("Python's random")
-    now = np.random.get_state()
-    if not (np.array_equal(np_state[1], now[1]) and np_state[2:] == now[2:]):
-        moved.append("numpy's global generator")
-    return ", ".join(moved) or None
 
 
 def _is_sync(message: str) -> bool:
@@ -223,14 +184,21 @@ class StepGraphs:
             raise GraphIneligible(f"capture failed: {msg}") from None
         return graph, out
 
+    @staticmethod
+    def synchronize() -> None:
+        """Wait for the device (after a capture that failed)."""
+        torch.cuda.synchronize()
+
     def add(self, key: tuple, entry: Any, seconds: float) -> None:
-        """Keep ``entry`` as the graph of shape ``key``, captured in ``seconds``. A capture after the
-        first falls in a measured step: the step timers leave that step out and count it."""
+        """Keep ``entry`` as the graph of shape ``key``, captured in ``seconds``. A capture that
+        falls in a measured step (any after the first, and the first in a run with a short
+        warm-up) is left out of the step statistics by the step timers, and counted."""
         if self.entries:
             self.late_captures.append(seconds)
             one_off_step(f"a CUDA graph captured for a batch shape first seen after warm-up ({seconds:.2f} s)")
         else:
             self.capture_s = seconds
+            one_off_step(f"the whole step captured as a CUDA graph ({seconds:.2f} s)")
         self.entries[key] = entry
 
     def refuse(self, key: tuple, reason: str) -> None:

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
-from fastloop.errors import FastloopError
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop._torch_private import recompile_limit
 from fastloop.speedups.pad_check import check_equivalence, tensors_of
@@ -65,31 +65,26 @@ CLEAR_MODE = 2
 """A pad value is clear when at least this many times as many rows end with it as with any other value."""
 
 
-@dataclass(frozen=True)
-class PadOptions:
+@dataclass(frozen=True, kw_only=True)
+class PadOptions(Options):
     """Options of ``pad_buckets``."""
 
-    multiple: int | None = field(default=None, metadata={
-        "doc": "bucket lengths are multiples of this; None: a quarter of the longest length seen, rounded up to 8"})
-    max_buckets: int = field(default=8, metadata={
-        "doc": "at most this many bucket lengths with the default multiple (under torch.compile's recompile limit)"})
-    sample_batches: int = field(default=32, metadata={
-        "doc": "batches read (collate only, no workers) to find what varies, its pad value and the longest length"})
-    check_batches: int = field(default=4, metadata={"doc": "batches whose loss is compared padded and unpadded"})
-    rtol: float = field(default=1e-4, metadata={"doc": "relative tolerance of that loss comparison (fp32, TF32 off)"})
+    speedup = "pad_buckets"
+    multiple: int | None = option(None, "bucket lengths are multiples of this; none: a quarter of the longest length "
+                                        "seen, rounded up to a multiple of 8 (at least 8, and no more than max_buckets "
+                                        "buckets)", low=1, high=65536)
+    max_buckets: int = option(8, "at most this many bucket lengths with the default multiple (under torch.compile's "
+                                 "recompile limit)", low=1, high=64)
+    sample_batches: int = option(32, "batches read (collate only, no workers) to find what varies, its pad value and "
+                                     "the longest length", low=2, high=4096)
+    check_batches: int = option(4, "batches whose loss is compared padded and unpadded (at most sample_batches)",
+                                low=1, high=4096)
+    rtol: float = option(1e-4, "relative tolerance of that loss comparison (fp32, TF32 off)", low=0, high=1,
+                         low_open=True, high_open=True)
 
-    def __post_init__(self) -> None:
-        if self.multiple is not None and (isinstance(self.multiple, bool) or not isinstance(self.multiple, int)
-                                          or not 1 <= self.multiple <= 65536):
-            raise FastloopError(f"pad_buckets: the bucket multiple must be a whole number in [1, 65536], got {self.multiple!r}")
-        if not isinstance(self.max_buckets, int) or not 1 <= self.max_buckets <= 64:
-            raise FastloopError(f"pad_buckets: max_buckets must be in [1, 64], got {self.max_buckets!r}")
-        if not isinstance(self.sample_batches, int) or self.sample_batches < 2:
-            raise FastloopError(f"pad_buckets: sample_batches must be >= 2, got {self.sample_batches!r}")
-        if not isinstance(self.check_batches, int) or not 1 <= self.check_batches <= self.sample_batches:
-            raise FastloopError(f"pad_buckets: check_batches must be in [1, sample_batches], got {self.check_batches!r}")
-        if not isinstance(self.rtol, float) or not 0 < self.rtol < 1:
-            raise FastloopError(f"pad_buckets: rtol must be in (0, 1), got {self.rtol!r}")
+    def check(self) -> None:
+        if self.check_batches > self.sample_batches:
+            raise self.refuse("check_batches", self.check_batches, f"at most sample_batches ({self.sample_batches})")
 
 
 def tensor_names(batch: Any) -> list[str]:
@@ -308,10 +303,9 @@ class PadBuckets(Speedup):
     name = "pad_buckets"
     changes = "data"
     fixes_shapes = True
-    order = 11  # before prefetch, which hands the step a CUDAPrefetcher (no collate left to wrap)
+    order = 11  # before prefetch, which hands the step a BackgroundFeed (no collate left to wrap)
     in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder_search)
     ablation_rank = 5  # padding is more work: taken out to check that it pays
-    option_help = "pad_buckets:N with N a whole number, the bucket multiple (default: a quarter of the longest length seen)"
     options_type = PadOptions
 
 
@@ -320,20 +314,23 @@ class PadBuckets(Speedup):
 
     def apply_loader(self, loader: Iterable, run: Run) -> Iterable:
         ctx: Context = run.ctx
-        if not isinstance(loader, DataLoader) or yields_whole_batches(loader):
+        on_device = bool(getattr(loader, "pads_on_device", False))  # gpu_resident's padded samples
+        if not on_device and (not isinstance(loader, DataLoader) or yields_whole_batches(loader)):
             raise Skip(f"the loader is a {type(loader).__name__} that does not batch samples itself; pad_buckets "
                        f"pads the output of a DataLoader's collate_fn")
-        o = self.opts or PadOptions()
-        batches = _sample(loader, o.sample_batches)
+        o = self.opts
+        batches = loader.sample(o.sample_batches) if on_device else _sample(loader, o.sample_batches)
         if len(batches) < 2:
             raise Skip("the loader gave fewer than 2 batches: nothing to compare shapes with")
         plan = find_padding(batches, multiple=o.multiple, max_buckets=o.max_buckets)
         t0 = time.perf_counter()
-        for b in batches:
+        for b in batches if not on_device else []:
             plan.pad(b)
-        pad_us = 1e6 * (time.perf_counter() - t0) / len(batches)
+        pad_us = 1e6 * (time.perf_counter() - t0) / len(batches)  # on the device: cut at the bucket, no host work
         device = next((p.device for p in run.model.parameters()), ctx.device) if run.model is not None else ctx.device
-        checked = check_equivalence(run, plan, [to_device(b, device) for b in batches[:o.check_batches]], o.rtol)
+        padded = [b for b in batches if any(x.shape != y.shape for x, y in zip(tensors_of(b), tensors_of(plan.pad(b))))]
+        checked = check_equivalence(run, plan, [to_device(b, device) for b in (padded or batches)[:o.check_batches]],
+                                    o.rtol)  # batches the padding lengthens: most of text's may already end at a bucket
         pads = ", ".join(f"{p.name} with {p.value!r}" for p in plan.pads)
         side = plan.pads[0].side
         limit, dynamic = recompile_limit()
@@ -351,8 +348,12 @@ class PadBuckets(Speedup):
                      f"the longest length in {len(batches)} sampled batches (lengths seen {plan.lengths_seen[0]}-"
                      f"{plan.lengths_seen[-1]}; a longer batch is left alone, never padded past a length seen, and "
                      f"counted: pad_buckets_longer_batches); {checked}; "
-                     f"{pad_us:.0f} us of host time per batch in the collate{compile_note}"
+                     + ("each batch cut at its bucket from gpu_resident's padded samples on the GPU" if on_device else
+                        f"{pad_us:.0f} us of host time per batch in the collate") + compile_note
                      + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
+        if on_device:
+            loader.bucket = plan.bucket
+            return loader
         mp = getattr(loader, "multiprocessing_context", None) or multiprocessing.get_context()  # the workers' own
         self.longer = mp.Value("i", 0)
         return rebuild_loader(loader, collate_fn=PaddedCollate(loader.collate_fn, plan, self.longer))

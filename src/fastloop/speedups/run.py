@@ -127,6 +127,17 @@ class Run:
         the next tier, and the tier that ran in the statistics (``cuda_graph_tier``)."""
         raise self._cannot("capture the step")
 
+    def graph_tier_facts(self) -> Any:
+        """What decides the tier below the whole step here
+        (:class:`~fastloop.speedups.cuda_graph.TierFacts`), for :func:`~fastloop.speedups.cuda_graph.below_whole`."""
+        raise self._cannot("say what the step could compile")
+
+    def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:
+        """Compile what the step calls in ``mode`` for a tier below the whole step (None: nothing
+        to compile), in place of a mode the compile speedup set (compile is lazy); ``mark_steps``:
+        compile's CUDA graphs replay, so each step is marked as a new one."""
+        raise self._cannot("compile the step for a graph tier")
+
     def batch_loss(self, batch: Any) -> torch.Tensor:
         """The loss the train step computes on ``batch`` (already on the model's device) in eval
         mode, without gradients, TF32 or autocast, from the same random state each call, changing

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.streams import splits_between_workers
-from fastloop.errors import FastloopError
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
@@ -220,17 +220,13 @@ def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
     return out + ")"
 
 
-@dataclass(frozen=True)
-class WorkersOptions:
+@dataclass(frozen=True, kw_only=True)
+class WorkersOptions(Options):
     """Options of ``workers``."""
 
-    count: int | None = field(default=None, metadata={
-        "doc": "loader worker processes, 1 to 256; None: measure 0, 1, 2, 4, ... and use the fastest"})
-
-    def __post_init__(self) -> None:
-        if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int)
-                                       or not 1 <= self.count <= 256):
-            raise FastloopError(f"workers: the worker count must be an integer from 1 to 256, got {self.count!r}")
+    speedup = "workers"
+    count: int | None = option(None, "loader worker processes; none: measure 0, 1, 2, 4, ... and use the fastest",
+                               low=1, high=256)
 
 
 def _counts_above(stats: dict, own: int) -> list[int]:
@@ -248,7 +244,6 @@ class Workers(Speedup):
     order = 10
     in_default_ladder = True
 
-    option_help = "workers:N with N an integer from 1 to 256 (default: the count measured fastest)"
     options_type = WorkersOptions
     sized_stat = "num_workers"
 
