@@ -53,7 +53,7 @@ def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
                 "loss": {"first": 10.0, "last": 5.0}, "losses": [10.0 - 0.1 * i for i in range(20)]}
 
     doc = run_ab("x", "compile", "compile,batch_size", repeats=3, measure=measure)
-    assert doc["verdict"].startswith("B is 1.04x faster")
+    assert doc["verdict"].startswith("B (compile,batch_size) is 1.04x faster than A (compile)")
     assert "per item" in doc["verdict"] and "122 items per step, A on 16" in doc["verdict"]
     assert doc["speedup"]["per"] == "item" and doc["speedup"]["items_per_step"] == {"a": [16], "b": [122]}
     assert doc["loss_agreement"]["comparable"] is False

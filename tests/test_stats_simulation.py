@@ -175,7 +175,7 @@ def test_a_difference_under_one_percent_is_no_meaningful_difference_even_when_th
     assert verdict(ci).startswith("no meaningful difference (0.999x") and "less than 1%" in verdict(ci)
     # the same quiet machine still calls a real 2% difference
     faster = run_ratio_ci([[t] * 5 for t in _UNET_A], [[t / 1.02] * 5 for t in _UNET_B], confidence=VERDICT_CONFIDENCE)
-    assert faster.significant and not faster.negligible and verdict(faster).startswith("B is 1.02x faster")
+    assert faster.significant and not faster.negligible and verdict(faster).startswith("B is 1.02x faster than A")
     with pytest.raises(ValueError, match="min_effect"):
         run_ratio_ci([[t] * 5 for t in _UNET_A], [[t] * 5 for t in _UNET_B], min_effect=1.5)
 

@@ -195,8 +195,9 @@ def per_item(a: Runs, b: Runs) -> bool:
 
 
 def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: bool = False,
-            paired: bool = True) -> dict | None:
+            paired: bool = True, labels: tuple[str, str] | None = None) -> dict | None:
     """Run-level CI of mean step time A / B (``ratio > 1``: B faster), None if a side has no run.
+    The verdict names the two configurations: ``labels`` (A's, B's), else the runs' specs.
 
     ``one_run``: B has one run; the interval is :func:`~fastloop.measure.stats.one_run_ci`'s
     (B's run against the spread of A's runs), which the ladder uses only to stop early.
@@ -232,14 +233,15 @@ def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: b
     if tainted:
         out["significant"] = False
         out["tainted"] = "the loss was not finite in a run: no verdict"
-    out["verdict"] = compare_verdict(ci, tainted)
+    out["verdict"] = compare_verdict(ci, tainted, labels=labels or (a.spec or "A", b.spec or "B"))
     return out
 
 
-def compare_verdict(ci, tainted: bool = False) -> str:
+def compare_verdict(ci, tainted: bool = False, labels: tuple[str, str] = ("A", "B")) -> str:
+    """The verdict, naming the two configurations (``labels``: A's, then B's)."""
     if tainted:
         return "no verdict: the loss was not finite (NaN/inf) in at least one run"
-    return verdict(ci)
+    return verdict(ci, label_a=labels[0], label_b=labels[1])
 
 
 def unsteady_note(*sides: Runs) -> str:

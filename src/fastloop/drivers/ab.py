@@ -10,7 +10,7 @@ Example:
     >>> fake = lambda t, s, **k: {"step_s_all": [0.010 if s == "none" else 0.005] * 5, "speedups": []}
     >>> doc = run_ab("x", "none", "bf16", repeats=3, measure=fake)
     >>> doc["verdict"]
-    'B is 2.00x faster (97% CI 2.000-2.000)'
+    'B (bf16) is 2.00x faster than A (none) (97% CI 2.000-2.000)'
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int, order: list[str] |
     sides = {"a": merge_runs(ra), "b": merge_runs(rb)}
     for side, spec in (("a", a), ("b", b)):
         sides[side]["spec"] = spec
-    speedup = compare(ra, rb)
+    speedup = compare(ra, rb, labels=(f"A ({a})", f"B ({b})"))
     if speedup is None:
         failed = [f"{s.upper()} ({sides[s]['reason']})" for s in ("a", "b") if sides[s].get("failed")]
         verdict = "no verdict: " + ("; ".join(failed) + " failed" if failed else "nothing measured yet")

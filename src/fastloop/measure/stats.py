@@ -312,19 +312,25 @@ def bootstrap_ratio_ci(
 
 
 def verdict(ci: RatioCI, *, label_a: str = "A", label_b: str = "B") -> str:
-    """One honest sentence about a ratio CI."""
+    """One honest sentence about a ratio CI (``ratio``: B's speed over A's), naming the two
+    configurations, the ratio always printed the same way (B over A): "a tie" only where the
+    interval holds 1, "slower" where B is significantly slower.
+
+    Example:
+        >>> verdict(RatioCI(0.97, 0.94, 0.99, True, 0.97, runs=3), label_a="workers:4", label_b="workers:4,bf16")
+        'workers:4,bf16 is slower than workers:4: 0.97x (97% CI 0.940-0.990)'
+    """
     if ci.too_few:
         runs = f"{ci.runs} run{'s' if ci.runs != 1 else ''} per side" if ci.runs is not None else "too few steps"
         return f"too few runs to tell ({runs}; {MIN_RUNS} or more are needed for a verdict; measured {ci.ratio:.3f}x)"
     if ci.ci_high is None:
         return f"no interval ({ci.ratio:.3f}x)"
     pct = f"{100 * ci.confidence:g}%"
+    span = f"{pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f}"
     if ci.negligible:
-        return (f"no meaningful difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f}: "
-                f"apart, but by less than {100 * MIN_EFFECT:g}%)")
+        return f"no meaningful difference ({ci.ratio:.3f}x, {span}: apart, but by less than {100 * MIN_EFFECT:g}%)"
     if not ci.significant:
-        return f"no significant difference ({ci.ratio:.3f}x, {pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
+        return f"no significant difference, a tie ({ci.ratio:.3f}x, {span})"
     if ci.ratio > 1:
-        return f"{label_b} is {ci.ratio:.2f}x faster ({pct} CI {ci.ci_low:.3f}-{ci.ci_high:.3f})"
-    # A is faster: its own ratio B/A with that ratio's interval (the reciprocal of A/B's)
-    return f"{label_a} is {1 / ci.ratio:.2f}x faster ({pct} CI {1 / ci.ci_high:.3f}-{1 / ci.ci_low:.3f})"
+        return f"{label_b} is {ci.ratio:.2f}x faster than {label_a} ({span})"
+    return f"{label_b} is slower than {label_a}: {ci.ratio:.2f}x ({span})"
