@@ -79,8 +79,14 @@ def _measure(target: str, spec: str, runs: Runs) -> None:
         runs.failures.append(str(err)[-500:])
 
 
-def _ci(a: Runs, b: Runs) -> dict | None:
-    ci = compare(a, b)
+def _label(name: str, runs: Runs) -> str:
+    """How a verdict names a side: ``expert``, ``pick (bf16,cuda_graph)``."""
+    return name if runs.spec == "none" else f"{name} ({runs.spec})"
+
+
+def _ci(sides: dict[str, Runs], a_name: str, b_name: str) -> dict | None:
+    a, b = sides[a_name], sides[b_name]
+    ci = compare(a, b, labels=(_label(a_name, a), _label(b_name, b)))
     return None if ci is None else {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
 
 
@@ -121,9 +127,9 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
     graph = rec.get("cuda_graph")
     return {**lad, "throughput": tp,
             "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
-            "pick_vs_expert": _ci(sides["expert"], sides["pick"]), "expert_vs_plain": _ci(sides["plain"], sides["expert"]),
-            "pick_vs_plain": _ci(sides["plain"], sides["pick"]),
-            **({"before": sides["before"].spec, "pick_vs_before": _ci(sides["before"], sides["pick"])}
+            "pick_vs_expert": _ci(sides, "expert", "pick"), "expert_vs_plain": _ci(sides, "plain", "expert"),
+            "pick_vs_plain": _ci(sides, "plain", "pick"),
+            **({"before": sides["before"].spec, "pick_vs_before": _ci(sides, "before", "pick")}
                if "before" in sides else {}),
             "data_wait": {k: m.get("data_wait_frac") for k, m in merged.items()},
             "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),

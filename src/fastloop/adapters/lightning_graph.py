@@ -31,6 +31,7 @@ from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.adapters.step_source import step_reads_counters
 from fastloop.speedups.captured_step import CapturedStep, Entry
+from fastloop.speedups.cuda_graph import SCALER_BLOCKS
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 
@@ -71,7 +72,7 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
         return f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the graph would step the optimizer every batch"
     plugin = trainer.strategy.precision_plugin
     if getattr(plugin, "scaler", None) is not None:
-        return "fp16's GradScaler checks the gradients for inf/NaN on the host every step"
+        return SCALER_BLOCKS
     if type(plugin).__name__ not in ("Precision", "MixedPrecision"):
         return f"the precision plugin {type(plugin).__name__} is not one the graph knows"
     own = [m for m in MODULE_STEP_METHODS if _overridden(m, pl_module, LightningModule)]

@@ -17,7 +17,9 @@ __all__ = ["env_stamp"]
 def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        # "-dirty" where the working tree differs from the commit: the figures are then not that commit's
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=here, capture_output=True,
+                             text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:

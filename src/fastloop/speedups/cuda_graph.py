@@ -18,7 +18,7 @@ facts only they know (:class:`TierFacts`); the whole step itself is the captured
 
 Example:
     >>> common_blocker(cuda=True, scale_loss=True)
-    "fp16's GradScaler checks for infs on the host every step"
+    "fp16's GradScaler checks the gradients for inf/NaN on the host every step"
     >>> tier_below_whole("a sync", compiled_mode=None, graphs_unsafe=None, can_compile=True).name
     'forward+backward graphed'
     >>> tier_below_whole("a sync", compiled_mode=None, graphs_unsafe="2 processes with manual optimization",
@@ -87,6 +87,10 @@ def below_whole(run: Run, owner: str, why_not_whole: str) -> Tier:
     return tier
 
 
+SCALER_BLOCKS = "fp16's GradScaler checks the gradients for inf/NaN on the host every step"
+"""Why an fp16 step with a GradScaler is not one graph, in both adapters' words."""
+
+
 def common_blocker(*, cuda: bool, scale_loss: bool) -> str | None:
     """What keeps the whole step out of one graph in either adapter, known before the first
     step (each adapter adds what only it can see: Lightning's hooks and counters, a step
@@ -94,7 +98,7 @@ def common_blocker(*, cuda: bool, scale_loss: bool) -> str | None:
     if not cuda:
         return "no CUDA"
     if scale_loss:
-        return "fp16's GradScaler checks for infs on the host every step"
+        return SCALER_BLOCKS
     return None
 
 
