@@ -71,7 +71,8 @@ def test_the_readmes_claim_on_the_main_job_is_the_recorded_run():
     log = subprocess_log()
     for r in records:
         assert {kept.group(1)} == r["kept"] and set(re.findall(r"`(\w+)`", dropped.group(1))) == r["dropped"]
-        assert ("untried alone" in para) == bool(r["not_tried"]) and r["not_tried"] <= r["dropped"]
+        untried = r["not_tried"] - r["kept"]  # a size of the kept speedup (workers:2) is not one untried alone
+        assert ("untried alone" in para) == bool(untried) and untried <= r["dropped"]
         assert r["commit"].split()[0].rstrip(",") in log
 
 
