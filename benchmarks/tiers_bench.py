@@ -34,7 +34,8 @@ import os
 import time
 from pathlib import Path
 
-from fastloop.compare import Runs, compare, merge_runs
+from benchmarks._common import side_ci
+from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
 BASE = {
@@ -57,14 +58,6 @@ def _measure(target: str, spec: str, runs: Runs, device: str = "cuda") -> float:
     except ConfigurationFailed as err:
         runs.failures.append(str(err)[-800:])
     return time.perf_counter() - t0
-
-
-def _ci(sides: dict[str, Runs], a_name: str, b_name: str) -> dict | None:
-    a, b = sides[a_name], sides[b_name]
-    if not a.docs or not b.docs:
-        return None
-    ci = compare(a, b, paired=len(a.docs) == len(b.docs), labels=(a_name, b_name))
-    return None if ci is None else {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
 
 
 def _graph_record(runs: Runs) -> dict:
@@ -97,11 +90,11 @@ def summarize(module: str, sides: dict[str, Runs]) -> dict:
            "throughput": tp, "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
            "runs": {k: len(r.docs) for k, r in sides.items()},
            "failures": {k: r.failures for k, r in sides.items() if r.failures},
-           "graph_vs_compile": _ci(sides, "compile", "cuda_graph"),
+           "graph_vs_compile": side_ci(sides, "compile", "cuda_graph"),
            "cuda_graph": _graph_record(sides["cuda_graph"])}
     if "plain" in sides:
-        row["graph_vs_plain"] = _ci(sides, "plain", "cuda_graph")
-        row["graph_vs_by_hand"] = _ci(sides, "by_hand", "cuda_graph")
+        row["graph_vs_plain"] = side_ci(sides, "plain", "cuda_graph")
+        row["graph_vs_by_hand"] = side_ci(sides, "by_hand", "cuda_graph")
     return row
 
 

@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from fastloop.compare import Runs, compare, merge_runs
+from benchmarks._common import side_ci
+from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
 MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug",
@@ -79,17 +80,6 @@ def _measure(target: str, spec: str, runs: Runs) -> None:
         runs.failures.append(str(err)[-500:])
 
 
-def _label(name: str, runs: Runs) -> str:
-    """How a verdict names a side: ``expert``, ``pick (bf16,cuda_graph)``."""
-    return name if runs.spec == "none" else f"{name} ({runs.spec})"
-
-
-def _ci(sides: dict[str, Runs], a_name: str, b_name: str) -> dict | None:
-    a, b = sides[a_name], sides[b_name]
-    ci = compare(a, b, labels=(_label(a_name, a), _label(b_name, b)))
-    return None if ci is None else {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
-
-
 def _span(ci: dict) -> str:
     """A ratio and its interval for the table: ``1.26 [0.51,3.15]``; ``2.81 [n/a: too few runs]``
     where a side had fewer runs than a verdict needs (a 1-run interval is none, a 2-run one spans
@@ -127,9 +117,9 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
     graph = rec.get("cuda_graph")
     return {**lad, "throughput": tp,
             "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
-            "pick_vs_expert": _ci(sides, "expert", "pick"), "expert_vs_plain": _ci(sides, "plain", "expert"),
-            "pick_vs_plain": _ci(sides, "plain", "pick"),
-            **({"before": sides["before"].spec, "pick_vs_before": _ci(sides, "before", "pick")}
+            "pick_vs_expert": side_ci(sides, "expert", "pick"), "expert_vs_plain": side_ci(sides, "plain", "expert"),
+            "pick_vs_plain": side_ci(sides, "plain", "pick"),
+            **({"before": sides["before"].spec, "pick_vs_before": side_ci(sides, "before", "pick")}
                if "before" in sides else {}),
             "data_wait": {k: m.get("data_wait_frac") for k, m in merged.items()},
             "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),
