@@ -117,7 +117,8 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
     graph = rec.get("cuda_graph")
     return {**lad, "throughput": tp,
             "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
-            "pick_vs_expert": side_ci(sides, "expert", "pick"), "expert_vs_plain": side_ci(sides, "plain", "expert"),
+            "pick_vs_expert": side_ci(sides, "expert", "pick"),
+            "expert_vs_plain": side_ci(sides, "plain", "expert"),
             "pick_vs_plain": side_ci(sides, "plain", "pick"),
             **({"before": sides["before"].spec, "pick_vs_before": side_ci(sides, "before", "pick")}
                if "before" in sides else {}),

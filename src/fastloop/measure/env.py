@@ -18,8 +18,8 @@ def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         # "-dirty" where the working tree differs from the commit: the figures are then not that commit's
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"], cwd=here, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"], cwd=here,
+                             capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
