@@ -23,7 +23,9 @@ from fastloop.speedups.gpu_augment import make_augmented
 
 class Stored(Dataset):
     def __init__(self, n: int, size: int, transform) -> None:
-        self.data = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        self.data = torch.randint(
+            0, 256, (n, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+        )
         self.targets = torch.randint(0, 10, (n,)).tolist()
         self.transform = transform
 
@@ -50,21 +52,42 @@ def measure(loader, batches: int = 150, warm: int = 10) -> dict:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     q = statistics.quantiles(host, n=10)
-    return {"host_us_median": statistics.median(host), "host_us_p10": q[0], "host_us_p90": q[-1],
-            "batches_per_s": batches / wall, "shape": list(x.shape), "dtype": str(x.dtype)}
+    return {
+        "host_us_median": statistics.median(host),
+        "host_us_p10": q[0],
+        "host_us_p90": q[-1],
+        "batches_per_s": batches / wall,
+        "shape": list(x.shape),
+        "dtype": str(x.dtype),
+    }
 
 
 def main() -> None:
     from torchvision.transforms import v2
 
-    cifar = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                        v2.Normalize([0.49, 0.48, 0.45], [0.25, 0.24, 0.26])])
-    imnet = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                        v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    cifar = v2.Compose(
+        [
+            v2.RandomCrop(32, padding=4),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.49, 0.48, 0.45], [0.25, 0.24, 0.26]),
+        ]
+    )
+    imnet = v2.Compose(
+        [
+            v2.RandomResizedCrop(224),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
     rows = {}
-    for name, ds, fuse in (("cifar_fused", Stored(50_000, 32, cifar), True), ("cifar_one_by_one", Stored(50_000, 32, cifar), False),
-                           ("imagenet_rrc_fused", Stored(2_000, 256, imnet), True),
-                           ("imagenet_rrc_one_by_one", Stored(2_000, 256, imnet), False)):
+    for name, ds, fuse in (
+        ("cifar_fused", Stored(50_000, 32, cifar), True),
+        ("cifar_one_by_one", Stored(50_000, 32, cifar), False),
+        ("imagenet_rrc_fused", Stored(2_000, 256, imnet), True),
+        ("imagenet_rrc_one_by_one", Stored(2_000, 256, imnet), False),
+    ):
         aug = make_augmented(DataLoader(ds, batch_size=256, shuffle=True, drop_last=True), torch.device("cuda"))
         if not fuse:
             aug.fused = None
@@ -72,8 +95,10 @@ def main() -> None:
     emit("augment_host", {"batch": 256, "rows": rows})
     print(f"{'pipeline':<26}{'fused':>6}{'host us/batch':>15}{'p10-p90':>16}{'batches/s':>11}")
     for name, r in rows.items():
-        print(f"{name:<26}{str(r['fused']):>6}{r['host_us_median']:>15.0f}{r['host_us_p10']:>8.0f}-{r['host_us_p90']:<7.0f}"
-              f"{r['batches_per_s']:>11.0f}")
+        print(
+            f"{name:<26}{str(r['fused']):>6}{r['host_us_median']:>15.0f}{r['host_us_p10']:>8.0f}-{r['host_us_p90']:<7.0f}"
+            f"{r['batches_per_s']:>11.0f}"
+        )
 
 
 if __name__ == "__main__":

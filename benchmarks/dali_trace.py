@@ -27,10 +27,28 @@ import json
 import os
 import sys
 
-WAITS = ("cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaStreamWaitEvent",
-         "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaMallocHost", "cudaFreeHost", "cudaHostRegister",
-         "cudaMallocAsync", "cudaFreeAsync", "cudaMemcpy", "cudaStreamQuery", "cudaEventQuery",
-         "cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize", "cuMemAlloc_v2", "cuMemFree_v2")
+WAITS = (
+    "cudaEventSynchronize",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaStreamWaitEvent",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaHostAlloc",
+    "cudaMallocHost",
+    "cudaFreeHost",
+    "cudaHostRegister",
+    "cudaMallocAsync",
+    "cudaFreeAsync",
+    "cudaMemcpy",
+    "cudaStreamQuery",
+    "cudaEventQuery",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+)
 
 
 def _union(ivs: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -82,9 +100,15 @@ def read_trace(events: list[dict], steps: int) -> dict:
         for e in evs:
             per[e["name"][:90]] += e["dur"]
             cnt[e["name"][:90]] += 1
-        streams[s] = {"training": s == train, "ops_per_step": len(evs) / steps, "busy_ms_per_step": busy[s] / 1e3 / steps,
-                      "top": [{"name": n, "ms_per_step": round(t / 1e3 / steps, 4), "per_step": cnt[n] / steps}
-                              for n, t in per.most_common(8)]}
+        streams[s] = {
+            "training": s == train,
+            "ops_per_step": len(evs) / steps,
+            "busy_ms_per_step": busy[s] / 1e3 / steps,
+            "top": [
+                {"name": n, "ms_per_step": round(t / 1e3 / steps, 4), "per_step": cnt[n] / steps}
+                for n, t in per.most_common(8)
+            ],
+        }
     tu = unions[train]
     gaps = [(a[1], b[0]) for a, b in zip(tu, tu[1:]) if b[0] - a[1] > 0]
     big = [g for g in gaps if g[1] - g[0] > 100]
@@ -99,7 +123,8 @@ def read_trace(events: list[dict], steps: int) -> dict:
     for tid, calls in threads.items():
         host[tid + (" (main)" if tid == main else "")] = {
             n: {"per_step": round(c / steps, 2), "ms_per_step": round(t / 1e3 / steps, 3)}
-            for n, (c, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:8]}
+            for n, (c, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:8]
+        }
     longest = sorted(rt, key=lambda e: -e["dur"])[:12]
     return {
         "steps": steps,
@@ -108,17 +133,30 @@ def read_trace(events: list[dict], steps: int) -> dict:
         "training_stream": train,
         "training_busy_ms_per_step": busy[train] / 1e3 / steps,
         "training_gap_ms_per_step": sum(b - a for a, b in gaps) / 1e3 / steps,
-        "training_gaps_over_100us": {"per_step": len(big) / steps, "ms_per_step": sum(b - a for a, b in big) / 1e3 / steps,
-                                     "longest_ms": sorted((round((b - a) / 1e3, 3) for a, b in big), reverse=True)[:10],
-                                     "other_streams_busy_inside_ms_per_step": _overlap(_union(big), others) / 1e3 / steps},
+        "training_gaps_over_100us": {
+            "per_step": len(big) / steps,
+            "ms_per_step": sum(b - a for a, b in big) / 1e3 / steps,
+            "longest_ms": sorted((round((b - a) / 1e3, 3) for a, b in big), reverse=True)[:10],
+            "other_streams_busy_inside_ms_per_step": _overlap(_union(big), others) / 1e3 / steps,
+        },
         "other_streams_busy_ms_per_step": sum(b - a for a, b in others) / 1e3 / steps,
         "other_streams_overlapping_training_ms_per_step": _overlap(tu, others) / 1e3 / steps,
-        "dali_next": {"per_step": len(ann) / steps, "ms_per_step": sum(e["dur"] for e in ann) / 1e3 / steps,
-                      "longest_ms": sorted((round(e["dur"] / 1e3, 3) for e in ann), reverse=True)[:8]},
+        "dali_next": {
+            "per_step": len(ann) / steps,
+            "ms_per_step": sum(e["dur"] for e in ann) / 1e3 / steps,
+            "longest_ms": sorted((round(e["dur"] / 1e3, 3) for e in ann), reverse=True)[:8],
+        },
         "streams": streams,
         "host_threads": host,
-        "longest_cuda_calls": [{"name": e["name"], "ms": round(e["dur"] / 1e3, 3), "tid": e.get("tid"),
-                                "at_ms": round((e["ts"] - t0) / 1e3, 2)} for e in longest],
+        "longest_cuda_calls": [
+            {
+                "name": e["name"],
+                "ms": round(e["dur"] / 1e3, 3),
+                "tid": e.get("tid"),
+                "at_ms": round((e["ts"] - t0) / 1e3, 2),
+            }
+            for e in longest
+        ],
     }
 
 
@@ -146,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import fastloop.drivers.runner as runner
     import fastloop.measure.callback as cbmod
     import fastloop.measure.gpu_busy as gb
-    import fastloop.drivers.runner as runner
     from fastloop.recipes.imagenet import data as imdata
 
     saved: dict = {}
@@ -156,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     class _Traced(gb.GpuProfile):
         def start(self) -> None:
             torch.cuda.synchronize()
-            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                            torch.profiler.ProfilerActivity.CUDA])
+            self._prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            )
             self._prof.__enter__()
 
         def stop(self, steps: int) -> dict:
@@ -197,18 +236,26 @@ def main(argv: list[str] | None = None) -> int:
 
     runner.MeasureCallback = make  # type: ignore[assignment,misc]
     doc = runner.run_configuration(args.target, args.speedups, steps=args.steps, warmup=10, device="cuda")
-    res = {"name": args.name, "speedups": args.speedups, "dali": os.environ.get("FASTLOOP_IMAGENET_DALI", ""),
-           "loader": os.environ.get("FASTLOOP_IMAGENET_LOADER", ""),
-           "measured_mean_step_ms": 1e3 * doc["step_s"]["mean"], "data_wait_frac": doc["data_wait_frac"],
-           "records": [(s["name"], s["status"]) for s in doc["speedups"]], "reading": saved.get("reading")}
+    res = {
+        "name": args.name,
+        "speedups": args.speedups,
+        "dali": os.environ.get("FASTLOOP_IMAGENET_DALI", ""),
+        "loader": os.environ.get("FASTLOOP_IMAGENET_LOADER", ""),
+        "measured_mean_step_ms": 1e3 * doc["step_s"]["mean"],
+        "data_wait_frac": doc["data_wait_frac"],
+        "records": [(s["name"], s["status"]) for s in doc["speedups"]],
+        "reading": saved.get("reading"),
+    }
     with open(os.path.join(out_dir, f"{args.name}.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     r = res["reading"] or {}
-    print(f"{args.name}: measured {res['measured_mean_step_ms']:.2f} ms, wait {res['data_wait_frac']:.3f}; traced "
-          f"{r.get('steps')} steps: span {r.get('span_ms_per_step', 0):.2f} ms/step, training busy "
-          f"{r.get('training_busy_ms_per_step', 0):.2f}, gaps {r.get('training_gap_ms_per_step', 0):.2f}, others busy "
-          f"{r.get('other_streams_busy_ms_per_step', 0):.2f} (overlapping training "
-          f"{r.get('other_streams_overlapping_training_ms_per_step', 0):.2f}), dali_next {r.get('dali_next')}")
+    print(
+        f"{args.name}: measured {res['measured_mean_step_ms']:.2f} ms, wait {res['data_wait_frac']:.3f}; traced "
+        f"{r.get('steps')} steps: span {r.get('span_ms_per_step', 0):.2f} ms/step, training busy "
+        f"{r.get('training_busy_ms_per_step', 0):.2f}, gaps {r.get('training_gap_ms_per_step', 0):.2f}, others busy "
+        f"{r.get('other_streams_busy_ms_per_step', 0):.2f} (overlapping training "
+        f"{r.get('other_streams_overlapping_training_ms_per_step', 0):.2f}), dali_next {r.get('dali_next')}"
+    )
     return 0
 
 

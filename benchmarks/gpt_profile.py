@@ -39,14 +39,18 @@ def family(name: str) -> str:
     return "other"
 
 
-def main(batch: int = 16, steps: int = 10, fp8: str | None = None, fused_loss: bool = False,
-         sdpa: str | None = None) -> None:
+def main(
+    batch: int = 16, steps: int = 10, fp8: str | None = None, fused_loss: bool = False, sdpa: str | None = None
+) -> None:
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION}.get(sdpa or "")
+    backend = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }.get(sdpa or "")
     held = contextlib.ExitStack()
     if backend is not None:  # one SDPA backend only (it raises if that backend cannot run the shapes)
         held.enter_context(sdpa_kernel([backend]))
@@ -95,12 +99,24 @@ def main(batch: int = 16, steps: int = 10, fp8: str | None = None, fused_loss: b
             fam[family(ev.key)] += t / 1e3 / steps
     busy = sum(fam.values())
     held.close()
-    tag = "".join([f"_fp8{fp8}" if fp8 else "", "_fusedloss" if fused_loss else "", f"_sdpa{sdpa}" if sdpa else "",
-                   f"_b{batch}"])
-    emit("gpt_profile" + tag, {"batch": batch, "fp8": fp8, "fp8_linear_layers": converted, "fused_loss": fused_loss,
-                         "sdpa_backend": sdpa or "default (PyTorch's choice)", "step_ms": step_ms, "tokens_per_s": batch * 1024 / step_ms * 1e3,
-                         "gpu_busy_ms": busy, "ms_per_family": dict(sorted(fam.items(), key=lambda kv: -kv[1])),
-                         "note": "device time summed per family over kernels; busy < step means idle gaps"})
+    tag = "".join(
+        [f"_fp8{fp8}" if fp8 else "", "_fusedloss" if fused_loss else "", f"_sdpa{sdpa}" if sdpa else "", f"_b{batch}"]
+    )
+    emit(
+        "gpt_profile" + tag,
+        {
+            "batch": batch,
+            "fp8": fp8,
+            "fp8_linear_layers": converted,
+            "fused_loss": fused_loss,
+            "sdpa_backend": sdpa or "default (PyTorch's choice)",
+            "step_ms": step_ms,
+            "tokens_per_s": batch * 1024 / step_ms * 1e3,
+            "gpu_busy_ms": busy,
+            "ms_per_family": dict(sorted(fam.items(), key=lambda kv: -kv[1])),
+            "note": "device time summed per family over kernels; busy < step means idle gaps",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,13 @@ CASES = {"sgd_momentum_steplr": (_sgd, _steplr), "adamw_onecycle": (_adamw, _one
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU(), torch.nn.Linear(WIDTH, WIDTH),
-                               torch.nn.GELU(), torch.nn.Linear(WIDTH, 10))
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.GELU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.GELU(),
+        torch.nn.Linear(WIDTH, 10),
+    )
 
 
 def _loader() -> DataLoader:
@@ -64,13 +69,25 @@ def plain(case: str, spec: str, device: str = "cuda") -> tuple[torch.nn.Module, 
     make_opt, make_sched = CASES[case]
     model = _model().to(device)
     opt = make_opt(model.parameters())
-    loop = FastLoop(model, opt, _loader(), loss_fn=torch.nn.functional.cross_entropy, speedups=spec,
-                    scheduler=make_sched(opt), device=device)
+    loop = FastLoop(
+        model,
+        opt,
+        _loader(),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups=spec,
+        scheduler=make_sched(opt),
+        device=device,
+    )
     res = loop.train(steps=STEPS)
     rec = res.records[0] if res.records else None
-    return model, {"tier": res.extra.get("cuda_graph_tier"), "why_not_whole": res.extra.get("cuda_graph_why_not_whole"),
-                   "status": rec.status if rec else None, "detail": rec.detail if rec else None,
-                   "lr_last": float(opt.param_groups[0]["lr"]), "extra": res.extra}
+    return model, {
+        "tier": res.extra.get("cuda_graph_tier"),
+        "why_not_whole": res.extra.get("cuda_graph_why_not_whole"),
+        "status": rec.status if rec else None,
+        "detail": rec.detail if rec else None,
+        "lr_last": float(opt.param_groups[0]["lr"]),
+        "extra": res.extra,
+    }
 
 
 class Lit(LightningModule):
@@ -92,15 +109,27 @@ class Lit(LightningModule):
 
 def lightning(case: str, spec: str, accelerator: str = "gpu") -> tuple[torch.nn.Module, dict]:
     module = Lit(case)
-    trainer = Trainer(max_steps=STEPS, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks(spec))
+    trainer = Trainer(
+        max_steps=STEPS,
+        accelerator=accelerator,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks(spec),
+    )
     trainer.fit(module, train_dataloaders=_loader())
     cb = next((c for c in trainer.callbacks if getattr(c, "ctx", None) is not None), None)
     stats = cb.ctx.stats if cb is not None else {}
     rec = cb.record if cb is not None else None
-    return module.net, {"tier": stats.get("cuda_graph_tier"), "why_not_whole": stats.get("cuda_graph_why_not_whole"),
-                        "status": rec.status if rec else None, "detail": rec.detail if rec else None,
-                        "lr_last": float(trainer.optimizers[0].param_groups[0]["lr"])}
+    return module.net, {
+        "tier": stats.get("cuda_graph_tier"),
+        "why_not_whole": stats.get("cuda_graph_why_not_whole"),
+        "status": rec.status if rec else None,
+        "detail": rec.detail if rec else None,
+        "lr_last": float(trainer.optimizers[0].param_groups[0]["lr"]),
+    }
 
 
 def _diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -115,17 +144,29 @@ def main() -> int:
         for case in CASES:
             eager, base = run(case, "none")
             graphed, got = run(case, "cuda_graph")
-            rows.append({"adapter": adapter, "case": case, "max_abs_diff_over_scale": _diff(eager, graphed),
-                         "eager_lr_last": base["lr_last"], **got})
+            rows.append(
+                {
+                    "adapter": adapter,
+                    "case": case,
+                    "max_abs_diff_over_scale": _diff(eager, graphed),
+                    "eager_lr_last": base["lr_last"],
+                    **got,
+                }
+            )
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "graph_schedules.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": STEPS, "rows": rows}, f,
-                  indent=1)
+        json.dump(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": STEPS, "rows": rows},
+            f,
+            indent=1,
+        )
     print(f"{'adapter':10} {'case':20} {'tier':26} {'diff/scale':>10} {'lr last (eager / graph)':>24}  why not whole")
     ok = True
     for r in rows:
-        print(f"{r['adapter']:10} {r['case']:20} {str(r['tier']):26} {r['max_abs_diff_over_scale']:10.2e} "
-              f"{r['eager_lr_last']:11.3e} / {r['lr_last']:.3e}  {r['why_not_whole'] or '-'}")
+        print(
+            f"{r['adapter']:10} {r['case']:20} {str(r['tier']):26} {r['max_abs_diff_over_scale']:10.2e} "
+            f"{r['eager_lr_last']:11.3e} / {r['lr_last']:.3e}  {r['why_not_whole'] or '-'}"
+        )
         ok &= r["max_abs_diff_over_scale"] <= 1e-5 and r["status"] == "applied"
     print("all within 1e-5 of the parameters' scale" if ok else "NOT all within 1e-5 of the parameters' scale")
     return 0 if ok else 1

@@ -51,13 +51,26 @@ def feed(pin: bool, prefetch: bool, pinned_source: bool = False) -> float:
 
 
 def main() -> None:
-    res = {k: feed(*v) for k, v in {"pageable": (False, False), "pinned": (True, False),
-                                    "pinned_prefetch": (True, True),
-                                    "pinned_source_prefetch": (True, True, True)}.items()}
+    res = {
+        k: feed(*v)
+        for k, v in {
+            "pageable": (False, False),
+            "pinned": (True, False),
+            "pinned_prefetch": (True, True),
+            "pinned_source_prefetch": (True, True, True),
+        }.items()
+    }
     best = max(res["pinned_prefetch"], res["pinned_source_prefetch"])
-    emit("h2d_feed", {"gbs": res, "target": "pinned + prefetch >= 45 GB/s", "pass": best >= 45,
-                      "note": "pinned_prefetch pins each batch in the loader's pin thread (a host memcpy); "
-                              "pinned_source_prefetch feeds batches that already live in pinned memory"})
+    emit(
+        "h2d_feed",
+        {
+            "gbs": res,
+            "target": "pinned + prefetch >= 45 GB/s",
+            "pass": best >= 45,
+            "note": "pinned_prefetch pins each batch in the loader's pin thread (a host memcpy); "
+            "pinned_source_prefetch feeds batches that already live in pinned memory",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -76,20 +76,35 @@ def main(argv: list[str] | None = None) -> int:
     st = pstats.Stats(cb.prof, stream=out)
     per = 1e3 / cb.profiled_steps
     rows = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
-        rows.append({"fn": f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}({fn})", "calls_per_step": nc / cb.profiled_steps,
-                     "own_ms_per_step": tt * per, "cum_ms_per_step": ct * per})
-    own = sorted(rows, key=lambda r: -r["own_ms_per_step"])[:args.top]
-    cum = sorted(rows, key=lambda r: -r["cum_ms_per_step"])[:args.top]
-    res = {"target": args.target, "speedups": args.speedups, "measured_mean_step_ms": 1e3 * doc["step_s"]["mean"],
-           "profiled_steps": cb.profiled_steps, "profiled_ms_per_step": 1e3 * cb.profiled_s / cb.profiled_steps,
-           "applied": [s["name"] for s in doc["speedups"] if s["status"] == "applied"],
-           "gpu_profile": doc.get("gpu_profile"), "top_own": own, "top_cumulative": cum}
+    for (file, line, fn), (_cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append(
+            {
+                "fn": f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}({fn})",
+                "calls_per_step": nc / cb.profiled_steps,
+                "own_ms_per_step": tt * per,
+                "cum_ms_per_step": ct * per,
+            }
+        )
+    own = sorted(rows, key=lambda r: -r["own_ms_per_step"])[: args.top]
+    cum = sorted(rows, key=lambda r: -r["cum_ms_per_step"])[: args.top]
+    res = {
+        "target": args.target,
+        "speedups": args.speedups,
+        "measured_mean_step_ms": 1e3 * doc["step_s"]["mean"],
+        "profiled_steps": cb.profiled_steps,
+        "profiled_ms_per_step": 1e3 * cb.profiled_s / cb.profiled_steps,
+        "applied": [s["name"] for s in doc["speedups"] if s["status"] == "applied"],
+        "gpu_profile": doc.get("gpu_profile"),
+        "top_own": own,
+        "top_cumulative": cum,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
-    print(f"measured mean step {res['measured_mean_step_ms']:.3f} ms; under cProfile {res['profiled_ms_per_step']:.3f} ms "
-          f"({cb.profiled_steps} steps); applied: {','.join(res['applied'])}")
+    print(
+        f"measured mean step {res['measured_mean_step_ms']:.3f} ms; under cProfile {res['profiled_ms_per_step']:.3f} ms "
+        f"({cb.profiled_steps} steps); applied: {','.join(res['applied'])}"
+    )
     print("own ms/step  calls/step  function")
     for r in own:
         print(f"{r['own_ms_per_step']:10.3f} {r['calls_per_step']:10.1f}  {r['fn']}")

@@ -37,8 +37,13 @@ DALI_CONFIGS: dict[str, dict] = {
     "no_affine": {"num_threads": 12, "prefetch_queue_depth": 3, "affine": False},
     "hw99": {"num_threads": 12, "prefetch_queue_depth": 3, "affine": False, "hw_decoder_load": 0.99},
     "hw0": {"num_threads": 12, "prefetch_queue_depth": 3, "affine": False, "hw_decoder_load": 0.0},
-    "nhwc_fp16": {"num_threads": 12, "prefetch_queue_depth": 3, "affine": False, "channels_last": True,
-                  "dtype": torch.float16},
+    "nhwc_fp16": {
+        "num_threads": 12,
+        "prefetch_queue_depth": 3,
+        "affine": False,
+        "channels_last": True,
+        "dtype": torch.float16,
+    },
 }
 
 
@@ -46,8 +51,13 @@ def build(args, num_classes: int):
     model = torchvision.models.resnet50(num_classes=num_classes).cuda().to(memory_format=torch.channels_last)
     decay = [p for p in model.parameters() if p.dim() > 1]
     rest = [p for p in model.parameters() if p.dim() <= 1]
-    opt = torch.optim.SGD([{"params": decay, "weight_decay": 5e-5}, {"params": rest, "weight_decay": 0.0}],
-                          lr=0.1, momentum=0.9, nesterov=True, fused=args.fused or None)
+    opt = torch.optim.SGD(
+        [{"params": decay, "weight_decay": 5e-5}, {"params": rest, "weight_decay": 0.0}],
+        lr=0.1,
+        momentum=0.9,
+        nesterov=True,
+        fused=args.fused or None,
+    )
     if args.compile != "none":
         model.compile(mode=None if args.compile == "default" else args.compile)
     crit = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
@@ -73,8 +83,15 @@ def feed_loader(name: str, data: ImageData, args, num_classes: int):
         return iter(lambda: (x, y), None)
     if name == "torchvision":
         loader = data.torchvision_loader(True)
-        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=256, shuffle=True, drop_last=True,
-                                             num_workers=args.workers, pin_memory=True, persistent_workers=True)
+        loader = torch.utils.data.DataLoader(
+            loader.dataset,
+            batch_size=256,
+            shuffle=True,
+            drop_last=True,
+            num_workers=args.workers,
+            pin_memory=True,
+            persistent_workers=True,
+        )
         return _forever(loader)
     kind, _, setting = name.partition(":")
     cfg = DALI_CONFIGS[setting]
@@ -128,8 +145,15 @@ def time_feed(step, it, steps: int, warmup: int) -> dict:
     wall = time.perf_counter() - t0
     ms = [s.elapsed_time(e) for s, e in events]
     q = statistics.quantiles(ms, n=4)
-    return {"images_per_s": 256 * steps / wall, "step_ms_median": statistics.median(ms), "step_ms_p25": q[0],
-            "step_ms_p75": q[2], "host_wait_frac": wait / wall, "warmup_s": warm_s, "steps": steps}
+    return {
+        "images_per_s": 256 * steps / wall,
+        "step_ms_median": statistics.median(ms),
+        "step_ms_p25": q[0],
+        "step_ms_p75": q[2],
+        "host_wait_frac": wait / wall,
+        "warmup_s": warm_s,
+        "steps": steps,
+    }
 
 
 def loader_alone(it, batches: int = 30) -> float:
@@ -197,12 +221,24 @@ def main() -> None:
                 r["gpu_ms_per_step"] = dali_share(step, it)
             r["loader_alone_images_per_s"] = loader_alone(it)
         results[name] = r
-        print(f"{name:>18}: {r['images_per_s']:8.0f} img/s  step {r['step_ms_median']:.1f} ms  "
-              f"host wait {r['host_wait_frac']:.1%}" + (f"  alone {r['loader_alone_images_per_s']:.0f}"
-                                                        if "loader_alone_images_per_s" in r else ""), flush=True)
+        print(
+            f"{name:>18}: {r['images_per_s']:8.0f} img/s  step {r['step_ms_median']:.1f} ms  "
+            f"host wait {r['host_wait_frac']:.1%}"
+            + (f"  alone {r['loader_alone_images_per_s']:.0f}" if "loader_alone_images_per_s" in r else ""),
+            flush=True,
+        )
         del it
-    emit(args.name, {"compile": args.compile, "cudnn_benchmark": args.cudnn_benchmark, "fused_sgd": args.fused,
-                     "batch": 256, "crop": 224, "feeds": results})
+    emit(
+        args.name,
+        {
+            "compile": args.compile,
+            "cudnn_benchmark": args.cudnn_benchmark,
+            "fused_sgd": args.fused,
+            "batch": 256,
+            "crop": 224,
+            "feeds": results,
+        },
+    )
 
 
 if __name__ == "__main__":

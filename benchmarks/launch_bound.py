@@ -33,8 +33,14 @@ def data(n: int = 32 * 64) -> DataLoader:
 def run(speedups: str, steps: int, warmup: int) -> tuple[float, list[float], float | None]:
     torch.manual_seed(0)
     model = mlp()
-    loop = FastLoop(model, torch.optim.AdamW(model.cuda().parameters(), lr=1e-3), data(),
-                    loss_fn=torch.nn.functional.cross_entropy, speedups=speedups, device="cuda")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.cuda().parameters(), lr=1e-3),
+        data(),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups=speedups,
+        device="cuda",
+    )
     res = loop.train(steps=steps, warmup=warmup)
     return statistics.median(res.stats.step_s), res.losses, res.stats.compile_s
 
@@ -54,17 +60,28 @@ def main(steps: int = 500, warmup: int = 20, rounds: int = 3) -> None:
     from fastloop.drivers.runner import run_configuration
 
     lb = run_configuration("benchmarks/launch_bound.py:lightning_target", "none", steps=300, warmup=20, device="cuda")
-    lg_ = run_configuration("benchmarks/launch_bound.py:lightning_target", "cuda_graph", steps=300, warmup=20, device="cuda")
+    lg_ = run_configuration(
+        "benchmarks/launch_bound.py:lightning_target", "cuda_graph", steps=300, warmup=20, device="cuda"
+    )
     speedup = statistics.median(eager) / statistics.median(graph)
-    emit("launch_bound", {
-        "plain_eager_ms": [1e3 * x for x in eager], "plain_cuda_graph_ms": [1e3 * x for x in graph],
-        "plain_speedup": speedup, "target": ">= 7", "pass": speedup >= 7,
-        "loss_max_rel_diff": max_rel, "loss_max_rel_diff_first20": max_rel_20,
-        "loss_last": {"eager": le[-1], "cuda_graph": lg[-1]}, "capture_overhead_s": cap,
-        "lightning_eager_ms": 1e3 * lb["step_s"]["median"], "lightning_cuda_graph_ms": 1e3 * lg_["step_s"]["median"],
-        "lightning_speedup": lb["step_s"]["median"] / lg_["step_s"]["median"],
-        "lightning_records": lg_["speedups"],
-    })
+    emit(
+        "launch_bound",
+        {
+            "plain_eager_ms": [1e3 * x for x in eager],
+            "plain_cuda_graph_ms": [1e3 * x for x in graph],
+            "plain_speedup": speedup,
+            "target": ">= 7",
+            "pass": speedup >= 7,
+            "loss_max_rel_diff": max_rel,
+            "loss_max_rel_diff_first20": max_rel_20,
+            "loss_last": {"eager": le[-1], "cuda_graph": lg[-1]},
+            "capture_overhead_s": cap,
+            "lightning_eager_ms": 1e3 * lb["step_s"]["median"],
+            "lightning_cuda_graph_ms": 1e3 * lg_["step_s"]["median"],
+            "lightning_speedup": lb["step_s"]["median"] / lg_["step_s"]["median"],
+            "lightning_records": lg_["speedups"],
+        },
+    )
 
 
 def lightning_target():

@@ -94,9 +94,18 @@ def measure(variant: str, batch: int, steps: int, compiled: bool) -> dict:
         e.synchronize()
         reps.append(s.elapsed_time(e) / steps)
     med = statistics.median(reps)
-    return {"variant": mode, "compiled": compiled, "layernorms_swapped": swapped, "step_ms_median": med,
-            "step_ms_min": min(reps), "step_ms_max": max(reps), "tokens_per_s": batch * 1024 / med * 1e3,
-            "warmup_s": warm_s, "first_losses": losses[:8], "note": note}
+    return {
+        "variant": mode,
+        "compiled": compiled,
+        "layernorms_swapped": swapped,
+        "step_ms_median": med,
+        "step_ms_min": min(reps),
+        "step_ms_max": max(reps),
+        "tokens_per_s": batch * 1024 / med * 1e3,
+        "warmup_s": warm_s,
+        "first_losses": losses[:8],
+        "note": note,
+    }
 
 
 def measure_disabled(batch: int, steps: int) -> dict:
@@ -126,30 +135,45 @@ def measure_disabled(batch: int, steps: int) -> dict:
         e.synchronize()
         reps.append(s.elapsed_time(e) / steps)
     med = statistics.median(reps)
-    return {"variant": "LigerLayerNorm (outside the compiled graph)", "compiled": True, "layernorms_swapped": swapped,
-            "step_ms_median": med, "step_ms_min": min(reps), "step_ms_max": max(reps),
-            "tokens_per_s": batch * 1024 / med * 1e3}
+    return {
+        "variant": "LigerLayerNorm (outside the compiled graph)",
+        "compiled": True,
+        "layernorms_swapped": swapped,
+        "step_ms_median": med,
+        "step_ms_min": min(reps),
+        "step_ms_max": max(reps),
+        "tokens_per_s": batch * 1024 / med * 1e3,
+    }
 
 
 def main(batch: int, steps: int, only_eager: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     rows = []
-    for compiled in ([False] if only_eager else [False, True]):
+    for compiled in [False] if only_eager else [False, True]:
         for variant in ("torch", "liger"):
             rows.append(measure(variant, batch, steps, compiled))
             r = rows[-1]
-            print(f"{'compiled' if compiled else 'eager':8} {r['variant']:45} {r['step_ms_median']:7.2f} ms "
-                  f"[{r['step_ms_min']:.2f}, {r['step_ms_max']:.2f}] {r['tokens_per_s']:10,.0f} tok/s {r.get('note', '')}",
-                  flush=True)
+            print(
+                f"{'compiled' if compiled else 'eager':8} {r['variant']:45} {r['step_ms_median']:7.2f} ms "
+                f"[{r['step_ms_min']:.2f}, {r['step_ms_max']:.2f}] {r['tokens_per_s']:10,.0f} tok/s {r.get('note', '')}",
+                flush=True,
+            )
     ratios = {}
     for compiled in (False, True):
         pair = [r for r in rows if r["compiled"] == compiled]
         if len(pair) == 2:
             ratios["compiled" if compiled else "eager"] = pair[0]["step_ms_median"] / pair[1]["step_ms_median"]
-    emit(f"liger_fusions_b{batch}", {"batch": batch, "steps": steps, "rows": rows,
-                                     "speedup_liger_layernorm": ratios,
-                                     "method": "CUDA events over steps x3 per variant after 8 warm-up steps; "
-                                               "speedup = torch step / liger step (>1: liger faster)"})
+    emit(
+        f"liger_fusions_b{batch}",
+        {
+            "batch": batch,
+            "steps": steps,
+            "rows": rows,
+            "speedup_liger_layernorm": ratios,
+            "method": "CUDA events over steps x3 per variant after 8 warm-up steps; "
+            "speedup = torch step / liger step (>1: liger faster)",
+        },
+    )
 
 
 if __name__ == "__main__":

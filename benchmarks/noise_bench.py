@@ -72,14 +72,26 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def _ab(module: str, spec: str, out: Path, k: int, *, tag: str = "", cpus: set[int] | None = None,
-        env: dict[str, str] | None = None) -> dict:
+def _ab(
+    module: str,
+    spec: str,
+    out: Path,
+    k: int,
+    *,
+    tag: str = "",
+    cpus: set[int] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     path = out / f"aa_{module}{'-' + tag if tag else ''}_{k}.json"
     t0 = time.perf_counter()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # the command and every process it starts
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ab", _target(module),
-                           "--a", spec, "--b", spec, "--json", str(path)], capture_output=True, text=True,
-                          preexec_fn=pin, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", "ab", _target(module), "--a", spec, "--b", spec, "--json", str(path)],
+        capture_output=True,
+        text=True,
+        preexec_fn=pin,
+        env={**os.environ, **(env or {})},
+    )
     wall = time.perf_counter() - t0
     doc = json.loads(path.read_text()) if path.exists() else {}
     doc["bench_wall_s"], doc["bench_rc"] = wall, proc.returncode
@@ -131,17 +143,32 @@ def noise_study(trials: list[dict]) -> dict:
     run_sd = math.sqrt(sum(r * r for r in resid) / max(dof, 1))
     m, lo, hi = _t_interval(diffs)
     all_times = [math.exp(x) for s in seqs for x in s]
-    return {"runs": sum(len(s) for s in seqs), "trials": len(seqs), "rounds": len(diffs),
-            "run_sd": run_sd, "run_cv_pct": 100 * (math.exp(run_sd) - 1),
-            "second_vs_first": {"mean": m, "low": lo, "high": hi, "pct": 100 * (math.exp(m) - 1)},
-            "trend_per_run_pct": 100 * (math.exp(statistics.fmean(slopes)) - 1),
-            "lag1_corr": statistics.fmean(lag1), "median_step_s": statistics.median(all_times),
-            "min_max_step_s": [min(all_times), max(all_times)]}
+    return {
+        "runs": sum(len(s) for s in seqs),
+        "trials": len(seqs),
+        "rounds": len(diffs),
+        "run_sd": run_sd,
+        "run_cv_pct": 100 * (math.exp(run_sd) - 1),
+        "second_vs_first": {"mean": m, "low": lo, "high": hi, "pct": 100 * (math.exp(m) - 1)},
+        "trend_per_run_pct": 100 * (math.exp(statistics.fmean(slopes)) - 1),
+        "lag1_corr": statistics.fmean(lag1),
+        "median_step_s": statistics.median(all_times),
+        "min_max_step_s": [min(all_times), max(all_times)],
+    }
 
 
-def _called(run_sd: float, *, drift: float = 0.0, effect: float = 1.0, counterbalance: bool = True,
-            trials: int = SIM_TRIALS, seed: int = 0, repeats: int = 5, faster_only: bool = False,
-            floor: bool = True) -> float:
+def _called(
+    run_sd: float,
+    *,
+    drift: float = 0.0,
+    effect: float = 1.0,
+    counterbalance: bool = True,
+    trials: int = SIM_TRIALS,
+    seed: int = 0,
+    repeats: int = 5,
+    faster_only: bool = False,
+    floor: bool = True,
+) -> float:
     """The fraction of simulated comparisons, through fastloop's own interleaving and statistics,
     called significant (``faster_only``: and B faster): each process's log step time varies by
     ``run_sd``, the second of each round is shifted by ``drift`` (log), and B is ``effect``
@@ -152,31 +179,40 @@ def _called(run_sd: float, *, drift: float = 0.0, effect: float = 1.0, counterba
     for _ in range(trials):
         started = [0]
 
-        def measure(target, spec, **kw):
+        def measure(target, spec, started=started, **kw):
             second = started[0] % 2 == 1
             started[0] += 1
             mean = 0.010 * math.exp(run_sd * rng.standard_normal() + (drift if second else 0.0))
             mean /= effect if spec == "b" else 1.0
             return {"step_s_all": list(mean * (1 + 0.01 * rng.standard_normal(30))), "items_per_step": 16}
 
-        runs = measure_interleaved("x", ["a", "b"], repeats, measure=measure, steps=30, warmup=5, device="cpu",
-                                   counterbalance=counterbalance)
+        runs = measure_interleaved(
+            "x", ["a", "b"], repeats, measure=measure, steps=30, warmup=5, device="cpu", counterbalance=counterbalance
+        )
         ci = compare(runs["a"], runs["b"])
         called = ci["significant"] or (not floor and ci.get("negligible", False))
         hits += bool(called and (ci["ratio"] > 1 or not faster_only))
     return hits / trials
 
 
-def simulate(run_sd: float, drift: float, counterbalance: bool, trials: int = SIM_TRIALS, seed: int = 0,
-             repeats: int = 5, floor: bool = True) -> float:
+def simulate(
+    run_sd: float,
+    drift: float,
+    counterbalance: bool,
+    trials: int = SIM_TRIALS,
+    seed: int = 0,
+    repeats: int = 5,
+    floor: bool = True,
+) -> float:
     """A vs A at the defaults: the fraction of trials called significant (the false positives).
 
     Example:
         >>> simulate(0.03, -0.03, counterbalance=False, trials=200) > simulate(0.03, -0.03, True, trials=200)
         True
     """
-    return _called(run_sd, drift=drift, counterbalance=counterbalance, trials=trials, seed=seed, repeats=repeats,
-                   floor=floor)
+    return _called(
+        run_sd, drift=drift, counterbalance=counterbalance, trials=trials, seed=seed, repeats=repeats, floor=floor
+    )
 
 
 def power(run_sd: float, effect: float, repeats: int, trials: int = SIM_TRIALS, seed: int = 1) -> float:
@@ -190,8 +226,16 @@ def power(run_sd: float, effect: float, repeats: int, trials: int = SIM_TRIALS, 
     return _called(run_sd, effect=effect, trials=trials, seed=seed, repeats=repeats, faster_only=True)
 
 
-def aa_part(pairs: list[str], trials: int, out: Path, deadline: float, *, tag: str = "",
-            cpus: set[int] | None = None, env: dict[str, str] | None = None) -> dict:
+def aa_part(
+    pairs: list[str],
+    trials: int,
+    out: Path,
+    deadline: float,
+    *,
+    tag: str = "",
+    cpus: set[int] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     result = {}
     for pair in pairs:
         module, _, spec = pair.partition("=")
@@ -200,7 +244,9 @@ def aa_part(pairs: list[str], trials: int, out: Path, deadline: float, *, tag: s
             if time.monotonic() > deadline:
                 break
             docs.append(_ab(module, spec or "none", out, k, tag=tag, cpus=cpus, env=env))
-            print(f"aa {module} trial {k + 1}: {docs[-1].get('verdict')} ({docs[-1]['bench_wall_s']:.0f} s)", flush=True)
+            print(
+                f"aa {module} trial {k + 1}: {docs[-1].get('verdict')} ({docs[-1]['bench_wall_s']:.0f} s)", flush=True
+            )
         result[module + (f"-{tag}" if tag else "")] = {"spec": spec, "trials": docs}
     return result
 
@@ -224,36 +270,58 @@ def summarize_aa(aa: dict) -> dict:
         drift, sd = noise["second_vs_first"]["mean"], noise["run_sd"]
         far = max(abs(noise["second_vs_first"]["low"]), abs(noise["second_vs_first"]["high"]))
         summary[module] = {
-            "spec": entry["spec"], "trials": len(docs),
+            "spec": entry["spec"],
+            "trials": len(docs),
             "significant": sum(bool(d["speedup"]["significant"]) for d in docs),
             "ratios": [round(d["speedup"]["ratio"], 4) for d in docs],
             "intervals": [[round(d["speedup"]["ci_low"], 4), round(d["speedup"]["ci_high"], 4)] for d in docs],
-            "verdicts": [d.get("verdict") for d in docs], "wall_s": [round(d.get("bench_wall_s", 0), 1) for d in docs],
+            "verdicts": [d.get("verdict") for d in docs],
+            "wall_s": [round(d.get("bench_wall_s", 0), 1) for d in docs],
             "noise": noise,
-            "simulation": {"trials": SIM_TRIALS, "run_sd": sd, "drift": drift, "far_drift": -far,
-                           "old_order": simulate(sd, drift, False), "counterbalanced": simulate(sd, drift, True),
-                           "old_order_far_drift": simulate(sd, -far, False),
-                           "counterbalanced_far_drift": simulate(sd, -far, True),
-                           "without_the_1pct_floor": {
-                               "old_order": simulate(sd, drift, False, floor=False),
-                               "counterbalanced": simulate(sd, drift, True, floor=False),
-                               "old_order_far_drift": simulate(sd, -far, False, floor=False),
-                               "counterbalanced_far_drift": simulate(sd, -far, True, floor=False)}},
-            "power": {f"{int(round(100 * (e - 1)))}% at {r} runs a side": power(sd, e, r)
-                      for e in (1.05, 1.10) for r in (5, 6)}}
+            "simulation": {
+                "trials": SIM_TRIALS,
+                "run_sd": sd,
+                "drift": drift,
+                "far_drift": -far,
+                "old_order": simulate(sd, drift, False),
+                "counterbalanced": simulate(sd, drift, True),
+                "old_order_far_drift": simulate(sd, -far, False),
+                "counterbalanced_far_drift": simulate(sd, -far, True),
+                "without_the_1pct_floor": {
+                    "old_order": simulate(sd, drift, False, floor=False),
+                    "counterbalanced": simulate(sd, drift, True, floor=False),
+                    "old_order_far_drift": simulate(sd, -far, False, floor=False),
+                    "counterbalanced_far_drift": simulate(sd, -far, True, floor=False),
+                },
+            },
+            "power": {
+                f"{int(round(100 * (e - 1)))}% at {r} runs a side": power(sd, e, r)
+                for e in (1.05, 1.10)
+                for r in (5, 6)
+            },
+        }
     return summary
 
 
 def _ladder(module: str, out: Path, k: int) -> dict:
     folder = out / f"ladder_{module}_{k}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", _target(module),
-                           "--out", str(folder)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", "ladder", _target(module), "--out", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     doc = json.loads((folder / "report.json").read_text()) if (folder / "report.json").exists() else {}
-    return {"selected": doc.get("selected_spec") or "none", "wall_s": round(wall, 1), "runs": doc.get("runs"),
-            "ties": doc.get("ties"), "not_tried": doc.get("not_tried"), "rc": proc.returncode,
-            "stderr": proc.stderr[-1500:] if proc.returncode else ""}
+    return {
+        "selected": doc.get("selected_spec") or "none",
+        "wall_s": round(wall, 1),
+        "runs": doc.get("runs"),
+        "ties": doc.get("ties"),
+        "not_tried": doc.get("not_tried"),
+        "rc": proc.returncode,
+        "stderr": proc.stderr[-1500:] if proc.returncode else "",
+    }
 
 
 def ladders_part(module: str, pick_a: str | None, rounds: int, out: Path, deadline: float) -> dict:
@@ -277,15 +345,21 @@ def ladders_part(module: str, pick_a: str | None, rounds: int, out: Path, deadli
             kw["profile"] = False
             return run_in_subprocess(target_, key.split(":", 1)[1], measure_s=args_measure_s, **kw)
 
-        runs = measure_interleaved(target, keys, rounds, measure=measure, steps=30, warmup=5, device=device,
-                                   order=order)
+        runs = measure_interleaved(
+            target, keys, rounds, measure=measure, steps=30, warmup=5, device=device, order=order
+        )
         ci = compare(runs[keys[0]], runs[keys[1]])
         tp = [(merge_runs(runs[k]).get("throughput") or {}).get("value") for k in keys]
         per_run = {k: [statistics.median(d["step_s_all"]) for d in runs[k].docs if d.get("step_s_all")] for k in keys}
-        result["interleaved"] = {"throughput": tp, "run_order": order, "rounds": rounds,
-                                 "median_step_s_per_run": per_run,
-                                 "ratio_2_over_1": {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant",
-                                                                           "verdict")} if ci else None}
+        result["interleaved"] = {
+            "throughput": tp,
+            "run_order": order,
+            "rounds": rounds,
+            "median_step_s_per_run": per_run,
+            "ratio_2_over_1": {k: ci.get(k) for k in ("ratio", "ci_low", "ci_high", "significant", "verdict")}
+            if ci
+            else None,
+        }
     (out / f"ladders_{module}.json").write_text(json.dumps(result, indent=2, default=str))
     return result
 
@@ -306,10 +380,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-s", type=float, default=1e9)
     p.add_argument("--out", default=os.environ.get("OUT", "noise_out"))
-    p.add_argument("--cpus", default=None, metavar="LIST",
-                   help="run each A vs A trial confined to these CPUs (as taskset -c: 0-7): does pinning cut the spread?")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="set in each trial's environment (FASTLOOP_FORKSERVER=0: every run a fresh interpreter)")
+    p.add_argument(
+        "--cpus",
+        default=None,
+        metavar="LIST",
+        help="run each A vs A trial confined to these CPUs (as taskset -c: 0-7): does pinning cut the spread?",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in each trial's environment (FASTLOOP_FORKSERVER=0: every run a fresh interpreter)",
+    )
     p.add_argument("--tag", default="", help="a name for this variant of the A vs A trials (their files and rows)")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -317,21 +400,26 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.max_s
     env = dict(item.partition("=")[::2] for item in args.env)
     tag = args.tag or "-".join([*(["cpus" + args.cpus] if args.cpus else []), *(f"{k}{v}" for k, v in env.items())])
-    aa = aa_part(args.aa, args.trials, out, deadline, tag=tag, cpus=parse_cpus(args.cpus) if args.cpus else None,
-                 env=env)
+    aa = aa_part(
+        args.aa, args.trials, out, deadline, tag=tag, cpus=parse_cpus(args.cpus) if args.cpus else None, env=env
+    )
     if args.from_:
         for module, entry in _load_aa(Path(args.from_)).items():
             aa.setdefault(module, {"spec": entry["spec"], "trials": []})["trials"][:0] = entry["trials"]
     summary = summarize_aa(aa)
     (out / "noise_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     lad = ladders_part(args.ladders, args.pick_a, args.rounds, out, deadline) if args.ladders else None
-    print(f"{'module':14} {'spec':38} {'runs':>4} {'run sd':>7} {'2nd vs 1st':>22} {'A=A sig':>8} "
-          f"{'sim old':>8} {'sim new':>8}")
+    print(
+        f"{'module':14} {'spec':38} {'runs':>4} {'run sd':>7} {'2nd vs 1st':>22} {'A=A sig':>8} "
+        f"{'sim old':>8} {'sim new':>8}"
+    )
     for module, s in summary.items():
         n, d, sim = s["noise"], s["noise"]["second_vs_first"], s["simulation"]
-        print(f"{module:14} {s['spec']:38} {n['runs']:>4} {n['run_cv_pct']:>6.2f}% "
-              f"{d['pct']:>+6.2f}% [{100 * (math.exp(d['low']) - 1):+.2f},{100 * (math.exp(d['high']) - 1):+.2f}] "
-              f"{s['significant']:>3}/{s['trials']:<4} {sim['old_order']:>7.1%} {sim['counterbalanced']:>7.1%}")
+        print(
+            f"{module:14} {s['spec']:38} {n['runs']:>4} {n['run_cv_pct']:>6.2f}% "
+            f"{d['pct']:>+6.2f}% [{100 * (math.exp(d['low']) - 1):+.2f},{100 * (math.exp(d['high']) - 1):+.2f}] "
+            f"{s['significant']:>3}/{s['trials']:<4} {sim['old_order']:>7.1%} {sim['counterbalanced']:>7.1%}"
+        )
     if lad:
         for i, entry in enumerate(lad["ladders"], 1):
             print(f"ladder {i}: {entry['selected']} ({entry.get('wall_s')} s)")

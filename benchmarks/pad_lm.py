@@ -23,8 +23,12 @@ from fastloop.drivers.subproc import run_in_subprocess
 
 TARGET = "benchmarks/zoo/causal_lm_padded.py:make"
 TARGET_LONG_TAIL = "benchmarks/zoo/causal_lm_padded.py:make_long_tail"
-SHAPE_RUNS = ("pad_buckets,bf16,compile", "pad_buckets,bf16,compile:shapes=static",
-              "pad_buckets,bf16,compile,cuda_graph", "pad_buckets,bf16,compile:shapes=static,cuda_graph")
+SHAPE_RUNS = (
+    "pad_buckets,bf16,compile",
+    "pad_buckets,bf16,compile:shapes=static",
+    "pad_buckets,bf16,compile,cuda_graph",
+    "pad_buckets,bf16,compile:shapes=static,cuda_graph",
+)
 RTOL = 1e-3
 """Largest relative difference of a step's loss, padded against unpadded (fp32 on the GPU: other
 shapes pick other kernels, whose summation orders differ; the differences compound over steps)."""
@@ -48,12 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     a, b = docs["none"]["losses"], docs["pad_buckets"]["losses"]
     n = min(len(a), len(b))
     worst = max(abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n]))
-    result = {"target": TARGET, "steps_compared": n, "max_rel_loss_diff": worst, "rtol": RTOL, "agree": worst <= RTOL,
-              "runs": {k: {"throughput": d["throughput"], "speedups": d["speedups"], "batch_shapes": d.get("batch_shapes"),
-                           "step_s": d["step_s"], "losses": d["losses"]} for k, d in docs.items()}}
+    result = {
+        "target": TARGET,
+        "steps_compared": n,
+        "max_rel_loss_diff": worst,
+        "rtol": RTOL,
+        "agree": worst <= RTOL,
+        "runs": {
+            k: {
+                "throughput": d["throughput"],
+                "speedups": d["speedups"],
+                "batch_shapes": d.get("batch_shapes"),
+                "step_s": d["step_s"],
+                "losses": d["losses"],
+            }
+            for k, d in docs.items()
+        },
+    }
     (out / "pad_lm.json").write_text(json.dumps(result, indent=2, default=str))
-    print(f"loss trajectory, {n} steps: max relative difference {worst:.2e} (tolerance {RTOL:g}): "
-          f"{'agree' if worst <= RTOL else 'DIFFER'}")
+    print(
+        f"loss trajectory, {n} steps: max relative difference {worst:.2e} (tolerance {RTOL:g}): "
+        f"{'agree' if worst <= RTOL else 'DIFFER'}"
+    )
     print("| configuration | real tokens/s | shapes | status |")
     print("| --- | --- | --- | --- |")
     for k, d in docs.items():
@@ -71,16 +91,23 @@ def shape_rule(args: argparse.Namespace) -> dict:
     for spec in SHAPE_RUNS:
         d = run_in_subprocess(TARGET_LONG_TAIL, spec, steps=args.steps, warmup=10, device=args.device, profile=False)
         comp = (d.get("extra") or {}).get("compile_counters")
-        rows[spec] = {"tokens_s": d["throughput"]["value"], "step_s": d["step_s"], "compile_s": d.get("compile_s"),
-                      "compile_counters": comp, "batch_shapes": d.get("batch_shapes"),
-                      "speedups": [(r["name"], r["status"], r.get("reason")) for r in d["speedups"]]}
+        rows[spec] = {
+            "tokens_s": d["throughput"]["value"],
+            "step_s": d["step_s"],
+            "compile_s": d.get("compile_s"),
+            "compile_counters": comp,
+            "batch_shapes": d.get("batch_shapes"),
+            "speedups": [(r["name"], r["status"], r.get("reason")) for r in d["speedups"]],
+        }
     print("\ncompile's shape rule on 3 buckets (make_long_tail):")
     print("| configuration | real tokens/s | step median ms | compile s | graphs |")
     print("| --- | --- | --- | --- | --- |")
     for k, r in rows.items():
         c = r["compile_counters"] or {}
-        print(f"| {k} | {r['tokens_s']:,.0f} | {1e3 * r['step_s']['median']:.2f} | {r['compile_s'] or 0:.1f} | "
-              f"{c.get('unique_graphs')} |")
+        print(
+            f"| {k} | {r['tokens_s']:,.0f} | {1e3 * r['step_s']['median']:.2f} | {r['compile_s'] or 0:.1f} | "
+            f"{c.get('unique_graphs')} |"
+        )
     return rows
 
 

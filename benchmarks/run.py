@@ -36,14 +36,26 @@ import runpy
 import subprocess
 import sys
 
-SCRIPTS = {"zoo": "benchmarks/zoo_bench.py", "vs-hand": "benchmarks/vs_handwritten.py",
-           "launch-bound": "benchmarks/launch_bound.py", "imagenet-feed": "benchmarks/imagenet_feed.py",
-           "noise": "benchmarks/noise_bench.py", "tiers": "benchmarks/tiers_bench.py", "pad-lm": "benchmarks/pad_lm.py",
-           "graph-schedules": "benchmarks/graph_schedules.py"}
-PROBES = {"gpt-profile": "benchmarks/gpt_profile.py", "host-profile": "benchmarks/host_profile.py",
-          "dali-trace": "benchmarks/dali_trace.py", "h2d-feed": "benchmarks/h2d_feed.py",
-          "loader-throughput": "benchmarks/loader_throughput.py", "timer-overhead": "benchmarks/timer_overhead.py",
-          "liger-fusions": "benchmarks/liger_fusions.py", "augment-host": "benchmarks/augment_host.py"}
+SCRIPTS = {
+    "zoo": "benchmarks/zoo_bench.py",
+    "vs-hand": "benchmarks/vs_handwritten.py",
+    "launch-bound": "benchmarks/launch_bound.py",
+    "imagenet-feed": "benchmarks/imagenet_feed.py",
+    "noise": "benchmarks/noise_bench.py",
+    "tiers": "benchmarks/tiers_bench.py",
+    "pad-lm": "benchmarks/pad_lm.py",
+    "graph-schedules": "benchmarks/graph_schedules.py",
+}
+PROBES = {
+    "gpt-profile": "benchmarks/gpt_profile.py",
+    "host-profile": "benchmarks/host_profile.py",
+    "dali-trace": "benchmarks/dali_trace.py",
+    "h2d-feed": "benchmarks/h2d_feed.py",
+    "loader-throughput": "benchmarks/loader_throughput.py",
+    "timer-overhead": "benchmarks/timer_overhead.py",
+    "liger-fusions": "benchmarks/liger_fusions.py",
+    "augment-host": "benchmarks/augment_host.py",
+}
 COMMANDS = ("gpt-ladder", "gpu-tests")
 
 

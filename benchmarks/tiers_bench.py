@@ -53,8 +53,9 @@ MODULES = tuple(BASE)
 def _measure(target: str, spec: str, runs: Runs, device: str = "cuda") -> float:
     t0 = time.perf_counter()
     try:
-        runs.docs.append(run_in_subprocess(target, spec, steps=30, warmup=5, device=device, measure_s=2.0,
-                                           profile=False))
+        runs.docs.append(
+            run_in_subprocess(target, spec, steps=30, warmup=5, device=device, measure_s=2.0, profile=False)
+        )
     except ConfigurationFailed as err:
         runs.failures.append(str(err)[-800:])
     return time.perf_counter() - t0
@@ -86,12 +87,17 @@ def _span(c: dict) -> str:
 def summarize(module: str, sides: dict[str, Runs]) -> dict:
     merged = {k: merge_runs(r) if r.docs else {} for k, r in sides.items()}
     tp = {k: (m.get("throughput") or {}).get("value") for k, m in merged.items()}
-    row = {"module": module, "base": BASE.get(module, ""), "specs": {k: r.spec for k, r in sides.items()},
-           "throughput": tp, "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
-           "runs": {k: len(r.docs) for k, r in sides.items()},
-           "failures": {k: r.failures for k, r in sides.items() if r.failures},
-           "graph_vs_compile": side_ci(sides, "compile", "cuda_graph"),
-           "cuda_graph": _graph_record(sides["cuda_graph"])}
+    row = {
+        "module": module,
+        "base": BASE.get(module, ""),
+        "specs": {k: r.spec for k, r in sides.items()},
+        "throughput": tp,
+        "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
+        "runs": {k: len(r.docs) for k, r in sides.items()},
+        "failures": {k: r.failures for k, r in sides.items() if r.failures},
+        "graph_vs_compile": side_ci(sides, "compile", "cuda_graph"),
+        "cuda_graph": _graph_record(sides["cuda_graph"]),
+    }
     if "plain" in sides:
         row["graph_vs_plain"] = side_ci(sides, "plain", "cuda_graph")
         row["graph_vs_by_hand"] = side_ci(sides, "by_hand", "cuda_graph")
@@ -102,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--modules", default=",".join(MODULES))
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--cifar-check", action="store_true",
-                   help="also the plain Trainer and the by-hand reduce-overhead version of cifar_resnet")
+    p.add_argument(
+        "--cifar-check",
+        action="store_true",
+        help="also the plain Trainer and the by-hand reduce-overhead version of cifar_resnet",
+    )
     p.add_argument("--max-s", type=float, default=540.0, help="start no new round after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "tiers_out"))
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a smoke test of the benchmark itself
@@ -136,24 +145,38 @@ def main(argv: list[str] | None = None) -> int:
         done += 1
         run_s.append(time.perf_counter() - t_start - sum(run_s))
         rows = [summarize(m, sides[m]) for m in modules]
-        (out / "tiers.json").write_text(json.dumps({"rounds": done, "rows": rows, "method": (
-            "fresh processes, interleaved round by round, the pair's order alternating; 2 s windows of steady "
-            "steps; ratio = cuda_graph / compile throughput, run-level t-interval (fastloop.compare)")},
-            indent=2, default=str))
+        (out / "tiers.json").write_text(
+            json.dumps(
+                {
+                    "rounds": done,
+                    "rows": rows,
+                    "method": (
+                        "fresh processes, interleaved round by round, the pair's order alternating; 2 s windows of steady "
+                        "steps; ratio = cuda_graph / compile throughput, run-level t-interval (fastloop.compare)"
+                    ),
+                },
+                indent=2,
+                default=str,
+            )
+        )
     print(f"\n{'module':17} {'compile':>10} {'cuda_graph':>10} {'graph/compile':>19}  tier (why not higher)")
     for row in rows:
         t, g = row["throughput"], row["graph_vs_compile"] or {}
         span = _span(g)
         tiers = sorted({str(x) for x in row["cuda_graph"]["tiers"]})
         why = "; ".join(row["cuda_graph"]["why_not_higher"])[:90]
-        print(f"{row['module']:17} {t['compile'] or 0:>10,.0f} {t['cuda_graph'] or 0:>10,.0f} {span:>19}  "
-              f"{','.join(tiers)} ({why}){' FAILURES' if row['failures'] else ''}")
+        print(
+            f"{row['module']:17} {t['compile'] or 0:>10,.0f} {t['cuda_graph'] or 0:>10,.0f} {span:>19}  "
+            f"{','.join(tiers)} ({why}){' FAILURES' if row['failures'] else ''}"
+        )
         if "graph_vs_plain" in row:
             for key, name in (("graph_vs_plain", "plain Trainer"), ("graph_vs_by_hand", "by-hand reduce-overhead")):
                 c = row[key] or {}
                 if c.get("ratio"):
-                    print(f"  cuda_graph set vs {name}: {_span(c)} "
-                          f"({t['plain' if key == 'graph_vs_plain' else 'by_hand'] or 0:,.0f} {row['unit']})")
+                    print(
+                        f"  cuda_graph set vs {name}: {_span(c)} "
+                        f"({t['plain' if key == 'graph_vs_plain' else 'by_hand'] or 0:,.0f} {row['unit']})"
+                    )
     return 0
 
 

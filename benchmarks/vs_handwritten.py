@@ -38,10 +38,18 @@ def _fastloop(target: str, speedups: str, steps: int, warmup: int, kwargs: dict)
     from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration(target, speedups, steps=steps, warmup=warmup, device="cuda", target_kwargs=kwargs)
-    return {"throughput": doc["throughput"]["value"], "unit": doc["throughput"]["unit"],
-            "median_step_s": doc["step_s"]["median"], "mean_step_s": doc["step_s"]["mean"],
-            "steps": doc["steps"], "warmup_steps": doc["warmup_steps"], "compile_s": doc["compile_s"],
-            "speedups": doc["speedups"], "loss_last": doc["loss"]["last"], "gpu_profile": doc.get("gpu_profile")}
+    return {
+        "throughput": doc["throughput"]["value"],
+        "unit": doc["throughput"]["unit"],
+        "median_step_s": doc["step_s"]["median"],
+        "mean_step_s": doc["step_s"]["mean"],
+        "steps": doc["steps"],
+        "warmup_steps": doc["warmup_steps"],
+        "compile_s": doc["compile_s"],
+        "speedups": doc["speedups"],
+        "loss_last": doc["loss"]["last"],
+        "gpu_profile": doc.get("gpu_profile"),
+    }
 
 
 def _timed(step, batches, steps: int, warmup: int, items: int) -> dict:
@@ -60,9 +68,14 @@ def _timed(step, batches, steps: int, warmup: int, items: int) -> dict:
     prof.start()
     for _ in range(3):
         step(next(batches))
-    return {"throughput": items * steps / wall, "mean_step_s": wall / steps, "steps": steps, "warmup_steps": warmup,
-            "loss_last": float(loss) if loss is not None else None,
-            "gpu_profile": per_measured_step(prof.stop(3), wall / steps)}
+    return {
+        "throughput": items * steps / wall,
+        "mean_step_s": wall / steps,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "loss_last": float(loss) if loss is not None else None,
+        "gpu_profile": per_measured_step(prof.stop(3), wall / steps),
+    }
 
 
 def _forever(loader):
@@ -83,8 +96,12 @@ def gpt_hand(batch: int, steps: int, warmup: int) -> dict:
     hp = module.hparams
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=(0.9, 0.95), fused=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=hp.lr,
+        betas=(0.9, 0.95),
+        fused=True,
+    )
 
     def lr_lambda(step: int) -> float:
         if step < hp.warmup_steps:
@@ -122,8 +139,13 @@ def rn50_hand(batch: int, steps: int, warmup: int) -> dict:
     hp = module.hparams
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
-    opt = torch.optim.SGD([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                          lr=hp.lr * hp.batch_size / 256, momentum=hp.momentum, nesterov=True, fused=True)
+    opt = torch.optim.SGD(
+        [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=hp.lr * hp.batch_size / 256,
+        momentum=hp.momentum,
+        nesterov=True,
+        fused=True,
+    )
     net = module.model if hasattr(module, "model") else module
     net.compile()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -183,8 +205,13 @@ def mlp_hand(steps: int, warmup: int) -> dict:
             step(next(it))
         torch.cuda.synchronize()
         step_times.append((time.perf_counter() - t0) / (steps // 5))
-    return {"median_step_s": statistics.median(step_times), "mean_step_s": statistics.mean(step_times),
-            "throughput": 32 / statistics.mean(step_times), "unit": "samples/s", "steps": steps}
+    return {
+        "median_step_s": statistics.median(step_times),
+        "mean_step_s": statistics.mean(step_times),
+        "throughput": 32 / statistics.mean(step_times),
+        "unit": "samples/s",
+        "steps": steps,
+    }
 
 
 def mlp_fastloop(steps: int, warmup: int) -> dict:
@@ -193,12 +220,24 @@ def mlp_fastloop(steps: int, warmup: int) -> dict:
 
     torch.manual_seed(0)
     model = mlp()
-    loop = FastLoop(model, torch.optim.AdamW(model.cuda().parameters(), lr=1e-3), data(),
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="cuda_graph", device="cuda")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.cuda().parameters(), lr=1e-3),
+        data(),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="cuda_graph",
+        device="cuda",
+    )
     res = loop.train(steps=steps, warmup=warmup)
     mean = sum(res.stats.step_s) / len(res.stats.step_s)
-    return {"median_step_s": statistics.median(res.stats.step_s), "mean_step_s": mean, "throughput": 32 / mean,
-            "unit": "samples/s", "steps": steps, "speedups": [r.to_dict() for r in res.records]}
+    return {
+        "median_step_s": statistics.median(res.stats.step_s),
+        "mean_step_s": mean,
+        "throughput": 32 / mean,
+        "unit": "samples/s",
+        "steps": steps,
+        "speedups": [r.to_dict() for r in res.records],
+    }
 
 
 ALL = [("gpt", 16, 50, 10), ("gpt", 32, 50, 10), ("rn50", 256, 40, 10), ("mlp", 32, 500, 20)]
@@ -220,19 +259,37 @@ def run_all(rounds: int, cases: str | None = None) -> None:
             continue
         got: dict[str, list[float]] = {"hand": [], "fastloop": []}
         for r in range(rounds):
-            for side in (("hand", "fastloop") if r % 2 == 0 else ("fastloop", "hand")):
-                proc = subprocess.run([sys.executable, __file__, case, side, "--batch", str(batch), "--steps", str(steps),
-                                       "--warmup", str(warmup), "--tag", f"r{r}"], capture_output=True, text=True)
+            for side in ("hand", "fastloop") if r % 2 == 0 else ("fastloop", "hand"):
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        case,
+                        side,
+                        "--batch",
+                        str(batch),
+                        "--steps",
+                        str(steps),
+                        "--warmup",
+                        str(warmup),
+                        "--tag",
+                        f"r{r}",
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if proc.returncode:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{case} {side} failed (exit {proc.returncode})")
-                got[side].append(json.loads(proc.stdout[proc.stdout.rindex('{\n  "benchmark"'):])["throughput"])
+                got[side].append(json.loads(proc.stdout[proc.stdout.rindex('{\n  "benchmark"') :])["throughput"])
         hand, fl = statistics.mean(got["hand"]), statistics.mean(got["fastloop"])
         rows.append({"case": case, "batch": batch, "hand": hand, "fastloop": fl, "ratio": fl / hand, "runs": got})
     emit("vs_hand_all", {"rounds": rounds, "rows": rows})
     print(f"{'case':<6} {'batch':>5} {'hand':>12} {'fastloop':>12} {'ratio':>6}")
     for row in rows:
-        print(f"{row['case']:<6} {row['batch']:>5} {row['hand']:>12,.0f} {row['fastloop']:>12,.0f} {row['ratio']:>6.3f}")
+        print(
+            f"{row['case']:<6} {row['batch']:>5} {row['hand']:>12,.0f} {row['fastloop']:>12,.0f} {row['ratio']:>6.3f}"
+        )
 
 
 def main() -> None:
@@ -252,12 +309,25 @@ def main() -> None:
     if a.side is None:
         p.error("a case takes a side: hand or fastloop")
     if a.case == "gpt":
-        out = gpt_hand(a.batch, a.steps, a.warmup) if a.side == "hand" else _fastloop(
-            "gpt", "tf32,bf16,fused_optimizer,compile", a.steps, a.warmup, {"preset": "gpt2", "batch_size": a.batch})
+        out = (
+            gpt_hand(a.batch, a.steps, a.warmup)
+            if a.side == "hand"
+            else _fastloop(
+                "gpt", "tf32,bf16,fused_optimizer,compile", a.steps, a.warmup, {"preset": "gpt2", "batch_size": a.batch}
+            )
+        )
     elif a.case == "rn50":
-        out = rn50_hand(a.batch, a.steps, a.warmup) if a.side == "hand" else _fastloop(
-            "imagenet", "cudnn_benchmark,bf16,fused_optimizer,channels_last,compile", a.steps, a.warmup,
-            {"batch_size": a.batch, "loader": "synthetic"})
+        out = (
+            rn50_hand(a.batch, a.steps, a.warmup)
+            if a.side == "hand"
+            else _fastloop(
+                "imagenet",
+                "cudnn_benchmark,bf16,fused_optimizer,channels_last,compile",
+                a.steps,
+                a.warmup,
+                {"batch_size": a.batch, "loader": "synthetic"},
+            )
+        )
     else:
         out = mlp_hand(a.steps, a.warmup) if a.side == "hand" else mlp_fastloop(a.steps, a.warmup)
     emit(f"vs_hand_{a.case}_{a.side}_{a.batch}_{a.tag}", {"case": a.case, "side": a.side, "batch": a.batch, **out})

@@ -40,8 +40,20 @@ from benchmarks._common import side_ci
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.subproc import ConfigurationFailed, run_in_subprocess
 
-MODULES = ("cifar_resnet", "vit", "demo_transformer", "lstm_lm", "unet", "gpt_small", "bert_padded", "vit_v2aug",
-           "resnet50_folder", "unet_paired", "bert_collate", "audio_padded")
+MODULES = (
+    "cifar_resnet",
+    "vit",
+    "demo_transformer",
+    "lstm_lm",
+    "unet",
+    "gpt_small",
+    "bert_padded",
+    "vit_v2aug",
+    "resnet50_folder",
+    "unet_paired",
+    "bert_collate",
+    "audio_padded",
+)
 
 
 def _prepare(module: str) -> None:
@@ -59,8 +71,9 @@ def _ladder(module: str, out: Path) -> tuple[dict, float, int]:
     target = f"benchmarks/zoo/{module}.py:make"
     folder = out / f"ladder_{module}"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", target, "--out", str(folder)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", "ladder", target, "--out", str(folder)], capture_output=True, text=True
+    )
     wall = time.perf_counter() - t0
     sys.stdout.write(proc.stdout[-3000:])
     sys.stderr.write(proc.stderr[-3000:])
@@ -74,8 +87,9 @@ DEVICE = "cuda"  # ``--device cpu``: a smoke test of the benchmark itself
 
 def _measure(target: str, spec: str, runs: Runs) -> None:
     try:
-        runs.docs.append(run_in_subprocess(target, spec, steps=30, warmup=5, device=DEVICE, measure_s=2.0,
-                                           profile=False))
+        runs.docs.append(
+            run_in_subprocess(target, spec, steps=30, warmup=5, device=DEVICE, measure_s=2.0, profile=False)
+        )
     except ConfigurationFailed as err:
         runs.failures.append(str(err)[-500:])
 
@@ -103,9 +117,16 @@ def ladder_phase(module: str, out: Path) -> dict:
     """The default ladder on ``module``; its pick and timing, written as ``ladder_MODULE.json``."""
     _prepare(module)
     ladder, wall, code = _ladder(module, out)
-    rec = {"module": module, "ladder_wall_s": round(wall, 1), "ladder_clock_s": ladder.get("wall_s"),
-           "ladder_runs": ladder.get("runs"), "selected": ladder.get("selected_spec") or "none",
-           "ladder_exit_status": code, "stages": ladder.get("stages"), "not_tried": ladder.get("not_tried")}
+    rec = {
+        "module": module,
+        "ladder_wall_s": round(wall, 1),
+        "ladder_clock_s": ladder.get("wall_s"),
+        "ladder_runs": ladder.get("runs"),
+        "selected": ladder.get("selected_spec") or "none",
+        "ladder_exit_status": code,
+        "stages": ladder.get("stages"),
+        "not_tried": ladder.get("not_tried"),
+    }
     (out / f"ladder_{module}.json").write_text(json.dumps(rec, indent=2, default=str))
     return rec
 
@@ -115,30 +136,59 @@ def summarize(lad: dict, sides: dict[str, Runs], rounds: int) -> dict:
     tp = {k: (m.get("throughput") or {}).get("value") for k, m in merged.items()}
     rec = {r["name"]: r for r in (merged["pick"].get("speedups") or [])}
     graph = rec.get("cuda_graph")
-    return {**lad, "throughput": tp,
-            "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
-            "pick_vs_expert": side_ci(sides, "expert", "pick"),
-            "expert_vs_plain": side_ci(sides, "plain", "expert"),
-            "pick_vs_plain": side_ci(sides, "plain", "pick"),
-            **({"before": sides["before"].spec, "pick_vs_before": side_ci(sides, "before", "pick")}
-               if "before" in sides else {}),
-            "data_wait": {k: m.get("data_wait_frac") for k, m in merged.items()},
-            "cuda_graph": {"status": graph["status"], "reason": graph.get("reason"), "detail": graph.get("detail"),
-                           "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier")} if graph else None,
-            "failures": {k: r.failures for k, r in sides.items() if r.failures}, "rounds": rounds,
-            "runs": {k: len(r.docs) for k, r in sides.items()},
-            "per_run": {k: [{"throughput": (d.get("throughput") or {}).get("value"), "data_wait": d.get("data_wait_frac"),
-                             "steps": d.get("steps")} for d in r.docs] for k, r in sides.items()},
-            "method": "interleaved fresh processes (plain, expert, pick; the order reversed every other round) "
-                      "x rounds, every module's round r before any module's round r+1; 2 s windows of steady "
-                      "steps; ratio = B/A throughput via run-level t-interval (fastloop.compare)"}
+    return {
+        **lad,
+        "throughput": tp,
+        "unit": next(((m.get("throughput") or {}).get("unit") for m in merged.values() if m), None),
+        "pick_vs_expert": side_ci(sides, "expert", "pick"),
+        "expert_vs_plain": side_ci(sides, "plain", "expert"),
+        "pick_vs_plain": side_ci(sides, "plain", "pick"),
+        **(
+            {"before": sides["before"].spec, "pick_vs_before": side_ci(sides, "before", "pick")}
+            if "before" in sides
+            else {}
+        ),
+        "data_wait": {k: m.get("data_wait_frac") for k, m in merged.items()},
+        "cuda_graph": {
+            "status": graph["status"],
+            "reason": graph.get("reason"),
+            "detail": graph.get("detail"),
+            "tier": (merged["pick"].get("extra") or {}).get("cuda_graph_tier"),
+        }
+        if graph
+        else None,
+        "failures": {k: r.failures for k, r in sides.items() if r.failures},
+        "rounds": rounds,
+        "runs": {k: len(r.docs) for k, r in sides.items()},
+        "per_run": {
+            k: [
+                {
+                    "throughput": (d.get("throughput") or {}).get("value"),
+                    "data_wait": d.get("data_wait_frac"),
+                    "steps": d.get("steps"),
+                }
+                for d in r.docs
+            ]
+            for k, r in sides.items()
+        },
+        "method": "interleaved fresh processes (plain, expert, pick; the order reversed every other round) "
+        "x rounds, every module's round r before any module's round r+1; 2 s windows of steady "
+        "steps; ratio = B/A throughput via run-level t-interval (fastloop.compare)",
+    }
 
 
 def compare_phase(ladders: dict[str, dict], out: Path, rounds: int, max_s: float) -> list[dict]:
     """Plain, expert and pick of every module, interleaved in fresh processes, round by round
     (a call cut short by ``max_s`` leaves every module with the same number of rounds)."""
-    sides = {m: {"plain": Runs("none"), "expert": Runs("none"), "pick": Runs(lad["selected"]),
-                 **({"before": Runs(BEFORE[m])} if m in BEFORE else {})} for m, lad in ladders.items()}
+    sides = {
+        m: {
+            "plain": Runs("none"),
+            "expert": Runs("none"),
+            "pick": Runs(lad["selected"]),
+            **({"before": Runs(BEFORE[m])} if m in BEFORE else {}),
+        }
+        for m, lad in ladders.items()
+    }
     t0, rows, per_round = time.perf_counter(), [], []
     for r in range(rounds):
         if per_round and time.perf_counter() - t0 + 1.2 * max(per_round) > max_s:
@@ -168,8 +218,9 @@ def wall_clock_check(module: str, spec: str, out: Path) -> dict:
         clock = os.path.join(tmp, "clock.json")
         os.environ["ZOO_CLOCK_FILE"] = clock
         try:
-            doc = run_in_subprocess("benchmarks/zoo/clocked.py:make", spec, steps=30, warmup=5, device="cuda",
-                                    measure_s=2.0, profile=False)
+            doc = run_in_subprocess(
+                "benchmarks/zoo/clocked.py:make", spec, steps=30, warmup=5, device="cuda", measure_s=2.0, profile=False
+            )
         finally:
             os.environ.pop("ZOO_CLOCK_FILE", None)
         clock_doc = json.loads(Path(clock).read_text())
@@ -179,10 +230,18 @@ def wall_clock_check(module: str, spec: str, out: Path) -> dict:
     items = doc.get("items_per_step") or 0
     outside = items * n / outside_s
     reported = doc["throughput"]["value"]
-    result = {"module": module, "spec": spec, "reported": reported, "outside": outside,
-              "ratio": reported / outside, "steps": n, "warmup_steps": w, "batch_ends_recorded": len(t),
-              "clock": "time.perf_counter after torch.cuda.synchronize() in a plain Lightning callback's "
-                       "on_train_batch_start (first measured step) and on_train_batch_end (last measured step)"}
+    result = {
+        "module": module,
+        "spec": spec,
+        "reported": reported,
+        "outside": outside,
+        "ratio": reported / outside,
+        "steps": n,
+        "warmup_steps": w,
+        "batch_ends_recorded": len(t),
+        "clock": "time.perf_counter after torch.cuda.synchronize() in a plain Lightning callback's "
+        "on_train_batch_start (first measured step) and on_train_batch_end (last measured step)",
+    }
     (out / "zoo_wall_clock.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -192,16 +251,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", default=",".join(MODULES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT", "zoo_out"))
-    p.add_argument("--only", choices=("ladder", "compare"), default=None,
-                   help="ladder: only the ladders (ladder_MODULE.json); compare: only the interleaved "
-                        "measurement, with the ladders' picks read from --from")
-    p.add_argument("--from", dest="from_dir", default=None,
-                   help="a folder holding ladder_MODULE.json files of an earlier call (with --only compare)")
+    p.add_argument(
+        "--only",
+        choices=("ladder", "compare"),
+        default=None,
+        help="ladder: only the ladders (ladder_MODULE.json); compare: only the interleaved "
+        "measurement, with the ladders' picks read from --from",
+    )
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        default=None,
+        help="a folder holding ladder_MODULE.json files of an earlier call (with --only compare)",
+    )
     p.add_argument("--max-s", type=float, default=1e9, help="start no new comparison round after this many seconds")
-    p.add_argument("--clock", default=None,
-                   help="MODULE[:SPEC]: also check the report against an outside wall clock (default SPEC: the pick)")
-    p.add_argument("--before", action="append", default=[], metavar="MODULE=SPEC",
-                   help="also measure MODULE with SPEC (an earlier ladder's pick) interleaved: pick_vs_before")
+    p.add_argument(
+        "--clock",
+        default=None,
+        help="MODULE[:SPEC]: also check the report against an outside wall clock (default SPEC: the pick)",
+    )
+    p.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        metavar="MODULE=SPEC",
+        help="also measure MODULE with SPEC (an earlier ladder's pick) interleaved: pick_vs_before",
+    )
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global DEVICE
@@ -235,14 +310,18 @@ def main(argv: list[str] | None = None) -> int:
         module, _, spec = args.clock.partition(":")
         picked = next((r["selected"] for r in rows if r["module"] == module), "none")
         c = wall_clock_check(module, spec or picked, out)
-        print(f"wall clock: {module} {c['spec']}: reported {c['reported']:,.0f} vs outside {c['outside']:,.0f} "
-              f"items/s -> {c['ratio']:.3f}")
+        print(
+            f"wall clock: {module} {c['spec']}: reported {c['reported']:,.0f} vs outside {c['outside']:,.0f} "
+            f"items/s -> {c['ratio']:.3f}"
+        )
     print(f"{'module':18} {'plain':>10} {'expert':>10} {'pick':>10} {'pick/exp':>16} {'ladder s':>9}  selected")
     for r in rows:
         t, pe = r["throughput"], r["pick_vs_expert"] or {}
         span = _span(pe)
-        print(f"{r['module']:18} {t['plain'] or 0:>10,.0f} {t['expert'] or 0:>10,.0f} {t['pick'] or 0:>10,.0f} "
-              f"{span:>16} {r['ladder_wall_s']:>9.0f}  {r['selected']}  graph={((r['cuda_graph'] or {}).get('tier'))}")
+        print(
+            f"{r['module']:18} {t['plain'] or 0:>10,.0f} {t['expert'] or 0:>10,.0f} {t['pick'] or 0:>10,.0f} "
+            f"{span:>16} {r['ladder_wall_s']:>9.0f}  {r['selected']}  graph={((r['cuda_graph'] or {}).get('tier'))}"
+        )
         wait = ", ".join(f"{k} {v:.0%}" for k, v in r["data_wait"].items() if v is not None)
         before = r.get("pick_vs_before") or {}
         if before.get("ratio"):

@@ -81,8 +81,9 @@ class StandInGraphs(StepGraphs):
         rng = host_rng_snapshot()
         out = step()
         drew = host_rng_changed(rng)
-        return out, (f"the step draws random numbers on the host ({drew}): a graph would replay the first draw"
-                     if drew else None)
+        return out, (
+            f"the step draws random numbers on the host ({drew}): a graph would replay the first draw" if drew else None
+        )
 
     def capture(self, step: Any) -> tuple[StandInGraph, Any]:
         """Record ``step()``; the weights and the optimizer's state are put back afterwards (a
@@ -113,8 +114,9 @@ def install(monkeypatch: Any) -> None:
         engines.append(self)
         return original(self, optimizer, schedulers)
 
-    StandInGraphs.optimizer = staticmethod(lambda: next((e.prepared.optimizer for e in reversed(engines)
-                                                         if e.prepared is not None), None))
+    StandInGraphs.optimizer = staticmethod(
+        lambda: next((e.prepared.optimizer for e in reversed(engines) if e.prepared is not None), None)
+    )
     monkeypatch.setattr(captured_step, "GRAPH_CORE", StandInGraphs)
     monkeypatch.setattr(captured_step.CapturedStep, "prepare", prepare)
     monkeypatch.setattr(cuda_graph.CudaGraph, "needs_cuda", False)

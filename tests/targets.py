@@ -19,8 +19,12 @@ class Classifier(LightningModule):
         self.save_hyperparameters()
         if conv:
             self.net = torch.nn.Sequential(
-                torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
-                torch.nn.Flatten(), torch.nn.Linear(8 * 16, 4))
+                torch.nn.Conv2d(3, 8, 3, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.AdaptiveAvgPool2d(4),
+                torch.nn.Flatten(),
+                torch.nn.Linear(8 * 16, 4),
+            )
         else:
             self.net = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.GELU(), torch.nn.Linear(width, 4))
 
@@ -173,7 +177,9 @@ def nan_loss():
 def slow_workers(batch_size: int = 16, seed: int = 0):
     """A loader with workers (each sample sleeps 20 ms): for the interrupt test."""
     torch.manual_seed(seed)
-    return Classifier(batch_size=batch_size), DataLoader(SleepyDataset(delay=0.02), batch_size=batch_size, num_workers=2)
+    return Classifier(batch_size=batch_size), DataLoader(
+        SleepyDataset(delay=0.02), batch_size=batch_size, num_workers=2
+    )
 
 
 def dies_fourth(batch_size: int = 16, seed: int = 0):
@@ -280,9 +286,19 @@ def with_callbacks():
     from fastloop._compat import pl
 
     module, loader = tiny_mlp()
-    return module, loader, {"callbacks": [pl.callbacks.LearningRateMonitor(), pl.callbacks.ModelCheckpoint(),
-                                          pl.callbacks.EarlyStopping("val_loss"), CountSteps()],
-                            "logger": True}
+    return (
+        module,
+        loader,
+        {
+            "callbacks": [
+                pl.callbacks.LearningRateMonitor(),
+                pl.callbacks.ModelCheckpoint(),
+                pl.callbacks.EarlyStopping("val_loss"),
+                CountSteps(),
+            ],
+            "logger": True,
+        },
+    )
 
 
 def trainer_settings_not_a_dict():
@@ -317,9 +333,14 @@ class GraphPattern(LightningModule):
     def __init__(self, pattern: str = "plain") -> None:
         super().__init__()
         self.pattern = pattern
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
-                                       torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
-                                       torch.nn.Linear(64, 4))
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(64, 4),
+        )
         if pattern == "metric_object":
             import torchmetrics
 
@@ -373,8 +394,9 @@ class HiddenDrawPattern(GraphPattern):
 
 def graph_pattern(pattern: str = "plain", batch_size: int = 32, seed: int = 0):
     torch.manual_seed(seed)
-    loader = DataLoader(_data(True, n=512), batch_size=batch_size, shuffle=False, drop_last=True,
-                        pin_memory=pattern != "pageable")
+    loader = DataLoader(
+        _data(True, n=512), batch_size=batch_size, shuffle=False, drop_last=True, pin_memory=pattern != "pageable"
+    )
     module = {"anneal": AnnealedPattern, "hidden_draw": HiddenDrawPattern}.get(pattern, GraphPattern)(pattern)
     if pattern == "grad_clip":
         return module, loader, {"gradient_clip_val": 1.0}
@@ -411,15 +433,18 @@ class GraphGAN(LightningModule):
         self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
 
     def configure_optimizers(self):
-        return (torch.optim.Adam(self.g.parameters(), lr=2e-4, betas=(0.5, 0.999)),
-                torch.optim.Adam(self.d.parameters(), lr=2e-4, betas=(0.5, 0.999)))
+        return (
+            torch.optim.Adam(self.g.parameters(), lr=2e-4, betas=(0.5, 0.999)),
+            torch.optim.Adam(self.d.parameters(), lr=2e-4, betas=(0.5, 0.999)),
+        )
 
 
 def graph_gan(batch_size: int = 32, seed: int = 0):
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    return GraphGAN(), DataLoader(TensorDataset(torch.randn(512, 16, generator=g)), batch_size=batch_size,
-                                  drop_last=True, pin_memory=True)
+    return GraphGAN(), DataLoader(
+        TensorDataset(torch.randn(512, 16, generator=g)), batch_size=batch_size, drop_last=True, pin_memory=True
+    )
 
 
 def mixup_step(model, batch):
@@ -431,8 +456,9 @@ def mixup_step(model, batch):
     lam = float(np.random.beta(0.4, 0.4))
     mixed = lam * x + (1 - lam) * x.flip(0)
     out = model(mixed)
-    return lam * torch.nn.functional.cross_entropy(out, y) + (1 - lam) * torch.nn.functional.cross_entropy(out, y.flip(0))
-
+    return lam * torch.nn.functional.cross_entropy(out, y) + (1 - lam) * torch.nn.functional.cross_entropy(
+        out, y.flip(0)
+    )
 
 
 class TwoLoaders(LightningModule):
@@ -491,8 +517,10 @@ def _pad(batch):
 def padded_text(batch_size: int = 8, fixed: int = 0):
     """``fixed``: pad every batch to this length instead (one shape: graphs can replay it)."""
     g = torch.Generator().manual_seed(0)
-    items = [(torch.randint(1, 100, (int(n),), generator=g), torch.tensor(int(n) % 2))
-             for n in torch.randint(4, 41, (512,), generator=g)]
+    items = [
+        (torch.randint(1, 100, (int(n),), generator=g), torch.tensor(int(n) % 2))
+        for n in torch.randint(4, 41, (512,), generator=g)
+    ]
 
     def to_fixed(batch):
         tokens, labels = _pad(batch)
@@ -559,12 +587,15 @@ def uses_its_logger():
 
 # -- text padded per batch (pad_buckets) -------------------------------------------------------
 
+
 class TextRows(Dataset):
     """Token rows of 5-40 tokens (ids 1..49; 0 is the pad id), a class label each."""
 
     def __init__(self, n: int = 128, seed: int = 0, causal: bool = False) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.rows = [torch.randint(1, 50, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g) for _ in range(n)]
+        self.rows = [
+            torch.randint(1, 50, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g) for _ in range(n)
+        ]
         self.labels = [int(r.sum()) % 3 for r in self.rows]
         self.causal = causal
 
@@ -661,9 +692,16 @@ class CausalLM(LightningModule):
 def masked_text(batch_size: int = 16, seed: int = 0, use_mask: bool = True):
     """Text padded per batch (a classifier that masks its padding; ``use_mask=False``: one that does not)."""
     torch.manual_seed(seed)
-    return (TextClassifier(use_mask=use_mask, dropout=0.0),
-            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=pad_collate,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        TextClassifier(use_mask=use_mask, dropout=0.0),
+        DataLoader(
+            TextRows(seed=seed),
+            batch_size=batch_size,
+            shuffle=True,
+            collate_fn=pad_collate,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )
 
 
 class TypedTextClassifier(TextClassifier):
@@ -691,9 +729,16 @@ def typed_collate(samples):
 def typed_text(batch_size: int = 16, seed: int = 0):
     """Text padded per batch with token_type_ids beside the ids (a Hugging Face BERT batch)."""
     torch.manual_seed(seed)
-    return (TypedTextClassifier(),
-            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=typed_collate,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        TypedTextClassifier(),
+        DataLoader(
+            TextRows(seed=seed),
+            batch_size=batch_size,
+            shuffle=True,
+            collate_fn=typed_collate,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )
 
 
 class Encoding(UserDict):
@@ -714,9 +759,16 @@ def encoded_collate(samples):
 def encoded_text(batch_size: int = 16, seed: int = 0):
     """typed_text's batches as an Encoding (a UserDict), as a tokenizer's collate gives them."""
     torch.manual_seed(seed)
-    return (TypedTextClassifier(),
-            DataLoader(TextRows(seed=seed), batch_size=batch_size, shuffle=True, collate_fn=encoded_collate,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        TypedTextClassifier(),
+        DataLoader(
+            TextRows(seed=seed),
+            batch_size=batch_size,
+            shuffle=True,
+            collate_fn=encoded_collate,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )
 
 
 def unmasked_text(batch_size: int = 16, seed: int = 0):
@@ -726,12 +778,20 @@ def unmasked_text(batch_size: int = 16, seed: int = 0):
 def padded_lm(batch_size: int = 16, seed: int = 0, left: bool = False):
     """A causal LM on per-batch padded rows (labels -100 on the padding; ``left``: left-padded)."""
     torch.manual_seed(seed)
-    return (CausalLM(), DataLoader(TextRows(seed=seed, causal=True), batch_size=batch_size, shuffle=True,
-                                   collate_fn=left_pad_lm_collate if left else right_pad_lm_collate,
-                                   generator=torch.Generator().manual_seed(seed)))
+    return (
+        CausalLM(),
+        DataLoader(
+            TextRows(seed=seed, causal=True),
+            batch_size=batch_size,
+            shuffle=True,
+            collate_fn=left_pad_lm_collate if left else right_pad_lm_collate,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )
 
 
 # -- in-memory images with a random torchvision transform (gpu_augment) -------------------------
+
 
 class AugmentedImages(Dataset):
     """uint8 CHW images held in memory, passed through a torchvision v2 pipeline (random crop with
@@ -780,26 +840,50 @@ class PilCifar(Dataset):
 def v1_pipeline(size: int = 16, padding: int = 2):
     from torchvision import transforms as T
 
-    return T.Compose([T.RandomCrop(size, padding=padding), T.RandomHorizontalFlip(), T.ToTensor(),
-                      T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    return T.Compose(
+        [
+            T.RandomCrop(size, padding=padding),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]),
+        ]
+    )
 
 
 def pil_cifar(batch_size: int = 16, seed: int = 0):
     torch.manual_seed(seed)
-    return (Classifier(conv=True, batch_size=batch_size),
-            DataLoader(PilCifar(seed=seed, transform=v1_pipeline()), batch_size=batch_size, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        Classifier(conv=True, batch_size=batch_size),
+        DataLoader(
+            PilCifar(seed=seed, transform=v1_pipeline()),
+            batch_size=batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )
 
 
 def v2_pipeline(size: int = 16, padding: int = 2):
     from torchvision.transforms import v2
 
-    return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    return v2.Compose(
+        [
+            v2.RandomCrop(size, padding=padding),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]),
+        ]
+    )
 
 
 def augmented_images(batch_size: int = 16, seed: int = 0):
     torch.manual_seed(seed)
-    return (Classifier(conv=True, batch_size=batch_size),
-            DataLoader(AugmentedImages(seed=seed, transform=v2_pipeline()), batch_size=batch_size, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        Classifier(conv=True, batch_size=batch_size),
+        DataLoader(
+            AugmentedImages(seed=seed, transform=v2_pipeline()),
+            batch_size=batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )

@@ -22,8 +22,9 @@ T = "tests/targets.py"
 
 def _cli(*argv: str | bytes, cwd: Path = ROOT, timeout: float = 300) -> tuple[int, list[str]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    p = subprocess.run([sys.executable, "-m", "fastloop.cli", *argv], cwd=cwd, env=env, capture_output=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", *argv], cwd=cwd, env=env, capture_output=True, timeout=timeout
+    )
     return p.returncode, [ln for ln in p.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
 
 
@@ -37,8 +38,24 @@ def _one_short_line(rc: int, lines: list[str], limit: int = 250) -> str:
 
 def test_ab_user_error_exits_1_with_their_frames_and_the_report_names_the_side(tmp_path):
     out = tmp_path / "rep"
-    rc, lines = _cli("ab", f"{T}:step_raises", "--a", "none", "--b", "none", "--repeats", "1", "--steps", "3",
-                     "--warmup", "1", "--device", "cpu", "--out", str(out))
+    rc, lines = _cli(
+        "ab",
+        f"{T}:step_raises",
+        "--a",
+        "none",
+        "--b",
+        "none",
+        "--repeats",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    )
     assert rc == 1, lines
     text = "\n".join(lines)
     assert "targets.py" in text and "shapes do not match in my_loss" in text
@@ -104,15 +121,24 @@ def test_max_repeats_message_and_check_agree(value):
 
 
 def test_advice_never_recommends_what_was_measured_not_faster():
-    d = {"bottleneck": "compute-bound", "evidence": "",
-         "recommendation": "bf16 autocast, fused optimizer, channels_last for conv nets, compile."}
-    out = without_measured(d, {"bf16": "0.99x [0.97, 1.01], no significant difference",
-                               "fused_optimizer": "1.00x [0.98, 1.02], no significant difference"})
+    d = {
+        "bottleneck": "compute-bound",
+        "evidence": "",
+        "recommendation": "bf16 autocast, fused optimizer, channels_last for conv nets, compile.",
+    }
+    out = without_measured(
+        d,
+        {
+            "bf16": "0.99x [0.97, 1.01], no significant difference",
+            "fused_optimizer": "1.00x [0.98, 1.02], no significant difference",
+        },
+    )
     advice, measured = out["recommendation"].split("; measured here", 1)
     assert "bf16" not in advice and "fused" not in advice and "compile" in advice and "channels_last" in advice
     assert "bf16 (0.99x" in measured and out["advice_filtered"] == ["bf16", "fused_optimizer"]
-    everything = without_measured({"recommendation": "cuda_graph (whole-step capture) or compile"},
-                                  {"cuda_graph": "1.00x", "compile": "0.97x"})
+    everything = without_measured(
+        {"recommendation": "cuda_graph (whole-step capture) or compile"}, {"cuda_graph": "1.00x", "compile": "0.97x"}
+    )
     assert everything["recommendation"].startswith("the usual fixes for this bottleneck were measured here")
     assert without_measured(d, {"workers": "1.0x"}) is d  # nothing it names was measured: unchanged
 

@@ -28,16 +28,24 @@ def test_a_short_last_batch_or_a_few_buckets_do_not_rule_graphs_out():
 def test_text_padded_per_batch_rules_cuda_graph_out_with_the_reason():
     from fastloop.drivers.runner import run_configuration
 
-    doc = run_configuration("tests/targets.py:padded_text", "none", steps=24, warmup=2, device="cpu",
-                            steady_warmup=False)
+    doc = run_configuration(
+        "tests/targets.py:padded_text", "none", steps=24, warmup=2, device="cpu", steady_warmup=False
+    )
     shapes = doc["batch_shapes"]
     assert shapes["distinct"] > GRAPH_MAX_SHAPES and shapes["most_common_share"] < 0.5
     assert shapes["varying"].startswith("input 0 dim 1: ")  # the sequence length; the batch size stays 8
     reason = doc["model_checks"]["cuda_graph"]
     assert reason.startswith("the batches change shape (") and "pad to one fixed length" in reason
 
-    fixed = run_configuration("tests/targets.py:padded_text", "none", steps=24, warmup=2, device="cpu",
-                              steady_warmup=False, target_kwargs={"fixed": 40})
+    fixed = run_configuration(
+        "tests/targets.py:padded_text",
+        "none",
+        steps=24,
+        warmup=2,
+        device="cpu",
+        steady_warmup=False,
+        target_kwargs={"fixed": 40},
+    )
     assert fixed["batch_shapes"]["distinct"] == 1 and "cuda_graph" not in fixed["model_checks"]
 
 
@@ -46,17 +54,27 @@ def test_the_ladder_leaves_cuda_graph_out_of_the_compute_bundle_when_the_batches
     from fastloop.speedups import REGISTRY
 
     monkeypatch.setattr(REGISTRY["cuda_graph"], "why_not", lambda self, ctx: None)  # as on a GPU
-    reason = graph_shape_check({"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"})
+    reason = graph_shape_check(
+        {"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"}
+    )
     specs = []
 
     def measure(target, spec, **kw):
         specs.append(spec)
         names = set() if spec == "none" else set(spec.split(","))
         mean = 0.010 / (1.5 if "bf16" in names else 1.0)
-        return {"step_s_all": [mean] * 40, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.0, "step_s": {"mean": mean}, "loss": {"first": 1.0, "last": 0.5},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "steps": 40, "warmup_steps": 5, "model_checks": {"cuda_graph": reason}}
+        return {
+            "step_s_all": [mean] * 40,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+            "step_s": {"mean": mean},
+            "loss": {"first": 1.0, "last": 0.5},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "steps": 40,
+            "warmup_steps": 5,
+            "model_checks": {"cuda_graph": reason},
+        }
 
     doc = run_ladder("x", ["bf16", "cuda_graph"], measure=measure, device="cpu")
     graph = next(r for r in doc["rungs"] if r["rung"] == "+cuda_graph")
@@ -65,9 +83,11 @@ def test_the_ladder_leaves_cuda_graph_out_of_the_compute_bundle_when_the_batches
 
 
 def test_the_doctor_advises_compile_not_graphs_for_a_launch_bound_step_whose_batches_change_shape():
-    from fastloop.drivers.doctor import without_measured, _launch_fix
+    from fastloop.drivers.doctor import _launch_fix, without_measured
 
-    reason = graph_shape_check({"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"})
+    reason = graph_shape_check(
+        {"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"}
+    )
     text = _launch_fix({"model_checks": {"cuda_graph": reason}})
     assert text.startswith("compile (fewer launches; a CUDA graph cannot help here: the batches change shape")
     # compile measured and not faster: nothing re-advises cuda_graph by name

@@ -27,7 +27,8 @@ class OOMAbove(LightningModule):
             if self.error == "oom":
                 raise torch.cuda.OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB "
-                    "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in use.")
+                    "of which 1.2 GiB is free. Including non-PyTorch memory, this process has 77.9 GiB memory in use."
+                )
             raise ValueError("shape mismatch in layer 3: expected 8 features")
         return torch.nn.functional.cross_entropy(self.net(x), y)
 
@@ -49,7 +50,11 @@ class Data(LightningDataModule):
 def test_recognises_oom_and_only_oom():
     assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 MiB"))
     assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
-    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"))
+    assert is_oom(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"
+        )
+    )
     assert not is_oom(RuntimeError("Expected all tensors to be on the same device"))
     assert not is_oom(ValueError("out of memory"))  # only allocator errors, not any exception mentioning it
 
@@ -100,8 +105,15 @@ def test_no_temporary_files(tmp_path, monkeypatch):
 def test_lightning_callback_leaves_trainer_state_alone():
     m, d = OOMAbove(limit=200), Data()
     cb = BatchSizeSearch(objective="max")
-    trainer = Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    trainer = Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+    )
     trainer.fit(m, datamodule=d)
     assert cb.result["restored"] and cb.result["batch_size"] == d.batch_size <= 180
     assert m.seen[-1] == d.batch_size  # the real run trained at the chosen size
@@ -178,8 +190,15 @@ def test_the_trials_train_in_the_trainers_precision():
         doc = search_batch_size(module, Data(), device="cpu", max_size=256, trainer_precision=given)
         assert set(module.dtypes) == {want} and doc["autocast"] == (str(want)[6:] if want else None)
     module = SeesAutocast(limit=64)  # the callback reads the Trainer's own precision
-    trainer = Trainer(callbacks=[BatchSizeSearch(max_size=256)], precision="bf16-mixed", max_steps=1, logger=False,
-                      accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False)
+    trainer = Trainer(
+        callbacks=[BatchSizeSearch(max_size=256)],
+        precision="bf16-mixed",
+        max_steps=1,
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, Data())
     assert torch.bfloat16 in module.dtypes and trainer.callbacks[0].result["autocast"] == "bfloat16"

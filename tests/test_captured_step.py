@@ -18,6 +18,7 @@ from tests import graph_standin
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _bench():
     """The GPU benchmark of the same runs (benchmarks/graph_schedules.py): its cases, read from there."""
     spec = importlib.util.spec_from_file_location("graph_schedules", ROOT / "benchmarks" / "graph_schedules.py")
@@ -29,8 +30,10 @@ def _bench():
 BENCH = _bench()
 STEPS, _sgd, _steplr, _adamw, _onecycle = BENCH.STEPS, BENCH._sgd, BENCH._steplr, BENCH._adamw, BENCH._onecycle
 
-CASES = {"sgd_momentum_steplr": (_sgd, _steplr, "whole step", None),
-         "adamw_onecycle": (_adamw, _onecycle, "forward+backward graphed", "OneCycleLR cycles AdamW's betas")}
+CASES = {
+    "sgd_momentum_steplr": (_sgd, _steplr, "whole step", None),
+    "adamw_onecycle": (_adamw, _onecycle, "forward+backward graphed", "OneCycleLR cycles AdamW's betas"),
+}
 assert set(CASES) == set(BENCH.CASES)
 
 
@@ -53,19 +56,25 @@ def test_an_sgd_planned_for_a_whole_step_graph_keeps_its_lr_as_a_tensor_that_fol
         sched.step()
         prepared.sync()
         assert opt.param_groups[0]["lr"] is lr  # the tensor the graph reads, refilled in place
-        assert float(lr) == pytest.approx(0.1 * 0.5 ** k)
+        assert float(lr) == pytest.approx(0.1 * 0.5**k)
     prepared.restore()
     assert isinstance(opt.param_groups[0]["lr"], float)
 
 
-@pytest.mark.parametrize("make_opt, make_sched, words", [
-    (_adamw, _onecycle, "OneCycleLR cycles AdamW's betas every step (cycle_momentum=True)"),
-    (_sgd, lambda o: torch.optim.lr_scheduler.CyclicLR(o, 0.01, 0.1), "CyclicLR cycles SGD's momentum"),
-    (lambda p: torch.optim.SGD(p, lr=0.1, differentiable=True), _steplr,
-     "SGD reads its lr as a Python number (differentiable optimizers cannot be fused), which a graph would bake in "
-     "while StepLR changes it"),
-    (lambda p: torch.optim.LBFGS(p), lambda o: None, "LBFGS has no capturable implementation"),
-])
+@pytest.mark.parametrize(
+    "make_opt, make_sched, words",
+    [
+        (_adamw, _onecycle, "OneCycleLR cycles AdamW's betas every step (cycle_momentum=True)"),
+        (_sgd, lambda o: torch.optim.lr_scheduler.CyclicLR(o, 0.01, 0.1), "CyclicLR cycles SGD's momentum"),
+        (
+            lambda p: torch.optim.SGD(p, lr=0.1, differentiable=True),
+            _steplr,
+            "SGD reads its lr as a Python number (differentiable optimizers cannot be fused), which a graph would bake in "
+            "while StepLR changes it",
+        ),
+        (lambda p: torch.optim.LBFGS(p), lambda o: None, "LBFGS has no capturable implementation"),
+    ],
+)
 def test_a_graph_that_could_not_follow_the_schedulers_is_refused_naming_them(make_opt, make_sched, words):
     model = _model()
     opt = make_opt(model.parameters())
@@ -78,14 +87,22 @@ def test_a_graph_that_could_not_follow_the_schedulers_is_refused_naming_them(mak
 def _plain(make_opt, make_sched, spec: str, *, by_hand=None):
     model = _model()
     opt = make_opt(model.parameters())
-    loop = FastLoop(model, opt, _loader(), loss_fn=torch.nn.functional.cross_entropy, speedups=spec,
-                    scheduler=make_sched(opt), device="cpu")
+    loop = FastLoop(
+        model,
+        opt,
+        _loader(),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups=spec,
+        scheduler=make_sched(opt),
+        device="cpu",
+    )
     if by_hand is not None:  # a hyperparameter changed by the user's own code after a step
         step = loop._step_scheduler
 
         def stepped() -> None:
             step()
             by_hand(loop.optimizer, loop)
+
         loop._step_scheduler = stepped
     result = loop.train(steps=STEPS)
     return model, result
@@ -125,7 +142,9 @@ def test_both_adapters_graph_follow_the_scheduler_or_step_down_with_the_same_tie
     res, rec = got["extra"], got
     if why is None:
         assert res["cuda_graph_shapes"]["graphs"] == 1 and "replays" in rec["detail"], rec
-        assert f"{STEPS - EAGER_STEPS - 2} replays" in rec["detail"]  # two eager, one checked, the capture, then replays
+        assert (
+            f"{STEPS - EAGER_STEPS - 2} replays" in rec["detail"]
+        )  # two eager, one checked, the capture, then replays
     else:
         assert why in res["cuda_graph_why_not_whole"] and why in rec["detail"], rec
         assert standin.count("reduce-overhead") == 2  # each adapter compiled the step for compile's graphs
@@ -135,6 +154,7 @@ def test_both_adapters_graph_follow_the_scheduler_or_step_down_with_the_same_tie
 def test_a_hyperparameter_changed_by_hand_ends_the_replays_and_the_run_trains_as_eager(standin):
     """No scheduler names it, so it is found before the replay after the change: the guard compares
     what the graph baked in, the steps from there run one tier down, and the weights are eager's."""
+
     def by_hand(opt, loop):
         loop.stepped = getattr(loop, "stepped", 0) + 1
         if loop.stepped == 8:
@@ -161,8 +181,14 @@ def test_a_host_draw_in_a_checked_step_fails_at_once_and_a_sync_free_run_capture
         return torch.nn.functional.cross_entropy(m(x * (1 + 0.01 * random.random())), y)
 
     step_fn = drawing  # the source check would see this draw first: hide it behind a name it cannot follow
-    loop = FastLoop(model, _adamw(model.parameters()), _loader(), step_fn=lambda m, b: step_fn(m, b),
-                    speedups="cuda_graph", device="cpu")
+    loop = FastLoop(
+        model,
+        _adamw(model.parameters()),
+        _loader(),
+        step_fn=lambda m, b: step_fn(m, b),
+        speedups="cuda_graph",
+        device="cpu",
+    )
     res = loop.train(steps=6)
     assert res.extra["cuda_graph_tier"] == "forward+backward graphed"
     assert "draws random numbers on the host (Python's random)" in res.extra["cuda_graph_why_not_whole"]

@@ -18,9 +18,11 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "speedups").glob("*.md"))]
 
 NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?k?"
-FIGURE = re.compile(rf"(?<![\w.\-/:=@#])({NUMBER})(?:\s?-\s?({NUMBER}))?\s?"
-                    r"(x|×|img/s|samples/s|tokens/s|tok/s|GB/s|TB/s|TFLOP/s|ms|s|min|minutes|us|µs|passed|deselected)"
-                    r"(?![\w/])")
+FIGURE = re.compile(
+    rf"(?<![\w.\-/:=@#])({NUMBER})(?:\s?-\s?({NUMBER}))?\s?"
+    r"(x|×|img/s|samples/s|tokens/s|tok/s|GB/s|TB/s|TFLOP/s|ms|s|min|minutes|us|µs|passed|deselected)"
+    r"(?![\w/])"
+)
 INTERVAL = re.compile(rf"\[({NUMBER}), ({NUMBER})\]")
 CITE = re.compile(r"\[R:([\w.\-]+)\]\([^)]*RESULTS\.md#([\w.\-]+)\)")
 ANCHOR = re.compile(r'<a id="([\w.\-]+)"></a>')
@@ -60,7 +62,7 @@ def _value(text: str) -> tuple[float, float]:
     scale = 1000.0 if text.endswith("k") else 1.0
     digits = text.rstrip("k").replace(",", "")
     decimals = len(digits.split(".")[1]) if "." in digits else 0
-    return float(digits) * scale, 0.5 * 10 ** -decimals * scale + 1e-9
+    return float(digits) * scale, 0.5 * 10**-decimals * scale + 1e-9
 
 
 def figures(unit: str) -> list[str]:
@@ -85,7 +87,9 @@ def rows() -> dict[str, str]:
 
 
 def _numbers(text: str) -> list[float]:
-    return [float(n.replace(",", "")) for n in re.findall(r"\d+(?:,\d{3})*(?:\.\d+)?", re.sub(r"<a id=[^>]*>", "", text))]
+    return [
+        float(n.replace(",", "")) for n in re.findall(r"\d+(?:,\d{3})*(?:\.\d+)?", re.sub(r"<a id=[^>]*>", "", text))
+    ]
 
 
 def problems(text: str, where: str, known: dict[str, str]) -> list[str]:
@@ -108,8 +112,10 @@ def problems(text: str, where: str, known: dict[str, str]) -> list[str]:
         for fig in figs:
             v, tol = _value(fig)
             if not any(abs(n - v) <= tol for n in numbers):
-                out.append(f"{where}: {fig} is in none of the rows it cites ({', '.join(r for r, _ in cited)}): "
-                           f"{unit.strip()[:120]}")
+                out.append(
+                    f"{where}: {fig} is in none of the rows it cites ({', '.join(r for r, _ in cited)}): "
+                    f"{unit.strip()[:120]}"
+                )
     return out
 
 
@@ -135,5 +141,9 @@ def test_the_check_fails_when_a_figure_is_changed_by_one_digit_or_has_no_citatio
     assert problems("It ran 1.93x the expert.", "doc", known)  # no citation
     assert problems("It ran 1.93x ([R:zoo-y](benchmarks/RESULTS.md#zoo-y)).", "doc", known)  # no such row
     assert problems("A budget of 80 s. <!-- not measured -->", "doc", known) == []
-    assert figures("3.0-3.6x faster, in 75-85 s; `workers:8` and `--budget 300` are not figures") == \
-        ["3.0", "3.6", "75", "85"]
+    assert figures("3.0-3.6x faster, in 75-85 s; `workers:8` and `--budget 300` are not figures") == [
+        "3.0",
+        "3.6",
+        "75",
+        "85",
+    ]

@@ -7,8 +7,15 @@ import pytest
 
 from fastloop.cli import main
 
-CONTRACT = {"speedups": list, "steps": int, "warmup_steps": int, "step_s": dict, "throughput": dict,
-            "data_wait_frac": float, "loss": dict}
+CONTRACT = {
+    "speedups": list,
+    "steps": int,
+    "warmup_steps": int,
+    "step_s": dict,
+    "throughput": dict,
+    "data_wait_frac": float,
+    "loss": dict,
+}
 NULLABLE = ("peak_mem_bytes", "compile_s", "mfu")
 
 
@@ -17,7 +24,10 @@ def _check_config(c):
         assert isinstance(c[k], t), (k, type(c[k]))
     for k in NULLABLE:
         assert k in c
-    assert set(c["step_s"]) >= {"median", "p25", "p75"} and c["step_s"]["p25"] <= c["step_s"]["median"] <= c["step_s"]["p75"]
+    assert (
+        set(c["step_s"]) >= {"median", "p25", "p75"}
+        and c["step_s"]["p25"] <= c["step_s"]["median"] <= c["step_s"]["p75"]
+    )
     assert set(c["throughput"]) >= {"value", "unit"}
     for s in c["speedups"]:
         assert s["status"] in ("applied", "skipped", "fallback") and isinstance(s["reason"], str)
@@ -25,8 +35,26 @@ def _check_config(c):
 
 def test_run_writes_the_contract(tmp_path):
     out = tmp_path / "r.json"
-    assert main(["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,prefetch", "--steps", "6", "--warmup", "2",
-                 "--device", "cpu", "--json", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "tests/targets.py:tiny_mlp",
+                "--speedups",
+                "bf16,prefetch",
+                "--steps",
+                "6",
+                "--warmup",
+                "2",
+                "--device",
+                "cpu",
+                "--json",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     for k in ("fastloop_version", "env", "target", "device"):
         assert k in doc
@@ -40,19 +68,25 @@ def test_run_writes_the_contract(tmp_path):
     assert doc["mfu_detail"]["flops_per_step"] > 0  # counted with torch.utils.flop_counter
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["run", "tests/targets.py:tiny_mlp", "--bogus"], "unrecognized arguments"),
-    (["run", "tests/targets.py"], "malformed target"),
-    (["run", "missing.py:make"], "target file not found"),
-    (["run", "tests/targets.py:nope"], "has no function 'nope'"),
-    (["run", "tests/targets.py:wrong_type"], "must return (LightningModule"),
-    (["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,,x"], "malformed speedup list"),
-    (["run", "tests/targets.py:tiny_mlp", "--speedups", "turbo"], "unknown speedup 'turbo'"),
-    (["run", "tests/targets.py:tiny_mlp", "--steps", "-3"], "--steps must be an integer from 1"),
-    (["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "bf16", "--repeats", "0"], "--repeats must be an integer from 1"),
-    (["doctor", "--json", "/nonexistent/dir/x.json"], "does not exist"),
-    (["doctor", "--device", "cuda"], "no CUDA device"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["run", "tests/targets.py:tiny_mlp", "--bogus"], "unrecognized arguments"),
+        (["run", "tests/targets.py"], "malformed target"),
+        (["run", "missing.py:make"], "target file not found"),
+        (["run", "tests/targets.py:nope"], "has no function 'nope'"),
+        (["run", "tests/targets.py:wrong_type"], "must return (LightningModule"),
+        (["run", "tests/targets.py:tiny_mlp", "--speedups", "bf16,,x"], "malformed speedup list"),
+        (["run", "tests/targets.py:tiny_mlp", "--speedups", "turbo"], "unknown speedup 'turbo'"),
+        (["run", "tests/targets.py:tiny_mlp", "--steps", "-3"], "--steps must be an integer from 1"),
+        (
+            ["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "bf16", "--repeats", "0"],
+            "--repeats must be an integer from 1",
+        ),
+        (["doctor", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+        (["doctor", "--device", "cuda"], "no CUDA device"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, msg, capsys):
     if "--device" in argv and __import__("torch").cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -94,8 +128,30 @@ def test_a_vs_a_not_significant(tmp_path):
     may be: a second, independent one being significant too (<= 0.1% under the design) fails."""
     for attempt in range(2):
         out = tmp_path / f"ab{attempt}.json"
-        assert main(["ab", "tests/targets.py:tiny_mlp", "--a", "none", "--b", "none", "--repeats", "3", "--steps", "40",
-                     "--warmup", "3", "--device", "cpu", "--json", str(out), "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "ab",
+                    "tests/targets.py:tiny_mlp",
+                    "--a",
+                    "none",
+                    "--b",
+                    "none",
+                    "--repeats",
+                    "3",
+                    "--steps",
+                    "40",
+                    "--warmup",
+                    "3",
+                    "--device",
+                    "cpu",
+                    "--json",
+                    str(out),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         doc = json.loads(out.read_text())
         if doc["speedup"]["significant"] is False:
             break
@@ -114,8 +170,7 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     from fastloop.drivers.ladder import run_ladder
 
     target = "tests/targets.py:sleepy_3ms"
-    doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, max_repeats=6, budget=900,
-                     device="cpu")
+    doc = run_ladder(target, ["workers:4", "prefetch"], steps=48, warmup=8, max_repeats=6, budget=900, device="cpu")
     by = {r["rung"]: r for r in doc["rungs"]}
     base, workers, prefetch, final = by["baseline"], by["+workers:4"], by["+prefetch"], doc["rungs"][-1]
     assert base["bottleneck"]["bottleneck"] == "data-bound" and base["data_wait_frac"] > 0.6
@@ -149,9 +204,24 @@ def _screenshot(page, png):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (the .ci/run installs it)")
-    p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--screenshot={png}",
-                        "--window-size=1200,1800", f"file://{page}"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--screenshot={png}",
+            "--window-size=1200,1800",
+            f"file://{page}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert png.exists() and png.stat().st_size > 10_000, p.stderr[-500:]
     from matplotlib.image import imread
 
@@ -166,8 +236,12 @@ def test_data_bound_recommendation_names_the_next_fix():
     from fastloop.drivers.doctor import diagnose
 
     def cfg(*names):
-        return {"data_wait_frac": 0.5, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30,  # measured on a GPU
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names]}
+        return {
+            "data_wait_frac": 0.5,
+            "step_s": {"median": 0.05},
+            "peak_mem_bytes": 2**30,  # measured on a GPU
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+        }
 
     assert [n for n, _ in diagnose(cfg())["advice"]][:3] == ["workers", "pin_memory", "prefetch"]
     assert diagnose(cfg())["recommendation"].startswith("workers (more loader processes); pin_memory")
@@ -190,9 +264,14 @@ def test_compute_bound_advice_names_only_fixes_the_run_lacks_and_the_model_can_t
     from fastloop.drivers.doctor import diagnose
 
     def cfg(*names, checks=None):
-        return {"data_wait_frac": 0.05, "step_s": {"median": 0.05}, "peak_mem_bytes": None, "mfu": None,
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in ("tf32", *names)],
-                "model_checks": checks or {}}  # tf32 on: on a GPU an fp32 run is told tf32 first
+        return {
+            "data_wait_frac": 0.05,
+            "step_s": {"median": 0.05},
+            "peak_mem_bytes": None,
+            "mfu": None,
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in ("tf32", *names)],
+            "model_checks": checks or {},
+        }  # tf32 on: on a GPU an fp32 run is told tf32 first
 
     assert diagnose(cfg())["recommendation"] == "bf16 autocast, fused optimizer, channels_last, compile."
     no_conv = {"channels_last": "model has no Conv2d layers"}
@@ -215,16 +294,22 @@ def test_a_run_in_the_users_own_bf16_is_not_told_its_matmuls_run_in_fp32(monkeyp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU branch, on any machine
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=2**37))
-    cfg = {"data_wait_frac": 0.05, "step_s": {"median": 0.05}, "peak_mem_bytes": 2**30, "mfu": 0.1, "speedups": [],
-           "trainer_settings": {"used": {"precision": "'32-true'"}}}
+    cfg = {
+        "data_wait_frac": 0.05,
+        "step_s": {"median": 0.05},
+        "peak_mem_bytes": 2**30,
+        "mfu": 0.1,
+        "speedups": [],
+        "trainer_settings": {"used": {"precision": "'32-true'"}},
+    }
     assert diagnose(cfg)["bottleneck"] == "compute-bound (fp32)"
     bf16 = diagnose({**cfg, "trainer_settings": {"used": {"precision": "'bf16-mixed'"}}})
     assert bf16["bottleneck"] == "compute-bound" and "bf16" not in bf16["recommendation"], bf16
 
 
 def test_markdown_says_how_much_warmup_drained_the_loader():
-    from fastloop.report.markdown import render_markdown
     from fastloop.drivers.runner import run_configuration
+    from fastloop.report.markdown import render_markdown
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "workers:2", steps=4, warmup=1, device="cpu")
     text = render_markdown(doc)
@@ -235,9 +320,14 @@ def test_markdown_says_how_much_warmup_drained_the_loader():
 def test_data_bound_doctor_names_gpu_resident_and_the_rate_to_reach():
     from fastloop.drivers.doctor import diagnose
 
-    cfg = {"data_wait_frac": 0.6, "step_s": {"median": 0.01, "mean": 0.01}, "items_per_step": 256,
-           "peak_mem_bytes": 2**30, "speedups": [],
-           "extra": {"dataset": {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 120 * 2**20}}}
+    cfg = {
+        "data_wait_frac": 0.6,
+        "step_s": {"median": 0.01, "mean": 0.01},
+        "items_per_step": 256,
+        "peak_mem_bytes": 2**30,
+        "speedups": [],
+        "extra": {"dataset": {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 120 * 2**20}},
+    }
     d = diagnose(cfg)
     assert d["bottleneck"] == "data-bound" and d["recommendation"].startswith("gpu_resident: the dataset is 120 MiB")
     assert "the feed delivers 25,600 items/s" in d["evidence"] and "must reach 64,000/s" in d["evidence"]
@@ -249,11 +339,17 @@ def test_runner_describes_an_in_memory_dataset():
     from fastloop.drivers.runner import run_configuration
 
     doc = run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu")
-    assert doc["extra"]["dataset"] == {"type": "TensorDataset", "in_memory_tensors": True, "bytes": 256 * 16 * 4 + 256 * 8}
+    assert doc["extra"]["dataset"] == {
+        "type": "TensorDataset",
+        "in_memory_tensors": True,
+        "bytes": 256 * 16 * 4 + 256 * 8,
+    }
 
 
-@pytest.mark.parametrize("extra,window,steps", [([], 1.0, 30), (["--steps", "12"], None, 12),
-                                                (["--steps", "12", "--measure-s", "0.5"], 0.5, 12)])
+@pytest.mark.parametrize(
+    "extra,window,steps",
+    [([], 1.0, 30), (["--steps", "12"], None, 12), (["--steps", "12", "--measure-s", "0.5"], 0.5, 12)],
+)
 def test_ab_measures_a_time_window_unless_steps_are_given(monkeypatch, tmp_path, extra, window, steps):
     """``fastloop ab`` measures the ladder's time window of steady steps by default (1 s on a CPU);
     a user who gives ``--steps N`` gets N steps, as typed."""
@@ -267,9 +363,26 @@ def test_ab_measures_a_time_window_unless_steps_are_given(monkeypatch, tmp_path,
 
         def fake(target_, spec, **k):
             return {"step_s_all": [0.01] * k["steps"], "items_per_step": 4, "speedups": []}
+
         return real(target, a, b, measure=fake, **kw)
 
     monkeypatch.setattr(ab, "run_ab", spy)
-    rc = main(["ab", "tests/targets.py:tiny_mlp", "--device", "cpu", "--a", "none", "--b", "none", "--repeats", "3",
-               "--quiet", "--json", str(tmp_path / "ab.json"), *extra])
+    rc = main(
+        [
+            "ab",
+            "tests/targets.py:tiny_mlp",
+            "--device",
+            "cpu",
+            "--a",
+            "none",
+            "--b",
+            "none",
+            "--repeats",
+            "3",
+            "--quiet",
+            "--json",
+            str(tmp_path / "ab.json"),
+            *extra,
+        ]
+    )
     assert rc == 0 and seen == [{"measure_s": window, "steps": steps}]

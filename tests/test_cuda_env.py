@@ -33,14 +33,17 @@ def test_note_says_what_is_wrong_and_what_to_do():
 def test_the_command_line_sets_it_for_its_children(tmp_path):
     """``fastloop`` sets the variable before anything imports torch, so the runs it starts (the
     ladder's and A/B's child processes) inherit it; a user's own value stays."""
-    code = ("import os, fastloop.cli as c\n"
-            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            f"print('VALUE', os.environ.get('{CUDA_QUEUES_VAR}'))\n")
+    code = (
+        "import os, fastloop.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print('VALUE', os.environ.get('{CUDA_QUEUES_VAR}'))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != CUDA_QUEUES_VAR}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "VALUE 32" in out.stdout, out.stderr[-2000:]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**env, CUDA_QUEUES_VAR: "2"}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**env, CUDA_QUEUES_VAR: "2"}, timeout=120
+    )
     assert "VALUE 2" in out.stdout, out.stderr[-2000:]
 
 

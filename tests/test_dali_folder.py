@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 pytest.importorskip("nvidia.dali")
-from torchvision import datasets, transforms as T  # noqa: E402
+from torchvision import datasets  # noqa: E402
+from torchvision import transforms as T
 
 from fastloop.dali_folder import DaliFolderLoader, NotTranslated, plan_folder  # noqa: E402
 
@@ -41,8 +42,16 @@ def _loader(root, transform, **kw):
 
 
 def test_the_standard_training_transforms_translate_with_their_parameters():
-    plan = plan_folder(T.Compose([T.RandomResizedCrop(32, scale=(0.2, 1.0)), T.RandomHorizontalFlip(0.3), T.ToTensor(),
-                                  T.Normalize(MEAN, STD)]))
+    plan = plan_folder(
+        T.Compose(
+            [
+                T.RandomResizedCrop(32, scale=(0.2, 1.0)),
+                T.RandomHorizontalFlip(0.3),
+                T.ToTensor(),
+                T.Normalize(MEAN, STD),
+            ]
+        )
+    )
     assert plan.crop == (32, 32) and plan.random_crop == ((0.2, 1.0), (3 / 4, 4 / 3)) and plan.flip == 0.3
     assert plan.mean == tuple(MEAN) and plan.scale == pytest.approx(1 / 255)
 
@@ -58,7 +67,9 @@ def test_a_custom_sampler_or_collate_is_refused_by_name(folder):
     ds = datasets.ImageFolder(str(folder), transform=t)
     with pytest.raises(NotTranslated, match="collate_fn"):
         DaliFolderLoader(DataLoader(ds, batch_size=4, collate_fn=lambda b: b), device_id=None)
-    gray = datasets.ImageFolder(str(folder), transform=t, loader=lambda path: datasets.folder.pil_loader(path).convert("L"))
+    gray = datasets.ImageFolder(
+        str(folder), transform=t, loader=lambda path: datasets.folder.pil_loader(path).convert("L")
+    )
     with pytest.raises(NotTranslated, match="reads its files with <lambda>, not torchvision's default loader"):
         DaliFolderLoader(DataLoader(gray, batch_size=4), device_id=None)
     with pytest.raises(NotTranslated, match="WeightedRandomSampler"):
@@ -172,7 +183,7 @@ def _check_places(coded, device_id):
         for x, _y in dali:
             for one in x.cpu():
                 top, left, flipped = _place(one, 12)
-                want = padded[:, top + 2:top + 18, left + 3:left + 15]
+                want = padded[:, top + 2 : top + 18, left + 3 : left + 15]
                 want = want.flip(-1) if flipped else want
                 assert torch.allclose(one, want.float() / 255, atol=1e-6), (top, left, flipped)
                 tops.append(top)
@@ -201,13 +212,16 @@ def test_resize_to_torchvisions_size_then_a_random_crop_stays_within_the_toleran
     assert len(got) == len(want) and all(x.shape == xw.shape == (4, 3, 32, 32) for (x, _), (xw, _) in zip(got, want))
 
 
-@pytest.mark.parametrize("transform, name", [
-    (T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()]), "padding_mode='reflect'"),
-    (T.Compose([T.RandomCrop(32, pad_if_needed=True), T.ToTensor()]), "pad_if_needed=True"),
-    (T.Compose([T.ToTensor(), T.Normalize(MEAN, STD), T.RandomCrop(32, padding=4)]), "pads after Normalize"),
-    (T.Compose([T.CenterCrop(40), T.RandomCrop(32), T.ToTensor()]), "RandomCrop after a crop"),
-    (T.Compose([T.Resize(36, max_size=50), T.CenterCrop(32), T.ToTensor()]), "max_size=50"),
-])
+@pytest.mark.parametrize(
+    "transform, name",
+    [
+        (T.Compose([T.RandomCrop(32, padding=4, padding_mode="reflect"), T.ToTensor()]), "padding_mode='reflect'"),
+        (T.Compose([T.RandomCrop(32, pad_if_needed=True), T.ToTensor()]), "pad_if_needed=True"),
+        (T.Compose([T.ToTensor(), T.Normalize(MEAN, STD), T.RandomCrop(32, padding=4)]), "pads after Normalize"),
+        (T.Compose([T.CenterCrop(40), T.RandomCrop(32), T.ToTensor()]), "RandomCrop after a crop"),
+        (T.Compose([T.Resize(36, max_size=50), T.CenterCrop(32), T.ToTensor()]), "max_size=50"),
+    ],
+)
 def test_a_random_crop_or_resize_dali_cannot_copy_is_refused_by_what_it_does(transform, name):
     with pytest.raises(NotTranslated, match=name.replace("(", r"\(")):
         plan_folder(transform)
@@ -218,7 +232,9 @@ def test_v2_and_v1_random_crop_paddings_read_alike():
 
     for pad, want in ((4, (4, 4, 4, 4)), ((1, 2), (1, 2, 1, 2)), ((1, 2, 3, 4), (1, 2, 3, 4))):
         v1 = plan_folder(T.Compose([T.RandomCrop(32, padding=pad), T.ToTensor()]))
-        two = plan_folder(v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=pad), v2.ToDtype(torch.float32, scale=True)]))
+        two = plan_folder(
+            v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=pad), v2.ToDtype(torch.float32, scale=True)])
+        )
         assert v1.pad_crop == two.pad_crop == want and v1.crop == two.crop == (32, 32)
     after = plan_folder(T.Compose([T.ToTensor(), T.RandomCrop(32, padding=4, fill=0.5)]))
     assert after.fill == pytest.approx((127.5,))  # a float image's fill, in the decoded image's bytes
@@ -230,7 +246,9 @@ def test_a_random_split_of_the_folder_reads_only_its_own_files(folder):
     from torch.utils.data import random_split
 
     t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
-    train, _ = random_split(datasets.ImageFolder(str(folder), transform=t), [15, 6], generator=torch.Generator().manual_seed(0))
+    train, _ = random_split(
+        datasets.ImageFolder(str(folder), transform=t), [15, 6], generator=torch.Generator().manual_seed(0)
+    )
     loader = DataLoader(train, batch_size=4, shuffle=False)
     dali = DaliFolderLoader(loader, device_id=None)
     assert len(dali) == len(loader) == 4 and dali.dataset is train
@@ -254,7 +272,9 @@ def test_the_users_interpolation_is_translated_and_brings_the_values_closer(fold
 
     def mean_diff() -> float:
         loader = _loader(folder, t, shuffle=False)
-        diffs = [(x - xw).abs().mean().item() for (x, _), (xw, _) in zip(DaliFolderLoader(loader, device_id=None), loader)]
+        diffs = [
+            (x - xw).abs().mean().item() for (x, _), (xw, _) in zip(DaliFolderLoader(loader, device_id=None), loader)
+        ]
         return sum(diffs) / len(diffs)
 
     translated = mean_diff()

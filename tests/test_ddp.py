@@ -13,21 +13,48 @@ import pytest
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-RANK_KEYS = {"rank", "steps", "step_s", "step_s_all", "wait_s_all", "data_wait_frac", "items_per_step",
-             "peak_mem_bytes", "throughput", "speedups"}
+RANK_KEYS = {
+    "rank",
+    "steps",
+    "step_s",
+    "step_s_all",
+    "wait_s_all",
+    "data_wait_frac",
+    "items_per_step",
+    "peak_mem_bytes",
+    "throughput",
+    "speedups",
+}
 
 
 def _fastloop(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", *args], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
     return proc, time.perf_counter() - t0
 
 
 def test_two_ranks_report_per_rank_and_scaling(tmp_path):
     out = tmp_path / "ddp.json"
-    proc, _ = _fastloop("run", "tests/targets.py:tiny_conv", "--devices", "2", "--strategy", "ddp", "--device", "cpu",
-                        "--speedups", "workers:2,bf16,fused_optimizer,channels_last", "--steps", "6", "--warmup", "2",
-                        "--json", str(out))
+    proc, _ = _fastloop(
+        "run",
+        "tests/targets.py:tiny_conv",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--device",
+        "cpu",
+        "--speedups",
+        "workers:2,bf16,fused_optimizer,channels_last",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["strategy"] == "ddp"
@@ -37,8 +64,12 @@ def test_two_ranks_report_per_rank_and_scaling(tmp_path):
         assert r["steps"] == 6 and len(r["step_s_all"]) == 6 and r["throughput"] > 0
     statuses = [[(s["name"], s["status"], s["reason"]) for s in r["speedups"]] for r in doc["ranks"]]
     assert statuses[0] == statuses[1] and doc["speedups_agree_across_ranks"] is True
-    assert {s[0]: s[1] for s in statuses[0]} == {"workers": "applied", "bf16": "applied",
-                                                  "fused_optimizer": "applied", "channels_last": "applied"}
+    assert {s[0]: s[1] for s in statuses[0]} == {
+        "workers": "applied",
+        "bf16": "applied",
+        "fused_optimizer": "applied",
+        "channels_last": "applied",
+    }
     assert doc["slowest_rank"] in (0, 1)
     slowest = doc["ranks"][doc["slowest_rank"]]
     assert doc["throughput"]["value"] == pytest.approx(2 * slowest["items_per_step"] / slowest["step_s"]["mean"])
@@ -53,18 +84,40 @@ def test_two_ranks_report_per_rank_and_scaling(tmp_path):
 def test_doctor_calls_poor_scaling_communication_bound():
     from fastloop.drivers.doctor import diagnose
 
-    cfg = {"data_wait_frac": 0.02, "step_s": {"median": 0.05}, "speedups": [],
-           "scaling": {"devices": 2, "efficiency": 0.6, "step_time_growth": 0.66}}
+    cfg = {
+        "data_wait_frac": 0.02,
+        "step_s": {"median": 0.05},
+        "speedups": [],
+        "scaling": {"devices": 2, "efficiency": 0.6, "step_time_growth": 0.66},
+    }
     d = diagnose(cfg)
-    assert d["bottleneck"] == "communication-bound" and "66% longer" in d["evidence"] and "ddp_comm" in d["recommendation"]
+    assert (
+        d["bottleneck"] == "communication-bound" and "66% longer" in d["evidence"] and "ddp_comm" in d["recommendation"]
+    )
     cfg["scaling"]["efficiency"] = 0.95
     assert diagnose(cfg)["bottleneck"] != "communication-bound"
 
 
 def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):
     out = tmp_path / "w.json"
-    proc, _ = _fastloop("run", "tests/targets.py:sleepy", "--devices", "2", "--device", "cpu", "--speedups", "workers",
-                        "--steps", "4", "--warmup", "1", "--no-scaling", "--json", str(out), timeout=120)
+    proc, _ = _fastloop(
+        "run",
+        "tests/targets.py:sleepy",
+        "--devices",
+        "2",
+        "--device",
+        "cpu",
+        "--speedups",
+        "workers",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--no-scaling",
+        "--json",
+        str(out),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["speedups_agree_across_ranks"] is True
@@ -75,19 +128,34 @@ def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):
 
 @pytest.mark.parametrize("target,failing", [("fails_on_rank_1", 1), ("fails_on_rank_0", 0)])
 def test_a_failing_rank_ends_every_rank_with_one_clear_error(target, failing):
-    proc, took = _fastloop("run", f"tests/targets.py:{target}", "--devices", "2", "--device", "cpu", "--steps", "10",
-                           "--warmup", "1", "--no-scaling", timeout=180)
+    proc, took = _fastloop(
+        "run",
+        f"tests/targets.py:{target}",
+        "--devices",
+        "2",
+        "--device",
+        "cpu",
+        "--steps",
+        "10",
+        "--warmup",
+        "1",
+        "--no-scaling",
+        timeout=180,
+    )
     assert proc.returncode == 1
     assert took < 120, f"the ranks took {took:.0f} s to stop"
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("fastloop: error")]
     assert len(errors) == 1 and f"boom on rank {failing} at step 3" in errors[0], proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--devices", "0"], "--devices"),
-    (["--devices", "2", "--strategy", "fsdp"], "fsdp needs CUDA"),
-    (["--strategy", "horovod"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--devices", "0"], "--devices"),
+        (["--devices", "2", "--strategy", "fsdp"], "fsdp needs CUDA"),
+        (["--strategy", "horovod"], "invalid choice"),
+    ],
+)
 def test_bad_multi_device_input_exits_2(args, message):
     proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--no-scaling", *args, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-1000:]
@@ -95,16 +163,43 @@ def test_bad_multi_device_input_exits_2(args, message):
 
 def test_ddp_comm_tunes_ddp_on_every_rank_and_is_skipped_on_one_device(tmp_path):
     out = tmp_path / "c.json"
-    proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--devices", "2", "--device", "cpu", "--speedups", "ddp_comm:50",
-                        "--steps", "4", "--warmup", "1", "--no-scaling", "--json", str(out))
+    proc, _ = _fastloop(
+        "run",
+        "tests/targets.py:tiny_mlp",
+        "--devices",
+        "2",
+        "--device",
+        "cpu",
+        "--speedups",
+        "ddp_comm:50",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--no-scaling",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     for r in doc["ranks"]:
         (rec,) = r["speedups"]
         assert rec["status"] == "applied" and rec["detail"] == "gradient_as_bucket_view=True, bucket_cap_mb=50"
     one = tmp_path / "one.json"
-    proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--speedups", "ddp_comm",
-                        "--steps", "2", "--warmup", "0", "--json", str(one))
+    proc, _ = _fastloop(
+        "run",
+        "tests/targets.py:tiny_mlp",
+        "--device",
+        "cpu",
+        "--speedups",
+        "ddp_comm",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+        str(one),
+    )
     (rec,) = json.loads(one.read_text())["speedups"]
     assert rec["status"] == "skipped" and "not a multi-rank DDP run" in rec["reason"]
     proc, _ = _fastloop("run", "tests/targets.py:tiny_mlp", "--device", "cpu", "--speedups", "ddp_comm:0")

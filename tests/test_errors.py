@@ -131,8 +131,10 @@ def test_user_code_errors_exit_1_with_their_frames_only(name, msg, capsys, monke
     assert all("tests/targets.py" in f for f in files), err  # no fastloop / Lightning / torch frame
 
 
-@pytest.mark.parametrize("cmd", [["batch-size", f"{T}:step_raises", "--max", "32"],
-                                 ["doctor", f"{T}:step_raises", "--quick", "--steps", "2"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [["batch-size", f"{T}:step_raises", "--max", "32"], ["doctor", f"{T}:step_raises", "--quick", "--steps", "2"]],
+)
 def test_batch_size_and_doctor_follow_the_policy(cmd, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     rc, err = _run(cmd + ["--device", "cpu"], capsys)
@@ -144,8 +146,10 @@ def test_batch_size_and_doctor_follow_the_policy(cmd, capsys, monkeypatch):
 def test_nan_loss_is_a_warning_and_the_json_is_standard(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "nan.json"
-    rc, err = _run(["run", f"{T}:nan_loss", "--steps", "3", "--warmup", "1", "--device", "cpu",
-                    "--json", str(out), "--quiet"], capsys)
+    rc, err = _run(
+        ["run", f"{T}:nan_loss", "--steps", "3", "--warmup", "1", "--device", "cpu", "--json", str(out), "--quiet"],
+        capsys,
+    )
     assert rc == 0, err
     text = out.read_text()
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON token {c}"))
@@ -154,10 +158,12 @@ def test_nan_loss_is_a_warning_and_the_json_is_standard(capsys, monkeypatch, tmp
 
 
 def test_bad_input_is_answered_before_torch_is_imported():
-    code = ("import sys; from fastloop.cli import main; rc = main(['run', 'x.py:f', '--steps', 'abc']) "
-            "if False else None\n"
-            "try:\n    main(['run', 'x.py:f', '--steps', 'abc'])\nexcept SystemExit as e:\n    rc = e.code\n"
-            "print(rc, 'torch' in sys.modules)")
+    code = (
+        "import sys; from fastloop.cli import main; rc = main(['run', 'x.py:f', '--steps', 'abc']) "
+        "if False else None\n"
+        "try:\n    main(['run', 'x.py:f', '--steps', 'abc'])\nexcept SystemExit as e:\n    rc = e.code\n"
+        "print(rc, 'torch' in sys.modules)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert p.stdout.split() == ["2", "False"], p.stdout + p.stderr
 
@@ -168,30 +174,101 @@ def _model_opt():
     return m, torch.optim.SGD(m.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("make,exc,msg", [
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback(3), TypeError, "got int"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback(None), TypeError, "got NoneType"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback("turbo"), ValueError, "unknown speedup"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks(5), TypeError, "got int"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks([1, 2]), TypeError, "got int"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks("compile:warp"), ValueError, "compile: mode must be one of"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(objective="min"), ValueError, "objective"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(margin=0), ValueError, "margin"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(max_size="big"), ValueError, "max_size"),
-    (lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(speedups="turbo"), ValueError, "unknown"),
-    (lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(*_model_opt(), None, loss_fn=len), TypeError, "loader must be"),
-    (lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop("m", _model_opt()[1], [], loss_fn=len), TypeError, "model must be"),
-    (lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(_model_opt()[0], "adam", [], loss_fn=len), TypeError, "optimizer must be"),
-    (lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(*_model_opt(), [], loss_fn=3), TypeError, "loss_fn must be callable"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([0.0, 0.1], [0.1, 0.1]), ValueError, "> 0"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([-1.0], [0.1]), ValueError, "> 0"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([float("nan")], [0.1]), ValueError, "finite"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([0.1], [0.1], n_boot=0), ValueError, "n_boot"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([], [0.1]), ValueError, "at least one"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci([[0.1]], [[float("inf")]]), ValueError, "finite"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci("abc", [[0.1]]), TypeError, "list of runs"),
-    (lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci([[0.1]], [[0.1]], confidence=1.5), ValueError, "confidence"),
-])
+@pytest.mark.parametrize(
+    "make,exc,msg",
+    [
+        (lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback(3), TypeError, "got int"),
+        (lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback(None), TypeError, "got NoneType"),
+        (
+            lambda: __import__("fastloop.lightning", fromlist=["x"]).SpeedupCallback("turbo"),
+            ValueError,
+            "unknown speedup",
+        ),
+        (lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks(5), TypeError, "got int"),
+        (lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks([1, 2]), TypeError, "got int"),
+        (
+            lambda: __import__("fastloop.lightning", fromlist=["x"]).callbacks("compile:warp"),
+            ValueError,
+            "compile: mode must be one of",
+        ),
+        (
+            lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(objective="min"),
+            ValueError,
+            "objective",
+        ),
+        (lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(margin=0), ValueError, "margin"),
+        (
+            lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(max_size="big"),
+            ValueError,
+            "max_size",
+        ),
+        (
+            lambda: __import__("fastloop.lightning", fromlist=["x"]).BatchSizeSearch(speedups="turbo"),
+            ValueError,
+            "unknown",
+        ),
+        (
+            lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(*_model_opt(), None, loss_fn=len),
+            TypeError,
+            "loader must be",
+        ),
+        (
+            lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop("m", _model_opt()[1], [], loss_fn=len),
+            TypeError,
+            "model must be",
+        ),
+        (
+            lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(_model_opt()[0], "adam", [], loss_fn=len),
+            TypeError,
+            "optimizer must be",
+        ),
+        (
+            lambda: __import__("fastloop.loop", fromlist=["x"]).FastLoop(*_model_opt(), [], loss_fn=3),
+            TypeError,
+            "loss_fn must be callable",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([0.0, 0.1], [0.1, 0.1]),
+            ValueError,
+            "> 0",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([-1.0], [0.1]),
+            ValueError,
+            "> 0",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([float("nan")], [0.1]),
+            ValueError,
+            "finite",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([0.1], [0.1], n_boot=0),
+            ValueError,
+            "n_boot",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).bootstrap_ratio_ci([], [0.1]),
+            ValueError,
+            "at least one",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci([[0.1]], [[float("inf")]]),
+            ValueError,
+            "finite",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci("abc", [[0.1]]),
+            TypeError,
+            "list of runs",
+        ),
+        (
+            lambda: __import__("fastloop.measure.stats", fromlist=["x"]).run_ratio_ci([[0.1]], [[0.1]], confidence=1.5),
+            ValueError,
+            "confidence",
+        ),
+    ],
+)
 def test_python_api_rejects_bad_arguments_by_name(make, exc, msg):
     with pytest.raises(exc, match=None) as info:
         make()

@@ -51,14 +51,17 @@ def explode():
 
 
 def test_a_speedup_failing_at_its_third_step_falls_back(explode):
-    doc = run_configuration("tests/targets.py:tiny_mlp", f"fused_optimizer,{explode}", steps=6, warmup=2, device="cpu", steady_warmup=False)
+    doc = run_configuration(
+        "tests/targets.py:tiny_mlp", f"fused_optimizer,{explode}", steps=6, warmup=2, device="cpu", steady_warmup=False
+    )
     rec = {r["name"]: r for r in doc["speedups"]}
     assert rec[explode]["status"] == "fallback"
     assert "no kernel image" in rec[explode]["reason"] and "repeated without it" in rec[explode]["reason"]
     assert rec["fused_optimizer"]["status"] == "applied"
     assert doc["steps"] == 6
-    without = run_configuration("tests/targets.py:tiny_mlp", "fused_optimizer", steps=6, warmup=2, device="cpu",
-                                steady_warmup=False)  # a fixed step count: the weights must be bitwise equal
+    without = run_configuration(
+        "tests/targets.py:tiny_mlp", "fused_optimizer", steps=6, warmup=2, device="cpu", steady_warmup=False
+    )  # a fixed step count: the weights must be bitwise equal
     assert doc["weights_digest"] == without["weights_digest"]
     assert doc["losses"] == without["losses"]
 
@@ -73,9 +76,11 @@ def test_an_error_no_speedup_claims_is_the_users(explode):
 def test_compile_claims_compiler_errors_only():
     from fastloop.speedups import resolve
 
-    compile_, = resolve("compile")
+    (compile_,) = resolve("compile")
     try:
-        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
+        raise RuntimeError(
+            "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+        )
     except RuntimeError as err:
         assert compile_.claims(err)
     assert not compile_.claims(ValueError("shapes do not match in my_loss"))
@@ -84,7 +89,7 @@ def test_compile_claims_compiler_errors_only():
 def test_compile_with_graphs_falls_back_to_compile_without_them():
     from fastloop.speedups import resolve
 
-    compile_, = resolve("compile:reduce-overhead")
+    (compile_,) = resolve("compile:reduce-overhead")
     err = RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run.")
     variant = compile_.fallback_variant(err)
     assert variant is not None and variant.spec == "compile" and not variant.uses_cudagraphs()
@@ -109,14 +114,16 @@ class ExplodeMild(Explode):
             changes = "model"
             order = 99
             options_type = MildOptions
+
         return Mild(mode="mild")
 
 
 def test_a_milder_variant_runs_instead_and_the_record_says_so():
     register(ExplodeMild)
     try:
-        doc = run_configuration("tests/targets.py:tiny_mlp", "explode_mild", steps=4, warmup=1, device="cpu",
-                                steady_warmup=False)
+        doc = run_configuration(
+            "tests/targets.py:tiny_mlp", "explode_mild", steps=4, warmup=1, device="cpu", steady_warmup=False
+        )
     finally:
         REGISTRY.pop("explode_mild")
     recs = [r for r in doc["speedups"] if r["name"] == "explode_mild"]

@@ -44,7 +44,7 @@ def pad_collate(samples: list[dict]) -> dict:
     longest = max(len(s["ids"]) for s in samples)
     ids = torch.zeros(len(samples), longest, dtype=torch.long)
     for i, s in enumerate(samples):
-        ids[i, :len(s["ids"])] = s["ids"]
+        ids[i, : len(s["ids"])] = s["ids"]
     return {"ids": ids, "mask": ids != 0, "label": torch.tensor([s["label"] for s in samples])}
 
 
@@ -61,7 +61,9 @@ def _epochs(loader, n: int = 2) -> list[list[torch.Tensor]]:
 
 
 def _same(a, b) -> bool:
-    return len(a) == len(b) and all(len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y)) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y)) for x, y in zip(a, b)
+    )
 
 
 @pytest.mark.parametrize("workers", [0, 2])

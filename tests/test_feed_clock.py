@@ -52,9 +52,17 @@ class _Busy(LightningModule):
 
 def _fit(delay_s: float, between_s: float, clock: bool) -> MeasureCallback:
     measure = MeasureCallback(warmup=2, count_flops=False, steady=False, steps=12)
-    trainer = Trainer(accelerator="cpu", max_steps=-1, max_epochs=-1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[measure],
-                      **({"profiler": FeedClock()} if clock else {}))
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=-1,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[measure],
+        **({"profiler": FeedClock()} if clock else {}),
+    )
     trainer.fit(_Busy(between_s), train_dataloaders=DataLoader(_SlowDataset(delay_s), batch_size=2))
     return measure
 
@@ -99,8 +107,15 @@ def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
     from fastloop.drivers.doctor import diagnose
     from fastloop.drivers.ladder_report import _feed_line
 
-    doc = {"step_s": {"mean": 0.010, "median": 0.010}, "data_wait_frac": 0.34, "items_per_step": 32,
-           "host_fetch_s": 0.0034, "host_copy_s": 0.0002, "peak_mem_bytes": None, "mfu": None}
+    doc = {
+        "step_s": {"mean": 0.010, "median": 0.010},
+        "data_wait_frac": 0.34,
+        "items_per_step": 32,
+        "host_fetch_s": 0.0034,
+        "host_copy_s": 0.0002,
+        "peak_mem_bytes": None,
+        "mfu": None,
+    }
     line = _feed_line(doc)
     assert line.startswith("the loader delivers ~3,200 items/s and the step alone would consume ~4,848/s")
     assert "getting a batch takes 3.40 ms of the host's time (the copy to the device 0.20 ms of it)" in line

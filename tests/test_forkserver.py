@@ -29,7 +29,11 @@ def test_forked_runs_are_separate_processes_and_train_as_a_new_interpreter_does(
     assert a["timings"]["forked"] and b["timings"]["forked"]
     assert a["timings"]["pid"] != b["timings"]["pid"]  # one process per run
     server = subproc._SERVER
-    assert server is not None and server.proc.poll() is None and server.proc.pid not in (a["timings"]["pid"], b["timings"]["pid"])
+    assert (
+        server is not None
+        and server.proc.poll() is None
+        and server.proc.pid not in (a["timings"]["pid"], b["timings"]["pid"])
+    )
     monkeypatch.setenv("FASTLOOP_FORKSERVER", "0")
     plain = _run()
     assert plain["timings"]["forked"] is False
@@ -68,8 +72,9 @@ def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypa
     probe = tmp_path / "probe.txt"
     monkeypatch.setenv("FASTLOOP_TEST_PROBE", str(probe))
     monkeypatch.delenv("FASTLOOP_PROFILE_STEPS", raising=False)
-    runs = measure_interleaved("tests/targets.py:env_probe", ["none", "bf16"], 2, measure=run_in_subprocess,
-                               steps=4, warmup=1, device="cpu")
+    runs = measure_interleaved(
+        "tests/targets.py:env_probe", ["none", "bf16"], 2, measure=run_in_subprocess, steps=4, warmup=1, device="cpu"
+    )
     assert [len(r.docs) for r in runs.values()] == [2, 2]
     assert probe.read_text().split() == ["unset", "unset", "0", "0"]  # none 1, bf16 1, none 2, bf16 2
     assert len({d["timings"]["pid"] for r in runs.values() for d in r.docs}) == 4
@@ -105,10 +110,14 @@ def test_the_compiler_preload_imports_inductor_without_initializing_cuda():
     import subprocess
     import sys
 
-    code = ("import torch; from fastloop.drivers.forkserver import preload_compiler, wants_compiler; "
-            "done = preload_compiler(); print(sorted(done)); print(torch.cuda.is_initialized()); "
-            "print(wants_compiler(['run', 'x', '--speedups', 'bf16,cuda_graph']), wants_compiler(['run', 'compiled']))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout.split("\n")
+    code = (
+        "import torch; from fastloop.drivers.forkserver import preload_compiler, wants_compiler; "
+        "done = preload_compiler(); print(sorted(done)); print(torch.cuda.is_initialized()); "
+        "print(wants_compiler(['run', 'x', '--speedups', 'bf16,cuda_graph']), wants_compiler(['run', 'compiled']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    ).stdout.split("\n")
     assert "torch._inductor.compile_fx" in out[0] and "torch._functorch.partitioners" in out[0]
     assert out[1] == "False"
     assert out[2] == "True False"

@@ -9,9 +9,9 @@ import torch
 
 import fastloop.speedups.fp8 as fp8_module
 import fastloop.speedups.fused_loss as fused_module
+from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.recipes.gpt.model import GPT, GPTConfig
-from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import resolve
 from fastloop.speedups.base import Context
 

@@ -1,6 +1,9 @@
 import numpy as np
 import pytest
 import torch
+
+from fastloop import FastloopError
+from fastloop._compat import Trainer
 from fastloop.recipes.gpt.data import (
     TokenData,
     TokenWindows,
@@ -10,14 +13,20 @@ from fastloop.recipes.gpt.data import (
 from fastloop.recipes.gpt.model import GPT, GPTConfig
 from fastloop.recipes.gpt.module import GPTModule
 
-from fastloop import FastloopError
-from fastloop._compat import Trainer
-
 
 def _trainer(steps, **kw):
     kw.setdefault("enable_checkpointing", False)
-    return Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, gradient_clip_val=1.0, **kw)
+    return Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        gradient_clip_val=1.0,
+        **kw,
+    )
 
 
 class Losses(__import__("fastloop._compat", fromlist=["Callback"]).Callback):

@@ -14,8 +14,15 @@ pytestmark = pytest.mark.gpu
 
 def _conv_setup(n: int = 256, bs: int = 32):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
-                                torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16, 10),
+    )
     g = torch.Generator().manual_seed(1)
     ds = TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
     return model, DataLoader(ds, batch_size=bs)
@@ -24,8 +31,14 @@ def _conv_setup(n: int = 256, bs: int = 32):
 def _losses(speedups: str, steps: int = 12) -> tuple[list[float], FastLoop]:
     model, loader = _conv_setup()
     model = model.cuda()
-    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader,
-                    loss_fn=torch.nn.functional.cross_entropy, speedups=speedups, device="cuda")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups=speedups,
+        device="cuda",
+    )
     return loop.train(steps=steps).losses, loop
 
 
@@ -34,12 +47,25 @@ def _close(a, b, rtol):
     assert diff <= rtol, f"max relative loss difference {diff:.2e} > {rtol}"
 
 
-@pytest.mark.parametrize("speedups,rtol", [
-    ("pin_memory", 0.0), ("prefetch", 0.0), ("pin_memory,prefetch", 0.0), ("gpu_resident", 0.0),  # math unchanged: exact
-    ("tf32", 2e-2), ("bf16", 5e-2), ("fp16", 3e-2), ("channels_last", 1e-4), ("compile", 1e-4),
-    ("cuda_graph", 1e-4), ("bf16,cuda_graph", 5e-2), ("fused_optimizer", 1e-4),
-    ("cudnn_benchmark", 2e-2), ("bf16,channels_last,cudnn_benchmark", 5e-2),  # another conv algorithm: rounding
-])
+@pytest.mark.parametrize(
+    "speedups,rtol",
+    [
+        ("pin_memory", 0.0),
+        ("prefetch", 0.0),
+        ("pin_memory,prefetch", 0.0),
+        ("gpu_resident", 0.0),  # math unchanged: exact
+        ("tf32", 2e-2),
+        ("bf16", 5e-2),
+        ("fp16", 3e-2),
+        ("channels_last", 1e-4),
+        ("compile", 1e-4),
+        ("cuda_graph", 1e-4),
+        ("bf16,cuda_graph", 5e-2),
+        ("fused_optimizer", 1e-4),
+        ("cudnn_benchmark", 2e-2),
+        ("bf16,channels_last,cudnn_benchmark", 5e-2),  # another conv algorithm: rounding
+    ],
+)
 def test_equivalence_vs_eager_fp32(speedups, rtol):
     torch.backends.cudnn.deterministic = True
     base, _ = _losses("none")
@@ -59,22 +85,32 @@ def test_cuda_graph_falls_back_on_item():
             print("large loss")
         return loss
 
-    loop = FastLoop(model, torch.optim.AdamW(model.parameters()), loader, step_fn=step, speedups="cuda_graph", device="cuda")
+    loop = FastLoop(
+        model, torch.optim.AdamW(model.parameters()), loader, step_fn=step, speedups="cuda_graph", device="cuda"
+    )
     res = loop.train(steps=5)
     rec = res.records[0]
     # one tier down, as under Lightning (cuda_graph's policy): compile's graphs of forward and backward
     assert rec.status == "applied" and rec.detail.startswith("forward+backward graphed (whole step: "), rec
     assert "synchronizes with the host" in rec.detail and "prototype" not in rec.detail, rec
     base, _ = _losses("none", steps=5)
-    _close(base, res.losses, 1e-4)  # the failed capture left the weights as they were (compiled fp32: 1e-4, as under Lightning)
+    _close(
+        base, res.losses, 1e-4
+    )  # the failed capture left the weights as they were (compiled fp32: 1e-4, as under Lightning)
 
 
 def test_cuda_graph_short_last_batch():
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2).cuda()
     ds = TensorDataset(torch.randn(70, 8), torch.randint(0, 2, (70,)))
-    loop = FastLoop(model, torch.optim.AdamW(model.parameters()), DataLoader(ds, batch_size=32),
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="cuda_graph", device="cuda")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.parameters()),
+        DataLoader(ds, batch_size=32),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="cuda_graph",
+        device="cuda",
+    )
     res = loop.train(steps=9)  # 3 epochs of 32, 32, 6
     assert res.records[0].status == "applied"
     assert all(torch.isfinite(torch.tensor(res.losses)))
@@ -92,7 +128,9 @@ def test_fp16_overflow_steps_skipped_and_counted():
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (sched_calls.append(s), 1.0)[1])
-    loop = FastLoop(model, opt, DataLoader(ds, batch_size=16), step_fn=step, speedups="fp16", device="cuda", scheduler=sched)
+    loop = FastLoop(
+        model, opt, DataLoader(ds, batch_size=16), step_fn=step, speedups="fp16", device="cuda", scheduler=sched
+    )
     res = loop.train(steps=20)
     skipped = res.extra["fp16_skipped_steps"]
     assert skipped >= 1
@@ -120,7 +158,9 @@ def test_h2d_prefetch_moves_nested_batches():
 def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
     from fastloop.drivers.runner import run_configuration
 
-    doc = run_configuration("tests/targets.py:tiny_conv", "pin_memory,prefetch,bf16,channels_last", steps=10, warmup=3, device="cuda")
+    doc = run_configuration(
+        "tests/targets.py:tiny_conv", "pin_memory,prefetch,bf16,channels_last", steps=10, warmup=3, device="cuda"
+    )
     assert doc["peak_mem_bytes"] > 0
     assert all(s["status"] == "applied" for s in doc["speedups"]), doc["speedups"]
     assert doc["mfu"] is not None and 0 < doc["mfu"] < 1
@@ -176,8 +216,14 @@ def test_cudnn_benchmark_restored_and_skipped_without_conv():
     assert loop.records[0].status == "applied" and torch.backends.cudnn.benchmark is False  # restored
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 4)).cuda()
     ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))
-    loop = FastLoop(mlp, torch.optim.SGD(mlp.parameters(), lr=0.1), DataLoader(ds, batch_size=16),
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="cudnn_benchmark", device="cuda")
+    loop = FastLoop(
+        mlp,
+        torch.optim.SGD(mlp.parameters(), lr=0.1),
+        DataLoader(ds, batch_size=16),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="cudnn_benchmark",
+        device="cuda",
+    )
     assert loop.records[0].status == "skipped" and "no convolution" in loop.records[0].reason
 
 
@@ -201,8 +247,13 @@ def test_dali_gpu_pipeline_batches_on_the_device(tmp_path, monkeypatch):
     x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda and x.shape == (8, 3, 64, 64) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) < 3
-    x16, _ = next(iter(DaliLoader(files, labels, 8, device_id=0, crop=64, channels_last=True, dtype=torch.float16,
-                                  hw_decoder_load=0.99)))
+    x16, _ = next(
+        iter(
+            DaliLoader(
+                files, labels, 8, device_id=0, crop=64, channels_last=True, dtype=torch.float16, hw_decoder_load=0.99
+            )
+        )
+    )
     assert x16.shape == (8, 3, 64, 64) and x16.dtype == torch.float16
     assert x16.is_contiguous(memory_format=torch.channels_last)
     assert -3 < float(x16.float().mean()) < 3
@@ -211,9 +262,12 @@ def test_dali_gpu_pipeline_batches_on_the_device(tmp_path, monkeypatch):
 def test_lightning_gpu_resident_same_losses_and_no_data_wait():
     from fastloop.drivers.runner import run_configuration
 
-    base = run_configuration("tests/targets.py:tiny_mlp", "none", steps=20, warmup=2, device="cuda", steady_warmup=False)
-    res = run_configuration("tests/targets.py:tiny_mlp", "gpu_resident", steps=20, warmup=2, device="cuda",
-                            steady_warmup=False)
+    base = run_configuration(
+        "tests/targets.py:tiny_mlp", "none", steps=20, warmup=2, device="cuda", steady_warmup=False
+    )
+    res = run_configuration(
+        "tests/targets.py:tiny_mlp", "gpu_resident", steps=20, warmup=2, device="cuda", steady_warmup=False
+    )
     assert [(r["name"], r["status"], r["reason"]) for r in res["speedups"]] == [("gpu_resident", "applied", "")]
     assert res["losses"] == base["losses"]  # the same batches in the same order, math unchanged
     assert res["extra"]["gpu_resident_bytes"] > 0
@@ -274,8 +328,9 @@ def test_fp8_applies_on_hopper_and_tracks_bf16():
         pytest.skip("fp8 needs sm_89+")
     from fastloop.drivers.runner import run_configuration
 
-    common = dict(steps=30, warmup=2, device="cuda", steady_warmup=False,
-                  target_kwargs={"preset": "small", "batch_size": 8})
+    common = dict(
+        steps=30, warmup=2, device="cuda", steady_warmup=False, target_kwargs={"preset": "small", "batch_size": 8}
+    )
     bf16 = run_configuration("gpt", "bf16,compile", **common)
     fp8 = run_configuration("gpt", "bf16,fp8,compile", **common)
     rec = {r["name"]: r for r in fp8["speedups"]}["fp8"]

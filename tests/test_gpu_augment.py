@@ -38,16 +38,22 @@ def test_crop_offsets_are_uniform_and_flips_happen_at_rate_p():
     # off the first row of each output
     img = (torch.arange(size, dtype=torch.uint8) + 1).expand(3, size, size).contiguous()
     batch = img.expand(n, 3, size, size).contiguous()
-    out = run_ops(batch, translate(v2.Compose([v2.RandomCrop(size, padding=pad), v2.RandomHorizontalFlip(p=0.0)])),
-                  torch.Generator().manual_seed(0))
+    out = run_ops(
+        batch,
+        translate(v2.Compose([v2.RandomCrop(size, padding=pad), v2.RandomHorizontalFlip(p=0.0)])),
+        torch.Generator().manual_seed(0),
+    )
     row = out[:, 0, :, :].max(dim=1).values.long()  # (n, size), whatever the vertical shift
     first_real = (row > 0).float().argmax(dim=1)  # where column value 1 landed when the crop starts in the padding
     left = torch.where(row[:, 0] > 0, row[:, 0] - 1 + pad, pad - first_real)
     counts = torch.bincount(left, minlength=2 * pad + 1).float()
     expected = n / (2 * pad + 1)
     assert len(counts) == 2 * pad + 1 and ((counts - expected).abs() < 0.15 * expected).all(), counts
-    flips = run_ops(batch, translate(v2.Compose([v2.RandomCrop(size, padding=0), v2.RandomHorizontalFlip(p=0.3)])),
-                    torch.Generator().manual_seed(1))
+    flips = run_ops(
+        batch,
+        translate(v2.Compose([v2.RandomCrop(size, padding=0), v2.RandomHorizontalFlip(p=0.3)])),
+        torch.Generator().manual_seed(1),
+    )
     rate = (flips[:, 0, 0, 0] > flips[:, 0, 0, -1]).float().mean().item()
     assert abs(rate - 0.3) < 0.04, rate  # p = 0.3, n = 4000: about 5 sigma
 
@@ -56,8 +62,13 @@ def test_normalisation_is_exact():
     from torchvision.transforms import v2
 
     data = AugmentedImages(n=8).data
-    t = v2.Compose([v2.RandomCrop(16, padding=0), v2.ToDtype(torch.float32, scale=True),
-                    v2.Normalize([0.1, 0.2, 0.3], [0.5, 0.25, 0.2])])
+    t = v2.Compose(
+        [
+            v2.RandomCrop(16, padding=0),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.1, 0.2, 0.3], [0.5, 0.25, 0.2]),
+        ]
+    )
     got = run_ops(data, translate(t), torch.Generator())
     want = torch.stack([t(x) for x in data])
     assert torch.allclose(got, want, atol=1e-6)
@@ -67,7 +78,9 @@ def test_normalisation_is_exact():
 def test_an_unrecognised_op_is_skipped_with_its_name(op, name):
     from torchvision.transforms import v2
 
-    t = v2.Compose([v2.RandomCrop(16, padding=2), getattr(v2, op)(0.5) if op == "ColorJitter" else v2.RandomRotation(10)])
+    t = v2.Compose(
+        [v2.RandomCrop(16, padding=2), getattr(v2, op)(0.5) if op == "ColorJitter" else v2.RandomRotation(10)]
+    )
     with pytest.raises(Skip, match=name):
         translate(t)
     loader = DataLoader(AugmentedImages(transform=t), batch_size=8)
@@ -76,7 +89,11 @@ def test_an_unrecognised_op_is_skipped_with_its_name(op, name):
 
 def test_a_user_function_and_a_target_transform_are_named():
     loader = DataLoader(AugmentedImages(transform=lambda x: x.float()), batch_size=8)
-    assert "function" in augment_why_not(loader) or "<lambda>" in augment_why_not(loader) or "not a torchvision op" in augment_why_not(loader)
+    assert (
+        "function" in augment_why_not(loader)
+        or "<lambda>" in augment_why_not(loader)
+        or "not a torchvision op" in augment_why_not(loader)
+    )
     ds = AugmentedImages(transform=v2_pipeline())
     ds.target_transform = lambda y: y
     with pytest.raises(Skip, match="target_transform"):
@@ -87,10 +104,16 @@ def test_training_on_the_augmented_batches_tracks_the_cpu_pipeline():
     """The loss trajectory of a small conv net trained on the translated pipeline stays within
     15% (mean over 40 steps, after the first 10) of the same training on the CPU pipeline: the
     draws differ, their distribution does not."""
+
     def train(loader) -> float:
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
-                                  torch.nn.Flatten(), torch.nn.Linear(32, 4))
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 4),
+        )
         opt = torch.optim.SGD(net.parameters(), lr=0.05)
         losses = []
         while len(losses) < 50:
@@ -128,9 +151,11 @@ def test_pil_images_made_from_stored_hwc_arrays_are_read_once_as_chw():
 
     fixed = T.Compose([T.ToTensor(), T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
     ds = PilCifar(n=4)
-    got = run_ops(torch.stack([torch.from_numpy(a).permute(2, 0, 1) for a in ds.data]),
-                  [op for op in translate(T.Compose([T.RandomHorizontalFlip(p=0.0), fixed])) if op.kind != "hwc_to_chw"],
-                  torch.Generator())
+    got = run_ops(
+        torch.stack([torch.from_numpy(a).permute(2, 0, 1) for a in ds.data]),
+        [op for op in translate(T.Compose([T.RandomHorizontalFlip(p=0.0), fixed])) if op.kind != "hwc_to_chw"],
+        torch.Generator(),
+    )
     assert torch.allclose(got, torch.stack([fixed(ds[i][0]) for i in range(4)]), atol=1e-6)
 
 
@@ -152,8 +177,10 @@ def test_resized_crop_boxes_are_drawn_as_torchvision_draws_them():
     n, h, w = 20_000, 32, 48
     ours = resized_crop_boxes(n, h, w, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
-    theirs = torch.tensor([v2.RandomResizedCrop.get_params(torch.zeros(3, h, w), [0.08, 1.0], [3 / 4, 4 / 3])
-                           for _ in range(n)], dtype=torch.float)
+    theirs = torch.tensor(
+        [v2.RandomResizedCrop.get_params(torch.zeros(3, h, w), [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)],
+        dtype=torch.float,
+    )
     q = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95])
     for stat in (lambda b: b[:, 2] * b[:, 3] / (h * w), lambda b: torch.log(b[:, 3] / b[:, 2])):
         assert (stat(ours).quantile(q) - stat(theirs).quantile(q)).abs().max() < 0.02
@@ -172,8 +199,9 @@ def test_resized_crop_values_are_torchvisions_within_the_stated_tolerance():
 
     from fastloop.augment import random_resized_crop, resized_crop_boxes
 
-    smooth = torch.nn.functional.interpolate(torch.rand(64, 3, 8, 12, generator=torch.Generator().manual_seed(2)),
-                                             size=(32, 48), mode="bilinear")
+    smooth = torch.nn.functional.interpolate(
+        torch.rand(64, 3, 8, 12, generator=torch.Generator().manual_seed(2)), size=(32, 48), mode="bilinear"
+    )
     x = (smooth * 255).round().to(torch.uint8)
     got = random_resized_crop(x, 24, generator=torch.Generator().manual_seed(1))
     boxes = resized_crop_boxes(64, 32, 48, generator=torch.Generator().manual_seed(1)).long()
@@ -187,8 +215,14 @@ def test_a_random_resized_crop_pipeline_is_translated_and_trains_like_the_cpu_on
     structure the loader's, and a small net's loss trajectory within 15% of the CPU pipeline's."""
     from torchvision.transforms import v2
 
-    t = v2.Compose([v2.RandomResizedCrop(12, scale=(0.3, 1.0)), v2.RandomHorizontalFlip(),
-                    v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)])
+    t = v2.Compose(
+        [
+            v2.RandomResizedCrop(12, scale=(0.3, 1.0)),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5] * 3, [0.25] * 3),
+        ]
+    )
     assert [op.kind for op in translate(t)] == ["resized_crop", "flip", "to_float", "normalize"]
     with pytest.raises(Skip, match="nearest interpolation"):
         translate(v2.RandomResizedCrop(12, interpolation=v2.InterpolationMode.NEAREST))
@@ -196,7 +230,9 @@ def test_a_random_resized_crop_pipeline_is_translated_and_trains_like_the_cpu_on
     def loader():
         torch.manual_seed(0)
         ds = AugmentedImages(n=128, transform=t)
-        level = torch.tensor(ds.targets, dtype=torch.float)[:, None, None, None] * 50 + 20  # learnable: the class is the level
+        level = (
+            torch.tensor(ds.targets, dtype=torch.float)[:, None, None, None] * 50 + 20
+        )  # learnable: the class is the level
         ds.data = (level + ds.data.float() * 0.3).clamp(0, 255).to(torch.uint8)
         return DataLoader(ds, batch_size=16, shuffle=True)
 
@@ -211,8 +247,13 @@ def test_a_random_resized_crop_pipeline_is_translated_and_trains_like_the_cpu_on
 def train_loss(loader) -> float:
     """The mean loss of steps 10-50 of a small conv net trained on ``loader``."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
-                              torch.nn.Flatten(), torch.nn.Linear(32, 4))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 4),
+    )
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     losses: list[float] = []
     while len(losses) < 50:
@@ -254,15 +295,28 @@ def test_the_translated_pipelines_run_on_the_gpu_with_a_generator_there():
     from torchvision.transforms import v2
 
     cuda = torch.device("cuda")
-    for t in (v2.Compose([v2.RandomCrop(16, padding=(2, 4)), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]),
-              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                          v2.Normalize([0.5] * 3, [0.25] * 3)])):
-        loader = DataLoader(AugmentedImages(n=64, transform=t), batch_size=16, shuffle=True,
-                            generator=torch.Generator().manual_seed(0))
+    for t in (
+        v2.Compose(
+            [v2.RandomCrop(16, padding=(2, 4)), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
+        ),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(12),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.5] * 3, [0.25] * 3),
+            ]
+        ),
+    ):
+        loader = DataLoader(
+            AugmentedImages(n=64, transform=t), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
         aug = make_augmented(loader, cuda)
         x, y = next(iter(loader))
         xa, ya = next(iter(aug))
-        assert xa.is_cuda and xa.shape == x.shape and xa.dtype == x.dtype and aug.resident.tensors[0].dtype == torch.uint8
+        assert (
+            xa.is_cuda and xa.shape == x.shape and xa.dtype == x.dtype and aug.resident.tensors[0].dtype == torch.uint8
+        )
         assert torch.isfinite(xa).all() and len(aug) == len(loader)
 
 
@@ -275,12 +329,27 @@ def test_the_gpu_batches_never_make_the_host_wait_for_the_gpu():
         pytest.skip("needs CUDA")
     from torchvision.transforms import v2
 
-    for t in (v2.Compose([v2.RandomCrop(16, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                          v2.Normalize([0.5] * 3, [0.25] * 3)]),
-              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                          v2.Normalize([0.4] * 3, [0.2] * 3)])):
-        loader = DataLoader(AugmentedImages(n=128, transform=t), batch_size=16, shuffle=True,
-                            generator=torch.Generator().manual_seed(0))
+    for t in (
+        v2.Compose(
+            [
+                v2.RandomCrop(16, padding=4),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.5] * 3, [0.25] * 3),
+            ]
+        ),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(12),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.4] * 3, [0.2] * 3),
+            ]
+        ),
+    ):
+        loader = DataLoader(
+            AugmentedImages(n=128, transform=t), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
         it = iter(make_augmented(loader, torch.device("cuda")))
         next(it)  # the first batch may make what later ones reuse
         torch.cuda.set_sync_debug_mode("error")
@@ -299,7 +368,9 @@ def test_normalize_makes_its_mean_and_std_once_per_device_and_dtype():
     m, s = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
     again = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
     assert again[0] is m and again[1] is s and m.shape == (1, 3, 1, 1)
-    assert torch.equal(m.flatten(), torch.tensor([0.5, 0.4, 0.3])) and torch.equal(s.flatten(), torch.tensor([0.25, 0.2, 0.1]))
+    assert torch.equal(m.flatten(), torch.tensor([0.5, 0.4, 0.3])) and torch.equal(
+        s.flatten(), torch.tensor([0.25, 0.2, 0.1])
+    )
     half = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float16, CPU)
     assert half[0] is not m and half[0].dtype == torch.float16
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
@@ -319,7 +390,7 @@ def test_reflect_and_edge_padding_crop_as_torchvision_pads(mode):
     assert translate(t)[0].params["padding_mode"] == mode
     out = run_ops(img.expand(400, 3, size, size).contiguous(), translate(t), torch.Generator().manual_seed(0))
     padded = TF.pad(img, [pad], padding_mode=mode)
-    places = {(i, j): padded[:, i:i + size, j:j + size] for i in range(2 * pad + 1) for j in range(2 * pad + 1)}
+    places = {(i, j): padded[:, i : i + size, j : j + size] for i in range(2 * pad + 1) for j in range(2 * pad + 1)}
     seen = set()
     for x in out:
         hit = [ij for ij, crop in places.items() if torch.equal(x, crop)]
@@ -350,9 +421,15 @@ def test_the_fused_crops_and_flips_draw_and_compute_what_the_ops_one_by_one_do(m
     from fastloop.speedups.gpu_augment import Fused
 
     x = torch.randint(0, 256, (64, 3, 9, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
-    t = v2.Compose([v2.RandomCrop((8, 6), padding=[1, 2, 3, 0], fill=7, padding_mode=mode), v2.RandomHorizontalFlip(),
-                    v2.RandomVerticalFlip(p=0.3), v2.ToDtype(torch.float32, scale=True),
-                    v2.Normalize([0.1, 0.2, 0.3], [0.3, 0.2, 0.1])])
+    t = v2.Compose(
+        [
+            v2.RandomCrop((8, 6), padding=[1, 2, 3, 0], fill=7, padding_mode=mode),
+            v2.RandomHorizontalFlip(),
+            v2.RandomVerticalFlip(p=0.3),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.1, 0.2, 0.3], [0.3, 0.2, 0.1]),
+        ]
+    )
     ops = translate(t)
     assert Fused.of(ops, x) is not None
     got = run_ops(x, ops, torch.Generator().manual_seed(3))
@@ -362,7 +439,9 @@ def test_the_fused_crops_and_flips_draw_and_compute_what_the_ops_one_by_one_do(m
     want = normalize(want.float() / 255.0, [0.1, 0.2, 0.3], [0.3, 0.2, 0.1])
     assert torch.equal(got, want)
     assert Fused.of(translate(v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop(8)])), x) is None
-    assert Fused.of(translate(v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])), x) is None
+    assert (
+        Fused.of(translate(v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])), x) is None
+    )
 
 
 def test_the_loader_makes_a_batch_in_a_few_ops_and_draws_anew_past_each_chunk():
@@ -397,8 +476,12 @@ def test_the_loader_makes_a_batch_in_a_few_ops_and_draws_anew_past_each_chunk():
     assert out.shape == (24, 3, 16, 16)
     for i, x in enumerate(out):
         padded = TF.pad(ds.data[i], [pad]).float() / 255.0
-        crops = [c for a in range(2 * pad + 1) for b in range(2 * pad + 1)
-                 for c in (padded[:, a:a + 16, b:b + 16], padded[:, a:a + 16, b:b + 16].flip(-1))]
+        crops = [
+            c
+            for a in range(2 * pad + 1)
+            for b in range(2 * pad + 1)
+            for c in (padded[:, a : a + 16, b : b + 16], padded[:, a : a + 16, b : b + 16].flip(-1))
+        ]
         assert any(torch.equal(x, c) for c in crops), i
 
 
@@ -411,8 +494,15 @@ def test_float_images_are_fused_too_their_pixels_computed_after_the_gather():
     from fastloop.speedups.gpu_augment import Fused
 
     x = torch.rand(32, 3, 10, 10, generator=torch.Generator().manual_seed(2))
-    ops = translate(v2.Compose([v2.RandomCrop(8, padding=1, fill=0.5), v2.RandomHorizontalFlip(),
-                                v2.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.4])]))
+    ops = translate(
+        v2.Compose(
+            [
+                v2.RandomCrop(8, padding=1, fill=0.5),
+                v2.RandomHorizontalFlip(),
+                v2.Normalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.4]),
+            ]
+        )
+    )
     fused = Fused.of(ops, x)
     assert fused is not None and fused.table is None
     got = run_ops(x, ops, torch.Generator().manual_seed(5))
@@ -431,8 +521,15 @@ def test_a_random_resized_crop_is_fused_with_the_same_draws_and_bits():
     from fastloop.speedups.gpu_augment import Fused
 
     x = torch.randint(0, 256, (48, 3, 20, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
-    t = v2.Compose([v2.RandomResizedCrop((12, 10), scale=(0.2, 1.0)), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(0.4),
-                    v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.3, 0.4, 0.5], [0.2, 0.25, 0.3])])
+    t = v2.Compose(
+        [
+            v2.RandomResizedCrop((12, 10), scale=(0.2, 1.0)),
+            v2.RandomHorizontalFlip(),
+            v2.RandomVerticalFlip(0.4),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.3, 0.4, 0.5], [0.2, 0.25, 0.3]),
+        ]
+    )
     ops = translate(t)
     assert Fused.of(ops, x) is not None and Fused.of(ops, x).resized is not None
     got = run_ops(x, ops, torch.Generator().manual_seed(9))
@@ -440,8 +537,13 @@ def test_a_random_resized_crop_is_fused_with_the_same_draws_and_bits():
     want = random_resized_crop(x, (12, 10), (0.2, 1.0), (3 / 4, 4 / 3), generator=g)
     want = random_flip(random_flip(want, p=0.5, generator=g), p=0.4, vertical=True, generator=g)
     assert torch.equal(got, normalize(want.float() / 255.0, [0.3, 0.4, 0.5], [0.2, 0.25, 0.3]))
-    ds = AugmentedImages(n=40, size=16, transform=v2.Compose([v2.RandomResizedCrop(8), v2.RandomHorizontalFlip(),
-                                                             v2.ToDtype(torch.float32, scale=True)]))
+    ds = AugmentedImages(
+        n=40,
+        size=16,
+        transform=v2.Compose(
+            [v2.RandomResizedCrop(8), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
+        ),
+    )
     aug = make_augmented(DataLoader(ds, batch_size=8), CPU)
     assert aug.fused is not None and aug.chunk >= 8
     aug.chunk = 12  # a new draw every other batch
@@ -458,10 +560,24 @@ def test_on_cuda_the_fused_forms_give_the_ops_one_by_one_bits():
     from torchvision.transforms import v2
 
     x = torch.randint(0, 256, (64, 3, 24, 20), dtype=torch.uint8, device="cuda")
-    for t in (v2.Compose([v2.RandomCrop(16, padding=4, padding_mode="reflect"), v2.RandomHorizontalFlip(),
-                          v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]),
-              v2.Compose([v2.RandomResizedCrop(12), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                          v2.Normalize([0.4] * 3, [0.2] * 3)])):
+    for t in (
+        v2.Compose(
+            [
+                v2.RandomCrop(16, padding=4, padding_mode="reflect"),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.5] * 3, [0.25] * 3),
+            ]
+        ),
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(12),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.4] * 3, [0.2] * 3),
+            ]
+        ),
+    ):
         ops = translate(t)
         fused = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7))
         one_by_one = run_ops(x, ops, torch.Generator(device="cuda").manual_seed(7), fuse=False)
@@ -496,8 +612,14 @@ def test_a_dataset_calling_its_transform_unchecked_is_read_and_dict_samples_are_
     are refused by the check itself, with the reason."""
     from torchvision import transforms as T
 
-    tf = T.Compose([T.RandomCrop(16, padding=2), T.RandomHorizontalFlip(), T.ToTensor(),
-                    T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    tf = T.Compose(
+        [
+            T.RandomCrop(16, padding=2),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]),
+        ]
+    )
     loader = DataLoader(_Unchecked(tf), batch_size=16, shuffle=True, drop_last=True)
     assert augment_why_not(loader) is None
     aug = make_augmented(loader, CPU)

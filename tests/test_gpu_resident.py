@@ -28,8 +28,9 @@ def test_same_batches_as_the_dataloader_over_epochs(shuffle, drop_last):
     ds = _ds()
 
     def loader():
-        return DataLoader(ds, batch_size=8, shuffle=shuffle, drop_last=drop_last,
-                          generator=torch.Generator().manual_seed(7))
+        return DataLoader(
+            ds, batch_size=8, shuffle=shuffle, drop_last=drop_last, generator=torch.Generator().manual_seed(7)
+        )
 
     ref, resident = loader(), make_resident(loader(), CPU)
     assert len(resident) == len(ref)
@@ -61,12 +62,15 @@ class Augmented(Dataset):
         return torch.rand(3), i
 
 
-@pytest.mark.parametrize("loader,why", [
-    (DataLoader(Augmented(), batch_size=2), "its __getitem__ may transform each sample"),
-    (DataLoader(_ds(), batch_size=2, collate_fn=lambda b: b), "custom collate_fn"),
-    ([1, 2, 3], "not a torch DataLoader"),
-    (DataLoader(_ds(), batch_size=None), r"does not batch \(batch_size=None"),
-])
+@pytest.mark.parametrize(
+    "loader,why",
+    [
+        (DataLoader(Augmented(), batch_size=2), "its __getitem__ may transform each sample"),
+        (DataLoader(_ds(), batch_size=2, collate_fn=lambda b: b), "custom collate_fn"),
+        ([1, 2, 3], "not a torch DataLoader"),
+        (DataLoader(_ds(), batch_size=None), r"does not batch \(batch_size=None"),
+    ],
+)
 def test_refusals_say_why(loader, why):
     with pytest.raises(NotResident, match=why):
         make_resident(loader, CPU)
@@ -112,7 +116,7 @@ def test_random_crop_matches_torchvision_in_distribution():
     assert chi2 < 60, chi2  # two samples of one uniform distribution (24 dof)
     # each crop is an exact window of the padded image
     padded = torch.nn.functional.pad(x[:1], (2, 2, 2, 2))
-    windows = {tuple(padded[0, 0, i:i + 6, j:j + 6].flatten().tolist()) for i in range(5) for j in range(5)}
+    windows = {tuple(padded[0, 0, i : i + 6, j : j + 6].flatten().tolist()) for i in range(5) for j in range(5)}
     assert all(tuple(c.flatten().tolist()) in windows for c in ours[:50, 0])
 
 
@@ -178,8 +182,7 @@ class OwnGenerator(InMemory):
 @pytest.mark.parametrize("bare", [False, True])
 def test_a_dataset_holding_its_samples_is_read_once_and_serves_the_loaders_batches(bare):
     def loader():
-        return DataLoader(InMemory(bare=bare), batch_size=8, shuffle=True,
-                          generator=torch.Generator().manual_seed(5))
+        return DataLoader(InMemory(bare=bare), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5))
 
     ref, resident = loader(), make_resident(loader(), CPU)
     for _ in range(2):  # two epochs, the same permutations
@@ -192,15 +195,20 @@ def test_a_dataset_holding_its_samples_is_read_once_and_serves_the_loaders_batch
                 assert got[1].dtype == want[1].dtype == torch.int64 and torch.equal(got[1], want[1])
     sub = Subset(InMemory(), list(range(1, 50, 4)))
     res = make_resident(DataLoader(sub, batch_size=4), CPU)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-               for a, b in zip(res, DataLoader(sub, batch_size=4), strict=True))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(res, DataLoader(sub, batch_size=4), strict=True)
+    )
 
 
-@pytest.mark.parametrize("dataset,why", [
-    (RarelyFlipped(), "gave different values when read again"),
-    (WithTransform(), "passes its samples through transform"),
-    (OwnGenerator(), "owns a random generator"),
-])
+@pytest.mark.parametrize(
+    "dataset,why",
+    [
+        (RarelyFlipped(), "gave different values when read again"),
+        (WithTransform(), "passes its samples through transform"),
+        (OwnGenerator(), "owns a random generator"),
+    ],
+)
 def test_a_dataset_whose_samples_may_change_is_refused_and_the_probe_draws_nothing(dataset, why):
     torch.manual_seed(11)
     np.random.seed(11)
@@ -267,8 +275,10 @@ def test_a_list_of_sample_tensors_counts_as_held_and_a_list_of_strings_does_not(
 
     assert fixed_samples(Listed()).n == 20
     ref = DataLoader(Listed(), batch_size=6)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-               for a, b in zip(make_resident(DataLoader(Listed(), batch_size=6), CPU), ref, strict=True))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(make_resident(DataLoader(Listed(), batch_size=6), CPU), ref, strict=True)
+    )
     assert "holds no tensor, array or list of tensors" in fixed_samples(Lines())
 
 
@@ -318,8 +328,10 @@ class Encoded(Dataset):
 
     def __init__(self, n=30):
         rng = np.random.default_rng(1)
-        self.encodings = {"input_ids": [[int(t) for t in rng.integers(1, 100, 12)] for _ in range(n)],
-                          "attention_mask": [[1] * 12 for _ in range(n)]}
+        self.encodings = {
+            "input_ids": [[int(t) for t in rng.integers(1, 100, 12)] for _ in range(n)],
+            "attention_mask": [[1] * 12 for _ in range(n)],
+        }
         self.labels = [int(t) for t in rng.integers(0, 2, n)]
 
     def __len__(self):
@@ -389,8 +401,12 @@ def test_a_padding_collate_is_served_from_padded_samples_with_the_collates_own_b
     from tests import targets
 
     def make():
-        return DataLoader(targets.TextRows(n=60, causal=collate != "pad_collate"), batch_size=8, shuffle=True,
-                          collate_fn=getattr(targets, collate))
+        return DataLoader(
+            targets.TextRows(n=60, causal=collate != "pad_collate"),
+            batch_size=8,
+            shuffle=True,
+            collate_fn=getattr(targets, collate),
+        )
 
     resident = make_resident(make(), torch.device("cpu"))
     assert isinstance(resident, PaddedResidentLoader)
@@ -432,10 +448,13 @@ def test_a_collate_that_pads_to_a_multiple_is_reproduced_too():
     assert _batches_equal(_two_epochs(make()), _two_epochs(make_resident(make(), torch.device("cpu"))))
 
 
-@pytest.mark.parametrize("collate, words", [
-    (_sorted_collate, "batch 0, batch['input_ids']: different values"),
-    (_weighted, "batch 0, batch['weight']: different values"),
-])
+@pytest.mark.parametrize(
+    "collate, words",
+    [
+        (_sorted_collate, "batch 0, batch['input_ids']: different values"),
+        (_weighted, "batch 0, batch['weight']: different values"),
+    ],
+)
 def test_a_collate_it_does_not_reproduce_is_refused_with_the_first_difference_before_the_run(collate, words):
     from tests.targets import TextRows
 
@@ -457,4 +476,6 @@ def test_a_custom_collate_over_samples_that_are_not_fixed_keeps_the_refusal_befo
             return {"input_ids": torch.randint(1, 50, (5 + i % 7,)), "label": i % 2}
 
     why = GPUResident().why_not_data(DataLoader(Drawn(), batch_size=4, collate_fn=pad_collate))
-    assert why is not None and why.startswith("the loader has a custom collate_fn and the dataset (Drawn) holds no"), why
+    assert why is not None and why.startswith("the loader has a custom collate_fn and the dataset (Drawn) holds no"), (
+        why
+    )

@@ -40,7 +40,8 @@ def test_a_late_capture_is_left_out_of_the_step_statistics_and_reported():
     t = StepTimer("cpu", warmup=1)
     g = StepGraphs()
     for i in range(6):
-        t.fetch_start(); t.fetch_end()
+        t.fetch_start()
+        t.fetch_end()
         if i == 0:
             g.add(("first",), "graph", 0.01)  # the warm-up's capture: not a one-off step
         if i == 3:
@@ -56,29 +57,36 @@ def test_a_late_capture_is_left_out_of_the_step_statistics_and_reported():
 def test_one_off_work_marks_only_the_step_under_way():
     t = StepTimer("cpu")
     for i in range(3):
-        t.fetch_start(); t.fetch_end()
+        t.fetch_start()
+        t.fetch_end()
         if i == 1:
             one_off_step("something once")
         t.step_end()
     assert [o["step"] for o in t.result().one_off] == [1] and t.result().steps == 2
     one_off_step("outside any timed run")  # a mark left before a new timer belongs to none of its steps
     t = StepTimer("cpu")
-    t.fetch_start(); t.fetch_end(); t.step_end()
+    t.fetch_start()
+    t.fetch_end()
+    t.step_end()
     assert t.result().one_off is None and t.result().steps == 1
 
 
-@pytest.mark.parametrize("mode,unsafe,children,user,want_tier,want_mode,status", [
-    (None, None, True, False, TIERS[1], "reduce-overhead", "applied"),
-    ("default", None, True, False, TIERS[1], "reduce-overhead", "applied"),  # compile's mode raised
-    ("reduce-overhead", None, True, False, TIERS[1], None, "applied"),  # compile graphs it already
-    (None, "2 processes with manual optimization", True, False, TIERS[2], "default", "fallback"),
-    ("default", "2 processes with manual optimization", True, False, TIERS[2], None, "fallback"),
-    (None, None, False, False, TIERS[3], None, "fallback"),
-    (None, None, True, True, TIERS[3], None, "fallback"),
-])
+@pytest.mark.parametrize(
+    "mode,unsafe,children,user,want_tier,want_mode,status",
+    [
+        (None, None, True, False, TIERS[1], "reduce-overhead", "applied"),
+        ("default", None, True, False, TIERS[1], "reduce-overhead", "applied"),  # compile's mode raised
+        ("reduce-overhead", None, True, False, TIERS[1], None, "applied"),  # compile graphs it already
+        (None, "2 processes with manual optimization", True, False, TIERS[2], "default", "fallback"),
+        ("default", "2 processes with manual optimization", True, False, TIERS[2], None, "fallback"),
+        (None, None, False, False, TIERS[3], None, "fallback"),
+        (None, None, True, True, TIERS[3], None, "fallback"),
+    ],
+)
 def test_the_tier_below_the_whole_step_is_one_policy(mode, unsafe, children, user, want_tier, want_mode, status):
-    tier = tier_below_whole("the step syncs", compiled_mode=mode, graphs_unsafe=unsafe, can_compile=children,
-                            user_compiled=user)
+    tier = tier_below_whole(
+        "the step syncs", compiled_mode=mode, graphs_unsafe=unsafe, can_compile=children, user_compiled=user
+    )
     assert (tier.name, tier.compile_mode, tier.status) == (want_tier, want_mode, status)
     assert "whole step: the step syncs" in tier.detail
 

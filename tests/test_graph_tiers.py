@@ -6,7 +6,6 @@ the same run, with the losses of eager training within the stated tolerance."""
 from __future__ import annotations
 
 import pytest
-
 import torch
 
 from fastloop.drivers.runner import run_configuration
@@ -38,7 +37,9 @@ def test_whole_step_blockers_of_manual_optimization_and_accumulation_are_named_b
     plain, _ = graph_pattern("plain")
     assert whole_step_blocker(Trainer(accelerator="cpu", logger=False), plain) is None
     annealed, _ = graph_pattern("anneal")
-    assert "training_step uses self.global_step: the graph would replay" in whole_step_blocker(Trainer(accelerator="cpu", logger=False), annealed)
+    assert "training_step uses self.global_step: the graph would replay" in whole_step_blocker(
+        Trainer(accelerator="cpu", logger=False), annealed
+    )
 
 
 def test_a_step_counter_read_by_the_step_or_a_method_it_calls_is_found(tmp_path):
@@ -166,22 +167,26 @@ run the same bf16 math as the eager bf16 run they are compared with (within GPU_
 
 
 def _losses(fn: str, spec: str, **kw):
-    return run_configuration(f"{T}:{fn}", spec, steps=12, warmup=4, device="cuda", steady_warmup=False,
-                             target_kwargs=kw or None)
+    return run_configuration(
+        f"{T}:{fn}", spec, steps=12, warmup=4, device="cuda", steady_warmup=False, target_kwargs=kw or None
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pattern,tier", [
-    ("plain", "whole step"),
-    ("momentum_cycling", "forward+backward graphed"),
-    ("metric_object", "forward+backward graphed"),
-    ("grad_clip", "whole step"),
-    ("prog_bar", "whole step"),
-    ("pageable", "whole step"),
-    ("accumulate", "forward+backward graphed"),
-    ("anneal", "forward+backward graphed"),
-    ("hidden_draw", "forward+backward graphed"),
-])
+@pytest.mark.parametrize(
+    "pattern,tier",
+    [
+        ("plain", "whole step"),
+        ("momentum_cycling", "forward+backward graphed"),
+        ("metric_object", "forward+backward graphed"),
+        ("grad_clip", "whole step"),
+        ("prog_bar", "whole step"),
+        ("pageable", "whole step"),
+        ("accumulate", "forward+backward graphed"),
+        ("anneal", "forward+backward graphed"),
+        ("hidden_draw", "forward+backward graphed"),
+    ],
+)
 def test_each_pattern_is_captured_or_drops_one_tier(pattern, tier):
     eager = _losses("graph_pattern", "bf16", pattern=pattern)
     graphed = _losses("graph_pattern", "bf16,cuda_graph", pattern=pattern)
@@ -201,8 +206,9 @@ def test_manual_optimization_with_two_optimizers_drops_one_tier():
     not captured whole (the step calls the optimizers itself), forward and backward graphed, the
     losses of eager training (the sum of both losses each step)."""
     eager = run_configuration(f"{T}:graph_gan", "bf16", steps=12, warmup=4, device="cuda", steady_warmup=False)
-    graphed = run_configuration(f"{T}:graph_gan", "bf16,cuda_graph", steps=12, warmup=4, device="cuda",
-                                steady_warmup=False)
+    graphed = run_configuration(
+        f"{T}:graph_gan", "bf16,cuda_graph", steps=12, warmup=4, device="cuda", steady_warmup=False
+    )
     rec = _record(graphed, "cuda_graph")
     assert rec["status"] == "applied", rec
     assert graphed["extra"].get("cuda_graph_tier") == "forward+backward graphed", (rec, graphed["extra"])
@@ -211,7 +217,6 @@ def test_manual_optimization_with_two_optimizers_drops_one_tier():
     assert n >= 10
     diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager["losses"][:n], graphed["losses"][:n]))
     assert diff <= GPU_TOL, f"losses differ by {diff:.2e} (> {GPU_TOL}) from eager"
-
 
 
 def test_a_plain_step_function_without_host_draws_is_not_flagged():
@@ -238,8 +243,14 @@ def test_the_plain_loops_whole_step_is_not_captured_over_a_host_draw():
         module, loader = tiny_conv()
         model = module.net.cuda()
         np.random.seed(0)
-        loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader, step_fn=mixup_step,
-                        speedups=spec, device="cuda")
+        loop = FastLoop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            loader,
+            step_fn=mixup_step,
+            speedups=spec,
+            device="cuda",
+        )
         result = loop.train(steps=8, warmup=2)
         losses[spec] = result.losses
         if spec == "cuda_graph":
@@ -261,9 +272,11 @@ def test_a_draw_on_any_host_generator_is_seen_whatever_code_drew_it():
 
     hidden, _ = graph_pattern("hidden_draw")
     assert step_reads_counters(hidden) is None  # the draw is in a helper outside the module: only the run sees it
-    for draw, which in ((lambda: hidden.training_step((torch.randn(2, 3, 8, 8), torch.tensor([0, 1])), 0),
-                         "torch's CPU generator"),
-                        (lambda: random.random(), "Python's random"), (lambda: np.random.beta(0.4, 0.4), "numpy's")):
+    for draw, which in (
+        (lambda: hidden.training_step((torch.randn(2, 3, 8, 8), torch.tensor([0, 1])), 0), "torch's CPU generator"),
+        (lambda: random.random(), "Python's random"),
+        (lambda: np.random.beta(0.4, 0.4), "numpy's"),
+    ):
         snap = host_rng_snapshot()
         draw()
         assert which in host_rng_changed(snap)
@@ -285,4 +298,3 @@ def test_under_ddp_held_gradients_keep_compiles_graphs_out():
     assert graphs_unsafe(Trainer(**ddp), gan).startswith("2 processes with manual optimization")
     assert graphs_unsafe(Trainer(**ddp), plain) is None  # DDP alone: the second tier is safe
     assert graphs_unsafe(Trainer(accelerator="cpu", logger=False), gan) is None  # one process: copied out instead
-

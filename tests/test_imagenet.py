@@ -2,12 +2,12 @@ import shutil
 
 import pytest
 import torch
-from fastloop.recipes.imagenet.data import ImageData, dali_available, scan_images
-from fastloop.recipes.imagenet.generate import default_dataset, generate
-from fastloop.recipes.imagenet.module import ImageClassifier
 
 from fastloop import FastloopError
 from fastloop._compat import Trainer
+from fastloop.recipes.imagenet.data import ImageData, dali_available, scan_images
+from fastloop.recipes.imagenet.generate import default_dataset, generate
+from fastloop.recipes.imagenet.module import ImageClassifier
 
 needs_dali = pytest.mark.skipif(dali_available() is not None, reason="NVIDIA DALI not installed")
 
@@ -85,10 +85,21 @@ def test_unknown_arch_and_loader(small):
 def test_short_run_learns_above_chance():
     torch.manual_seed(0)
     d = ImageData(str(default_dataset()), batch_size=32, crop=64)
-    m = ImageClassifier(arch="resnet18", num_classes=d.num_classes, batch_size=32, lr=0.4, warmup_steps=10, max_steps=60)
-    t = Trainer(max_steps=60, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, limit_val_batches=10, check_val_every_n_epoch=None, val_check_interval=60,
-                num_sanity_val_steps=0)
+    m = ImageClassifier(
+        arch="resnet18", num_classes=d.num_classes, batch_size=32, lr=0.4, warmup_steps=10, max_steps=60
+    )
+    t = Trainer(
+        max_steps=60,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=10,
+        check_val_every_n_epoch=None,
+        val_check_interval=60,
+        num_sanity_val_steps=0,
+    )
     t.fit(m, datamodule=d)
     assert float(t.callback_metrics["val_top1"]) > 0.3  # chance is 0.1 with 10 classes
 
@@ -111,7 +122,11 @@ def test_dali_options_are_checked_and_parsed(small):
     from fastloop.recipes.imagenet.target import parse_options
 
     assert parse_options("num_threads=12, hw_decoder_load=0.99,dtype=float16,affine=false") == {
-        "num_threads": 12, "hw_decoder_load": 0.99, "dtype": torch.float16, "affine": False}
+        "num_threads": 12,
+        "hw_decoder_load": 0.99,
+        "dtype": torch.float16,
+        "affine": False,
+    }
     with pytest.raises(FastloopError, match="not key=value"):
         parse_options("num_threads")
     with pytest.raises(FastloopError, match="cannot read option value 'fast'"):

@@ -64,7 +64,7 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     up = package.split(".")
-                    base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(up[: len(up) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for t in targets:
                 if t in modules and t != name:
@@ -86,7 +86,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state:
                 found = dfs(m)
                 if found:
@@ -145,8 +145,11 @@ def underscore_imports() -> list[str]:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastloop"):
                 if (node.module or "").rsplit(".", 1)[-1] in PRIVATE_FENCES:
                     continue
-                found += [f"{name}: from {node.module} import {a.name}" for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")]
+                found += [
+                    f"{name}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     return found
 
 
@@ -176,7 +179,7 @@ def _all_imports() -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     up = package.split(".")
-                    base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(up[: len(up) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             else:
                 continue
@@ -213,9 +216,12 @@ LAYER_EXCEPTIONS = {("fastloop", "fastloop.speedups")}
 def arrows_up(graph: dict[str, set[str]], table: dict[str, int]) -> list[str]:
     """The layer check: each import from a module to one in a higher layer, but the written
     exceptions (LAYER_EXCEPTIONS)."""
-    return sorted(f"{a} (layer {layer_of(a, table)}) -> {b} (layer {layer_of(b, table)})"
-                  for a, targets in graph.items() for b in targets
-                  if (a, b) not in LAYER_EXCEPTIONS and layer_of(b, table) > layer_of(a, table))
+    return sorted(
+        f"{a} (layer {layer_of(a, table)}) -> {b} (layer {layer_of(b, table)})"
+        for a, targets in graph.items()
+        for b in targets
+        if (a, b) not in LAYER_EXCEPTIONS and layer_of(b, table) > layer_of(a, table)
+    )
 
 
 def test_every_module_has_a_layer_and_every_import_points_down_or_sideways():
@@ -239,11 +245,15 @@ def test_the_layer_check_sees_an_arrow_back_up_and_lets_the_written_exception_th
     table = layers()
     assert layer_of("fastloop.measure.timer", table) == 2 and layer_of("fastloop.cli", table) == 7
     assert layer_of("fastloop.speedups", table) == 3  # the package itself
-    fake = {"fastloop.measure.timer": {"fastloop.drivers.ladder"},
-            "fastloop": {"fastloop.speedups"},  # written in docs/layers.md: not reported
-            "fastloop.errors": {"fastloop.speedups"}}  # the same arrow from another layer-0 module: reported
-    assert arrows_up(fake, table) == ["fastloop.errors (layer 0) -> fastloop.speedups (layer 3)",
-                                      "fastloop.measure.timer (layer 2) -> fastloop.drivers.ladder (layer 6)"]
+    fake = {
+        "fastloop.measure.timer": {"fastloop.drivers.ladder"},
+        "fastloop": {"fastloop.speedups"},  # written in docs/layers.md: not reported
+        "fastloop.errors": {"fastloop.speedups"},
+    }  # the same arrow from another layer-0 module: reported
+    assert arrows_up(fake, table) == [
+        "fastloop.errors (layer 0) -> fastloop.speedups (layer 3)",
+        "fastloop.measure.timer (layer 2) -> fastloop.drivers.ladder (layer 6)",
+    ]
 
 
 def ladder_state_private_uses() -> list[str]:

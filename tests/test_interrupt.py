@@ -41,13 +41,32 @@ def _start(tmp_path: Path, cmd: str, **extra_env: str) -> tuple[subprocess.Popen
     mark = f"FASTLOOP_TEST_MARK={uuid.uuid4().hex}"
     env = dict(os.environ, FASTLOOP_TEST_MARK=mark.split("=", 1)[1], **extra_env)
     out = tmp_path / "rep"
-    proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", cmd, "tests/targets.py:slow_workers",
-                             "--device", "cpu", "--steps", "200", "--warmup", "2", "--out", str(out), "--quiet",
-                             # long runs (200 steps of ~0.16 s, not the 1 s CPU window): the command is
-                             # surely still running when the test sends Ctrl-C
-                             *(["--measure-s", "20", "--budget", "3000"] if cmd == "ladder" else []),
-                             *(["--rungs", "fused_optimizer"] if cmd == "ladder" else ["--a", "none", "--b", "fused_optimizer"])],
-                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            cmd,
+            "tests/targets.py:slow_workers",
+            "--device",
+            "cpu",
+            "--steps",
+            "200",
+            "--warmup",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+            # long runs (200 steps of ~0.16 s, not the 1 s CPU window): the command is
+            # surely still running when the test sends Ctrl-C
+            *(["--measure-s", "20", "--budget", "3000"] if cmd == "ladder" else []),
+            *(["--rungs", "fused_optimizer"] if cmd == "ladder" else ["--a", "none", "--b", "fused_optimizer"]),
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, mark, out
 
 
@@ -178,9 +197,11 @@ def test_nothing_outlives_a_killed_ladder(sig, tmp_path):
 def test_a_dead_runs_folder_is_swept_and_a_live_one_kept(tmp_path):
     """A folder whose run died with its watchdog (both SIGKILLed) is removed by the next sweep;
     one a live process holds, and one without ``.owner``, stay."""
-    code = ("import os, sys, time; from fastloop.drivers import reaper; import fastloop.drivers.reaper as r\n"
-            "r._tell = lambda line: None\n"  # no watchdog: as if it died too
-            "with reaper.run_folder() as d:\n    print(d, flush=True); time.sleep(60)\n")
+    code = (
+        "import os, sys, time; from fastloop.drivers import reaper; import fastloop.drivers.reaper as r\n"
+        "r._tell = lambda line: None\n"  # no watchdog: as if it died too
+        "with reaper.run_folder() as d:\n    print(d, flush=True); time.sleep(60)\n"
+    )
     env = dict(os.environ, TMPDIR=str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     live = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -207,9 +228,34 @@ def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
     report.json/md/html."""
     env = dict(os.environ, FASTLOOP_TEST_COUNTER=str(tmp_path / "count"), FASTLOOP_TEST_DIE_AT="3")
     out = tmp_path / "rep"
-    p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:dies_fourth", "--device", "cpu",
-                        "--rungs", "fused_optimizer,bf16", "--max-repeats", "3", "--steps", "5", "--warmup", "1",
-                        "--sequential", "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            "ladder",
+            "tests/targets.py:dies_fourth",
+            "--device",
+            "cpu",
+            "--rungs",
+            "fused_optimizer,bf16",
+            "--max-repeats",
+            "3",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--sequential",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads((out / "report.json").read_text())
     by = {r["rung"]: r for r in doc["rungs"]}
@@ -225,14 +271,24 @@ def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
 import pytest  # noqa: E402
 
 
-@pytest.mark.parametrize("cmd", [["run", "tests/targets.py:slow_workers", "--steps", "100000"],
-                                 ["batch-size", "tests/targets.py:sleepy", "--max", "4096"]])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["run", "tests/targets.py:slow_workers", "--steps", "100000"],
+        ["batch-size", "tests/targets.py:sleepy", "--max", "4096"],
+    ],
+)
 def test_ctrl_c_during_run_and_batch_size(cmd, tmp_path):
     """In-process commands: Lightning turns Ctrl-C into its own shutdown and exit(1); fastloop
     answers 130 within 2 s, no traceback, and leaves no loader worker behind."""
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "fastloop.cli", *cmd, "--device", "cpu", "--quiet"], cwd=ROOT,
-                            env=dict(os.environ, FASTLOOP_TEST_MARK=mark), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastloop.cli", *cmd, "--device", "cpu", "--quiet"],
+        cwd=ROOT,
+        env=dict(os.environ, FASTLOOP_TEST_MARK=mark),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _ctrl_c_when_running(proc, mark, 3 if cmd[0] == "run" else 1, settle=3.0)  # torch imported, target built
 
 
@@ -252,7 +308,8 @@ def test_ctrl_c_inside_a_weakref_callback_still_interrupts_the_main_code():
         "    time.sleep(0.5)\n"
         "    print('not interrupted')\n"
         "except KeyboardInterrupt:\n"
-        "    print('interrupted in the main code')\n")
+        "    print('interrupted in the main code')\n"
+    )
     import subprocess
     import sys
 

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastloop.data import rebuild_loader
-from fastloop.streams import splits_between_workers
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.workers import Workers
+from fastloop.streams import splits_between_workers
 
 
 class Whole(IterableDataset):
@@ -28,7 +28,7 @@ class Split(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         rows = torch.arange(64, dtype=torch.float32).view(32, 2)
-        return iter(rows if info is None else rows[info.id::info.num_workers])
+        return iter(rows if info is None else rows[info.id :: info.num_workers])
 
 
 def _rows(loader) -> list[tuple[float, float]]:
@@ -118,9 +118,14 @@ def test_a_dict_of_training_loaders_gets_each_loader_changed_alike_and_trains_th
 
         def train_dataloader(self):
             g = torch.Generator().manual_seed(1)
-            make = lambda: torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
-            return {"a": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)),
-                    "b": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))}
+
+            def make():
+                return torch.utils.data.TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+
+            return {
+                "a": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)),
+                "b": DataLoader(make(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)),
+            }
 
         def training_step(self, batch, batch_idx):
             self.loaders = self.trainer.train_dataloader
@@ -133,8 +138,15 @@ def test_a_dict_of_training_loaders_gets_each_loader_changed_alike_and_trains_th
 
     def fit(cbs):
         module = TwoTasks()
-        trainer = Trainer(callbacks=cbs, max_steps=6, logger=False, accelerator="cpu", enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            callbacks=cbs,
+            max_steps=6,
+            logger=False,
+            accelerator="cpu",
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module)
         return module, trainer
 
@@ -150,5 +162,7 @@ def test_a_dict_of_training_loaders_gets_each_loader_changed_alike_and_trains_th
 def test_throughput_counts_the_samples_of_every_combined_loader():
     from fastloop.drivers.runner import run_configuration
 
-    doc = run_configuration("tests/targets.py:two_loaders", "none", steps=4, warmup=1, device="cpu", steady_warmup=False)
+    doc = run_configuration(
+        "tests/targets.py:two_loaders", "none", steps=4, warmup=1, device="cpu", steady_warmup=False
+    )
     assert doc["items_per_step"] == 16  # 8 from each loader, not the first loader's 8 alone

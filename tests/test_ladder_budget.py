@@ -18,8 +18,18 @@ def _state(runs: list[tuple[str, float, float | None]], selected: list[str] | No
     def measure(target, spec, **kw):
         return {"warmup_overhead_s": queue.pop(0)[2]}
 
-    L = LadderState("x", steps=10, warmup=2, device="cpu", measure=measure, progress=None, on_update=None,
-                    max_repeats=5, budget=300.0, mode="staged")
+    L = LadderState(
+        "x",
+        steps=10,
+        warmup=2,
+        device="cpu",
+        measure=measure,
+        progress=None,
+        on_update=None,
+        max_repeats=5,
+        budget=300.0,
+        mode="staged",
+    )
     for spec, seconds, _ in runs:
         L.measure("x", spec)
         L.process_s[-1] = seconds  # the clock's reading replaced by the cost under test
@@ -30,9 +40,14 @@ def _state(runs: list[tuple[str, float, float | None]], selected: list[str] | No
 
 # a ResNet-50 on an H100 (round 22's figures): the baseline 10 s a run; the compiled bundle's first
 # run compiles cold (66.9 s of warm-up, 74.9 s in all), its next runs 12 s with 4 s of warm-up
-_R50 = [("none", 10.0, 1.0), ("none", 10.0, 1.0), ("none", 10.0, 1.0),
-        ("bf16,channels_last,compile", 74.9, 66.9), ("bf16,channels_last,compile", 12.0, 4.0),
-        ("bf16,channels_last,compile", 12.0, 4.0)]
+_R50 = [
+    ("none", 10.0, 1.0),
+    ("none", 10.0, 1.0),
+    ("none", 10.0, 1.0),
+    ("bf16,channels_last,compile", 74.9, 66.9),
+    ("bf16,channels_last,compile", 12.0, 4.0),
+    ("bf16,channels_last,compile", 12.0, 4.0),
+]
 
 
 def test_a_cold_compile_is_predicted_once_not_for_every_run():
@@ -107,19 +122,38 @@ def test_a_compile_heavy_data_bound_ladder_at_round_22s_costs_scaled_down(monkey
         cold = "compile" in n and key not in compiled
         compiled.update([key] if "compile" in n else [])
         time.sleep(scale * ((8 if "dali" in n else 10) + (2 if "compile" in n else 0) + (55 if cold else 0)))
-        speed = 1.0 if "dali" not in n else 1.38 * (2.0 if "bf16" in n else 1) * (
-            1.25 if {"bf16", "channels_last"} <= n else 1) * (1.15 if "compile" in n else 1) * (1.03 if "cuda_graph" in n else 1)
+        speed = (
+            1.0
+            if "dali" not in n
+            else 1.38
+            * (2.0 if "bf16" in n else 1)
+            * (1.25 if {"bf16", "channels_last"} <= n else 1)
+            * (1.15 if "compile" in n else 1)
+            * (1.03 if "cuda_graph" in n else 1)
+        )
         mean = 0.05 / speed
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
-        return {"step_s_all": steps, "items_per_step": 128, "throughput": {"value": 128 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.03 if "dali" in n else 0.3, "step_s": {"mean": mean},
-                "warmup_overhead_s": scale * (55 if cold else 1),
-                "speedups": [{"name": x, "status": "applied", "reason": ""} for x in sorted(n)],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 128,
+            "throughput": {"value": 128 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.03 if "dali" in n else 0.3,
+            "step_s": {"mean": mean},
+            "warmup_overhead_s": scale * (55 if cold else 1),
+            "speedups": [{"name": x, "status": "applied", "reason": ""} for x in sorted(n)],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+        }
 
     t0 = time.perf_counter()
-    doc = run_ladder("x", ["dali", "tf32", "bf16", "fused_optimizer", "channels_last", "compile", "cuda_graph"],
-                     device="cpu", budget=300 * scale, measure=measure)
+    doc = run_ladder(
+        "x",
+        ["dali", "tf32", "bf16", "fused_optimizer", "channels_last", "compile", "cuda_graph"],
+        device="cpu",
+        budget=300 * scale,
+        measure=measure,
+    )
     assert time.perf_counter() - t0 <= 300 * scale + 70 * scale
     assert {"dali", "bf16", "channels_last", "compile"} <= set(doc["selected"])
     ablations = {r["ablation"]: r for r in doc["rungs"] if r.get("ablation")}
@@ -147,10 +181,18 @@ def test_a_final_comparison_the_budget_ends_after_one_run_a_side_pools_every_run
         names = [] if spec == "none" else spec.split(",")
         mean = 0.04 / ((2.0 if "workers" in names else 1.0) * (2.0 if "bf16" in names else 1.0))
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.0 if "workers" in names else 0.5, "step_s": {"mean": mean},
-                "warmup_overhead_s": 0.01, "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.0 if "workers" in names else 0.5,
+            "step_s": {"mean": mean},
+            "warmup_overhead_s": 0.01,
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+        }
 
     t0 = time.perf_counter()
     # 3 baseline runs, 3 of workers (kept, against the baseline), 3 of bf16 on top (kept): 4.5 s;

@@ -15,7 +15,7 @@ from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.speedups.base import REGISTRY, Speedup
 
 KINDS = [  # capabilities a speedup may have: (feeds, replaces_loader, needs_in_memory_tensors, changes_workload, rank)
-    (True, False, False, False, 9),   # a CPU feed (workers)
+    (True, False, False, False, 9),  # a CPU feed (workers)
     (True, False, False, False, None),  # a copy feed (pin_memory)
     (True, True, True, False, None),  # the data on the GPU (gpu_resident)
     (True, True, False, False, None),  # a GPU loader (DALI)
@@ -31,10 +31,20 @@ def _register(monkeypatch, rng) -> list[str]:
     for i, (feeds, replaces, in_memory, workload, rank) in enumerate(KINDS):
         if rng.random() < 0.3:
             continue
-        cls = type(f"Fuzz{i}", (Speedup,), {"name": f"fuzz{i}", "changes": "data" if feeds else "step",
-                                            "order": 10 + i, "feeds": feeds, "replaces_loader": replaces,
-                                            "needs_in_memory_tensors": in_memory, "changes_workload": workload,
-                                            "ablation_rank": rank})
+        cls = type(
+            f"Fuzz{i}",
+            (Speedup,),
+            {
+                "name": f"fuzz{i}",
+                "changes": "data" if feeds else "step",
+                "order": 10 + i,
+                "feeds": feeds,
+                "replaces_loader": replaces,
+                "needs_in_memory_tensors": in_memory,
+                "changes_workload": workload,
+                "ablation_rank": rank,
+            },
+        )
         monkeypatch.setitem(REGISTRY, cls.name, cls)
         names.append(cls.name)
     return names
@@ -57,11 +67,19 @@ def _fake(rng, names, in_memory: bool):
         steps = list(mean * (1 + 0.02 * noise.standard_normal()) * (1 + 0.01 * noise.standard_normal(40)))
         if broken in on:  # a speedup whose every configuration fails in its process
             raise ConfigurationFailed(f"configuration {spec!r} failed in its process: exit -9", -9)
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": wait, "step_s": {"mean": mean}, "steps": 40, "warmup_steps": 5,
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in on],
-                "loss": {"first": 1.0, "last": 0.5},
-                "extra": {"dataset": {"type": "TensorDataset" if in_memory else "Dataset", "in_memory_tensors": in_memory}}}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": wait,
+            "step_s": {"mean": mean},
+            "steps": 40,
+            "warmup_steps": 5,
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in on],
+            "loss": {"first": 1.0, "last": 0.5},
+            "extra": {"dataset": {"type": "TensorDataset" if in_memory else "Dataset", "in_memory_tensors": in_memory}},
+        }
+
     return measure
 
 
@@ -75,8 +93,12 @@ def test_the_staged_search_holds_together_on_random_cases(monkeypatch, seed):
     doc = run_ladder("x", names, device="cpu", budget=budget, measure=_fake(rng, names, bool(rng.random() < 0.5)))
     tried = set()
     for r in doc["rungs"]:
-        assert (r.get("decision") is not None or r["rung"] == "baseline" or r.get("final")
-                or r.get("rung_status") in ("failed", "skipped")), r
+        assert (
+            r.get("decision") is not None
+            or r["rung"] == "baseline"
+            or r.get("final")
+            or r.get("rung_status") in ("failed", "skipped")
+        ), r
         tried.update(s.split(":")[0] for s in (r.get("members") or []))
         tried.update(s.split(":")[0] for s in r["rung"].lstrip("+-").split(" (")[0].split(","))
     assert set(doc["selected"]) <= set(names) and set(doc["selected"]) <= tried | {""}, (doc["selected"], tried)

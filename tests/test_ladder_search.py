@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fastloop.report.lines import RunLines as _RunLines
 from fastloop.drivers.ladder import run_ladder
+from fastloop.report.lines import RunLines as _RunLines
 
 
 def _fake(speed, wait, seed=0, sleep=0.0):
@@ -24,10 +24,18 @@ def _fake(speed, wait, seed=0, sleep=0.0):
         names = [] if spec == "none" else [s.split(":")[0] for s in spec.split(",")]
         mean = 0.010 / speed(set(names))
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": wait(set(names)), "step_s": {"mean": mean},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": wait(set(names)),
+            "step_s": {"mean": mean},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+        }
+
     return measure
 
 
@@ -39,8 +47,12 @@ def test_feed_first_when_the_baseline_waits_for_data():
     def speed(n):
         return (2.0 if "workers" in n else 1.0) * (1.2 if "bf16" in n else 1.0)
 
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
-                     measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55))
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer", "workers"],
+        device="cpu",
+        measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55),
+    )
     first = _measured(doc)[0]
     assert first["rung"] == "+workers" and first["decision"].startswith("kept")
     assert first["stage"].startswith("feed first")
@@ -53,25 +65,34 @@ def test_feed_first_when_the_baseline_waits_for_data():
 
 
 def test_compute_measured_on_a_feed_nothing_fixed_says_so():
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
-                     measure=_fake(lambda n: 1.0, lambda n: 0.55))
+    doc = run_ladder(
+        "x", ["bf16", "fused_optimizer", "workers"], device="cpu", measure=_fake(lambda n: 1.0, lambda n: 0.55)
+    )
     compute = next(s for s in doc["stages"] if s["stage"] == "compute stack" and "bundle" in s["action"])
     assert "measured on the user's feed, which no feed rung improved: the step waits 55% for data" in compute["action"]
 
 
 def test_compute_measured_on_a_feed_that_still_waits_says_so():
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], device="cpu",
-                     measure=_fake(lambda n: 2.0 if "workers" in n else 1.0, lambda n: 0.5))
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer", "workers"],
+        device="cpu",
+        measure=_fake(lambda n: 2.0 if "workers" in n else 1.0, lambda n: 0.5),
+    )
     compute = next(s for s in doc["stages"] if s["stage"] == "compute stack" and "bundle" in s["action"])
-    assert "measured on the feed chosen first (workers), which still leaves the step waiting 50% for data" in compute["action"]
+    assert (
+        "measured on the feed chosen first (workers), which still leaves the step waiting 50% for data"
+        in compute["action"]
+    )
 
 
 def test_the_compute_bundle_finds_a_pair_that_helps_only_together_and_ablation_drops_the_rest():
     def speed(n):  # bf16 and compile help only together (1.6x); channels_last does nothing
         return 1.6 if {"bf16", "compile"} <= n else 0.97 if "compile" in n else 1.0
 
-    doc = run_ladder("x", ["bf16", "channels_last", "fused_optimizer", "compile"], device="cpu",
-                     measure=_fake(speed, lambda n: 0.02))
+    doc = run_ladder(
+        "x", ["bf16", "channels_last", "fused_optimizer", "compile"], device="cpu", measure=_fake(speed, lambda n: 0.02)
+    )
     bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
     assert bundle["decision"].startswith("kept")
     assert set(bundle["members"]) == {"bf16", "channels_last", "fused_optimizer", "compile"}
@@ -85,8 +106,9 @@ def test_the_compute_bundle_finds_a_pair_that_helps_only_together_and_ablation_d
     assert final["final"] and final["speedup_vs_baseline"]["significant"]
     assert final["speedup_vs_baseline"]["ci_low"] <= 1.6 <= final["speedup_vs_baseline"]["ci_high"]
     # one at a time, the old search finds nothing: neither helps alone
-    old = run_ladder("x", ["bf16", "channels_last", "compile"], device="cpu", mode="sequential",
-                     measure=_fake(speed, lambda n: 0.02))
+    old = run_ladder(
+        "x", ["bf16", "channels_last", "compile"], device="cpu", mode="sequential", measure=_fake(speed, lambda n: 0.02)
+    )
     assert old["selected"] == []
 
 
@@ -113,8 +135,13 @@ def test_the_feed_is_rechecked_after_the_bottleneck_moved():
 def test_the_budget_bounds_the_whole_ladder_and_lists_what_was_not_tried():
     per_run = 0.15
     t0 = time.perf_counter()
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "compile", "workers"], device="cpu", budget=2.0,
-                     measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.02, sleep=per_run))
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer", "compile", "workers"],
+        device="cpu",
+        budget=2.0,
+        measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.02, sleep=per_run),
+    )
     wall = time.perf_counter() - t0
     assert wall <= 2.0 + 2 * per_run + 0.5, wall  # within about one run's length
     # what the budget cut is listed: not started (with the planner's arithmetic) or cut short
@@ -124,13 +151,20 @@ def test_the_budget_bounds_the_whole_ladder_and_lists_what_was_not_tried():
 
 
 def test_a_ladder_the_budget_cut_short_does_not_say_that_nothing_helps():
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "compile"], device="cpu", budget=1.0,
-                     measure=_fake(lambda n: 1.0, lambda n: 0.02, sleep=0.15))
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer", "compile"],
+        device="cpu",
+        budget=1.0,
+        measure=_fake(lambda n: 1.0, lambda n: 0.02, sleep=0.15),
+    )
     assert doc["selected"] == [] and doc["not_tried"]
     assert doc["callbacks_line"].startswith("# no speedup helped measurably in the budget;")
     assert "a larger --budget" in doc["callbacks_line"]
     full = run_ladder("x", ["bf16"], device="cpu", measure=_fake(lambda n: 1.0, lambda n: 0.02))
-    assert not full["not_tried"] and full["callbacks_line"] == "# no speedup helped measurably on this model and machine"
+    assert (
+        not full["not_tried"] and full["callbacks_line"] == "# no speedup helped measurably on this model and machine"
+    )
 
 
 def test_log_lines_one_per_finished_run(capsys):
@@ -141,8 +175,10 @@ def test_log_lines_one_per_finished_run(capsys):
     lines({"run_log": log, "budget_s": 80.0})
     lines({"run_log": log, "budget_s": 80.0})  # nothing new: nothing printed
     out = capsys.readouterr().out.splitlines()
-    assert out == ["ladder: run 1 (none): 1,000 samples/s in 2.5 s; 2 s of the 80 s budget",
-                   "ladder: run 2 (bf16): failed in 2.0 s; 4 s of the 80 s budget"]
+    assert out == [
+        "ladder: run 1 (none): 1,000 samples/s in 2.5 s; 2 s of the 80 s budget",
+        "ladder: run 2 (bf16): failed in 2.0 s; 4 s of the 80 s budget",
+    ]
 
 
 def test_a_bundle_whose_process_fails_is_tried_one_at_a_time():
@@ -168,6 +204,7 @@ def test_a_bundle_whose_process_fails_is_tried_one_at_a_time():
 
 def test_ablation_keeps_a_member_whose_removal_looks_slower_even_when_not_significant():
     """A 5% loss on removal, measured with a noisy step, is not 'not missed'."""
+
     def speed(n):
         return (1.5 if "compile" in n else 1.0) * (1.05 if "bf16" in n else 1.0)
 
@@ -209,7 +246,8 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
     attributes (replaces_loader, changes_workload, ablation_rank, advice_pattern), as a new
     speedup module would be: no list of names in the drivers to extend."""
     from fastloop.drivers.doctor import without_measured
-    from fastloop.drivers.ladder_gates import ablation_order, replaces_loader as _replaces_loader, split_groups
+    from fastloop.drivers.ladder_gates import ablation_order, split_groups
+    from fastloop.drivers.ladder_gates import replaces_loader as _replaces_loader
     from fastloop.speedups.base import REGISTRY, Speedup
 
     class GpuFeed(Speedup):
@@ -226,7 +264,10 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
     feed, compute, rest = split_groups([GpuFeed(), Costly(), Workload(), REGISTRY["bf16"]()])
     assert [s.name for s in feed] == ["test_gpu_feed"] and [s.name for s in rest] == ["test_workload"]
     assert [s.name for s in compute] == ["test_costly", "bf16"]
-    assert ablation_order(["tf32", "bf16", "test_costly"]) == ["test_costly", "bf16"]  # rank -1 first; tf32 costs nothing
+    assert ablation_order(["tf32", "bf16", "test_costly"]) == [
+        "test_costly",
+        "bf16",
+    ]  # rank -1 first; tf32 costs nothing
     assert _replaces_loader({"test_gpu_feed"}) and not _replaces_loader({"workers", "pin_memory"})
     d = without_measured({"recommendation": "try costly kernels, or bf16."}, {"test_costly": "0.98x"})
     assert d["advice_filtered"] == ["test_costly"]
@@ -236,16 +277,27 @@ def test_every_comparison_records_its_counterbalanced_run_order():
     """Issue 37: each comparison's ``run_order`` (A its base, B the candidate) is the order the
     runs ran in, the rounds alternating (A B, then B A, ...); base runs counted again from an
     earlier comparison are said (``base_runs_reused``) and are not run again."""
-    doc = run_ladder("x", ["bf16", "fused_optimizer"], device="cpu",
-                     measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.0))
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer"],
+        device="cpu",
+        measure=_fake(lambda n: 1.3 if "bf16" in n else 1.0, lambda n: 0.0),
+    )
     by = {r["rung"]: r["speedup_vs_prev"] for r in _measured(doc)}
     bundle = by["+bf16,fused_optimizer (compute bundle)"]
     # the baseline's bottleneck run counts again: round 1 A B, round 2 B A, round 3 B (A has 3)
     assert bundle["run_order"] == ["A", "B", "B", "A", "B"] and bundle["base_runs_reused"] == 1
     ablation = by["-bf16"]  # the bundle's 3 runs count again; one run of the candidate told enough
     assert ablation["run_order"] == ["B"] and ablation["base_runs_reused"] == 3
-    assert [e["spec"] for e in doc["run_log"]] == ["none", "none", "bf16,fused_optimizer", "bf16,fused_optimizer",
-                                                   "none", "bf16,fused_optimizer", "fused_optimizer"]
+    assert [e["spec"] for e in doc["run_log"]] == [
+        "none",
+        "none",
+        "bf16,fused_optimizer",
+        "bf16,fused_optimizer",
+        "none",
+        "bf16,fused_optimizer",
+        "fused_optimizer",
+    ]
 
 
 def test_two_configurations_that_tie_within_the_noise_are_said_to_tie_and_the_simpler_is_kept():
@@ -258,17 +310,26 @@ def test_two_configurations_that_tie_within_the_noise_are_said_to_tie_and_the_si
     def measure(target, spec, **kw):  # fused_optimizer: 1% at most, inside 4% run-to-run noise
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.01 if "fused_optimizer" in names else 1.0) * (1 + 0.04 * rng.standard_normal())
-        return {"step_s_all": list(mean * (1 + 0.005 * rng.standard_normal(60))), "items_per_step": 16,
-                "throughput": {"value": 16 / mean, "unit": "samples/s"}, "data_wait_frac": 0.0,
-                "step_s": {"mean": mean}, "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+        return {
+            "step_s_all": list(mean * (1 + 0.005 * rng.standard_normal(60))),
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+            "step_s": {"mean": mean},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+        }
 
     doc = run_ladder("x", ["fused_optimizer"], device="cpu", measure=measure)
     assert doc["selected"] == [] and doc["ties"], doc["rungs"][1]["decision"]
     tie = doc["ties"][0]
     assert tie["kept"] == "none" and tie["other"] == "fused_optimizer" and tie["ci_low"] < 1 < tie["ci_high"]
     assert "tie within the noise: the simpler, none, is kept" in doc["rungs"][1]["decision"]
-    assert any("Ties within the noise" in line and "`none` over `fused_optimizer`" in line for line in search_story(doc))
+    assert any(
+        "Ties within the noise" in line and "`none` over `fused_optimizer`" in line for line in search_story(doc)
+    )
 
 
 def _vit_like(n):
@@ -304,15 +365,24 @@ def test_a_tight_budget_still_reaches_the_compute_bundle_on_a_data_bound_step(mo
     either ablated (decided at its first look where one run tells: clearly slower without it) or
     listed not tried."""
     _cpu_feed_bundle(monkeypatch)
-    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", budget=1.8,
-                     measure=_fake(_vit_like, lambda n: 0.0 if "workers" in n else 0.5, sleep=0.1))
+    doc = run_ladder(
+        "x",
+        ["workers", "pin_memory", "prefetch", "bf16", "compile"],
+        device="cpu",
+        budget=1.8,
+        measure=_fake(_vit_like, lambda n: 0.0 if "workers" in n else 0.5, sleep=0.1),
+    )
     bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
     assert bundle["decision"].startswith("kept"), bundle["decision"]
     assert {"bf16", "compile"} <= set(doc["selected"])
     ablated = {r["ablation"].split(":")[0]: r for r in doc["rungs"] if r.get("ablation")}
     untried = {t["name"].split(":")[0] for t in doc["not_tried"]}  # workers as sized: workers:N
     for member in ("compile", "bf16", "workers", "prefetch"):
-        assert (member in ablated) != (f"ablation of {member}" in untried), (member, untried, [(r["rung"], r.get("decision")) for r in doc["rungs"]])
+        assert (member in ablated) != (f"ablation of {member}" in untried), (
+            member,
+            untried,
+            [(r["rung"], r.get("decision")) for r in doc["rungs"]],
+        )
     for member in ("compile", "bf16"):  # 0.46x without either: one run tells
         if member in ablated:
             assert ablated[member]["repeats"] == 1 and ablated[member]["decision"].startswith(f"kept {member}")
@@ -331,9 +401,27 @@ def test_the_budget_bounds_the_commands_wall_time_from_its_start(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
     budget = 14.0
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:tiny_mlp", "--device", "cpu",
-                           "--rungs", "fused_optimizer,bf16", "--budget", str(budget), "--out", str(tmp_path)],
-                          cwd=root, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            "ladder",
+            "tests/targets.py:tiny_mlp",
+            "--device",
+            "cpu",
+            "--rungs",
+            "fused_optimizer,bf16",
+            "--budget",
+            str(budget),
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "report.json").read_text())
@@ -373,15 +461,26 @@ def test_a_feed_that_needs_in_memory_tensors_is_left_out_of_the_recheck_without_
     from fastloop.speedups.base import REGISTRY, Speedup
 
     class Resident(Speedup):
-        name, changes, feeds, replaces_loader, needs_in_memory_tensors, order = "test_resident", "data", True, True, True, 9
+        name, changes, feeds, replaces_loader, needs_in_memory_tensors, order = (
+            "test_resident",
+            "data",
+            True,
+            True,
+            True,
+            9,
+        )
 
     monkeypatch.setitem(REGISTRY, Resident.name, Resident)
 
     def speed(n):
         return (2.0 if "workers" in n else 1.0) * (1.5 if "bf16" in n else 1.0)
 
-    doc = run_ladder("x", ["test_resident", "workers", "bf16"], device="cpu",
-                     measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55))  # no in-memory dataset
+    doc = run_ladder(
+        "x",
+        ["test_resident", "workers", "bf16"],
+        device="cpu",
+        measure=_fake(speed, lambda n: 0.05 if "workers" in n else 0.55),
+    )  # no in-memory dataset
     assert set(doc["selected"]) == {"workers", "bf16"}
     assert not any(r["rung"] == "+test_resident" for r in doc["rungs"])
 
@@ -389,6 +488,7 @@ def test_a_feed_that_needs_in_memory_tensors_is_left_out_of_the_recheck_without_
 def test_an_ablation_that_keeps_a_member_by_the_point_estimate_says_so():
     """Without channels_last the step is 4% slower, in runs that vary 4%: some seeds call it
     significant, others do not; a member kept without a significant loss says why it was kept."""
+
     def speed(n):
         return (1.6 if {"bf16", "compile"} <= n else 1.0) * (1.04 if "channels_last" in n else 1.0)
 
@@ -396,14 +496,21 @@ def test_an_ablation_that_keeps_a_member_by_the_point_estimate_says_so():
     for seed in (0, 3, 4):
         rng = np.random.default_rng(seed)
 
-        def measure(target, spec, **kw):
+        def measure(target, spec, rng=rng, **kw):
             names = [] if spec == "none" else [s.split(":")[0] for s in spec.split(",")]
             mean = 0.010 / speed(set(names))
             steps = list(mean * (1 + 0.04 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
-            return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                    "data_wait_frac": 0.02, "step_s": {"mean": mean},
-                    "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                    "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5}
+            return {
+                "step_s_all": steps,
+                "items_per_step": 16,
+                "throughput": {"value": 16 / mean, "unit": "samples/s"},
+                "data_wait_frac": 0.02,
+                "step_s": {"mean": mean},
+                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+                "loss": {"first": 1.0, "last": 0.5},
+                "steps": 60,
+                "warmup_steps": 5,
+            }
 
         doc = run_ladder("x", ["bf16", "channels_last", "compile"], device="cpu", measure=measure)
         r = next(r for r in doc["rungs"] if r.get("ablation") == "channels_last")
@@ -426,13 +533,33 @@ def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_f
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:sleepy", "--device", "cpu",
-                           "--rungs", "bf16,workers,fused_optimizer", "--steps", "30", "--out", str(tmp_path), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            "ladder",
+            "tests/targets.py:sleepy",
+            "--device",
+            "cpu",
+            "--rungs",
+            "bf16,workers,fused_optimizer",
+            "--steps",
+            "30",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "report.json").read_text())
     assert any(s.split(":")[0] == "workers" for s in doc["selected"]), doc["selected"]  # pinned: workers:N
-    rungs_untried = [t for t in doc["not_tried"] if t["why"] == "budget" and t["stage"] != "sizes measured in the configuration"]
+    rungs_untried = [
+        t for t in doc["not_tried"] if t["why"] == "budget" and t["stage"] != "sizes measured in the configuration"
+    ]
     assert rungs_untried == [], doc["not_tried"]
     measured = {n for r in doc["rungs"] for n in (r.get("members") or [r.get("rung", "").lstrip("+").split(" ")[0]])}
     assert {"workers", "bf16", "fused_optimizer"} <= measured | set(doc["selected"]), doc["rungs"]
@@ -469,14 +596,18 @@ def _its_wait(n):
 
 
 def test_a_compute_bundle_whose_step_then_waits_for_data_is_ablated_after_the_feed():
-    doc = run_ladder("x", ["workers", "bf16", "compile"], device="cpu", measure=_fake(_step_outruns_the_feed, _its_wait))
+    doc = run_ladder(
+        "x", ["workers", "bf16", "compile"], device="cpu", measure=_fake(_step_outruns_the_feed, _its_wait)
+    )
     rungs = doc["rungs"]
     feed = next(i for i, r in enumerate(rungs) if r["rung"] == "+workers")
     ablations = [i for i, r in enumerate(rungs) if r.get("ablation") in ("bf16", "compile")]
     assert ablations and feed < min(ablations), [r["rung"] for r in rungs]
     assert rungs[feed]["decision"].startswith("kept")
     stages = [(s["stage"], s["action"]) for s in doc["stages"]]
-    assert any("its ablation waits until the feed is checked: the faster step waits 30% for data" in a for _, a in stages)
+    assert any(
+        "its ablation waits until the feed is checked: the faster step waits 30% for data" in a for _, a in stages
+    )
     assert "compute bundle ablated after the feed" in [st for st, _ in stages]
     assert {"workers", "bf16", "compile"} <= set(doc["selected"])
 
@@ -485,8 +616,13 @@ def test_a_budget_that_fits_the_bundle_and_the_feed_measures_the_feed_before_any
     """The r23 ViT's ladder spent its 5 minutes on the compute bundle's ablation and left the feed
     that would have fixed the 28% wait 'not tried: budget': a budget short of the ablations (about
     14 runs of 0.1 s) leaves them out, never the feed."""
-    doc = run_ladder("x", ["workers", "bf16", "compile"], device="cpu", budget=1.4,
-                     measure=_fake(_step_outruns_the_feed, _its_wait, sleep=0.1))
+    doc = run_ladder(
+        "x",
+        ["workers", "bf16", "compile"],
+        device="cpu",
+        budget=1.4,
+        measure=_fake(_step_outruns_the_feed, _its_wait, sleep=0.1),
+    )
     assert not any(t["name"] == "workers" for t in doc["not_tried"]), doc["not_tried"]
     assert "workers" in doc["selected"], [(r["rung"], r.get("decision")) for r in doc["rungs"]]
 
@@ -498,9 +634,15 @@ def test_stored_images_augmented_on_the_gpu_go_in_with_the_compute_stack(monkeyp
     from fastloop.speedups import REGISTRY
 
     monkeypatch.setattr(REGISTRY["gpu_augment"], "why_not", lambda self, ctx: None)
-    doc = run_ladder("x", ["gpu_augment", "workers", "bf16", "compile"], device="cpu",
-                     measure=_fake(lambda n: (2.0 if {"bf16", "compile"} <= n else 1.0) * (1.4 if "gpu_augment" in n else 1.0),
-                                   lambda n: 0.0 if "gpu_augment" in n else 0.1))
+    doc = run_ladder(
+        "x",
+        ["gpu_augment", "workers", "bf16", "compile"],
+        device="cpu",
+        measure=_fake(
+            lambda n: (2.0 if {"bf16", "compile"} <= n else 1.0) * (1.4 if "gpu_augment" in n else 1.0),
+            lambda n: 0.0 if "gpu_augment" in n else 0.1,
+        ),
+    )
     bundle = next(r for r in doc["rungs"] if "compute bundle" in r["rung"])
     assert "gpu_augment" in bundle["members"] and bundle["decision"].startswith("kept")
     assert any(s["stage"] == "compute stack with the data on the GPU" for s in doc["stages"])

@@ -23,16 +23,32 @@ def _fake(effects=EFFECT, base_s=0.010, wait=None, seed=0):
         status = {n: "applied" for n in names}
         if "channels_last" in names:
             status["channels_last"] = "skipped"
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": frac, "speedups": [{"name": n, "status": status[n],
-                                                      "reason": "model has no Conv2d layers" if status[n] == "skipped" else ""}
-                                                     for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": frac,
+            "speedups": [
+                {
+                    "name": n,
+                    "status": status[n],
+                    "reason": "model has no Conv2d layers" if status[n] == "skipped" else "",
+                }
+                for n in names
+            ],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 30,
+            "warmup_steps": 5,
+            "step_s": {},
+        }
+
     return measure
 
 
 def test_hurting_dropped_helping_kept_and_final_measured():
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "channels_last"], measure=_fake(), device="cpu", mode="sequential")
+    doc = run_ladder(
+        "x", ["workers", "bf16", "fused_optimizer", "channels_last"], measure=_fake(), device="cpu", mode="sequential"
+    )
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+workers"]["decision"].startswith("dropped")
     assert by["+bf16"]["decision"].startswith("kept") and by["+bf16"]["vs_spec"] == "none"
@@ -54,7 +70,9 @@ def test_hurting_dropped_helping_kept_and_final_measured():
 
 def test_two_kept_speedups_are_measured_together_against_the_baseline():
     effects = {"workers": 1.3, "bf16": 1.25, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", mode="sequential")
+    doc = run_ladder(
+        "x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", mode="sequential"
+    )
     assert doc["selected"] == ["workers", "bf16"]
     final = doc["rungs"][-1]
     # measured afresh against the baseline, interleaved; 1.6x is clear after the first look (3 a side)
@@ -70,7 +88,9 @@ def test_the_report_says_when_the_bottleneck_moves():
         return 0.6 if "bf16" in names else 0.05
 
     effects = {"bf16": 1.5, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=_fake(effects, wait=wait), device="cpu", mode="sequential")
+    doc = run_ladder(
+        "x", ["bf16", "fused_optimizer"], measure=_fake(effects, wait=wait), device="cpu", mode="sequential"
+    )
     base, bf16 = doc["rungs"][0], doc["rungs"][1]
     assert base["bottleneck"]["bottleneck"] != "data-bound"
     assert bf16["bottleneck"]["bottleneck"] == "data-bound"
@@ -100,7 +120,14 @@ def test_a_failed_configuration_keeps_the_others(tmp_path):
             raise ConfigurationFailed(f"configuration {spec!r} failed in its process: killed", -9)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["bf16", "fused_optimizer", "workers"], measure=measure, device="cpu", on_update=updates.append, mode="sequential")
+    doc = run_ladder(
+        "x",
+        ["bf16", "fused_optimizer", "workers"],
+        measure=measure,
+        device="cpu",
+        on_update=updates.append,
+        mode="sequential",
+    )
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["+fused_optimizer"]["rung_status"] == "failed" and "killed" in by["+fused_optimizer"]["rung_reason"]
     assert by["+bf16"]["decision"].startswith("kept") and by["+workers"]["decision"].startswith("dropped")
@@ -108,13 +135,22 @@ def test_a_failed_configuration_keeps_the_others(tmp_path):
     # every partial document renders
     from fastloop.report import write_reports
 
-    for i, u in enumerate(updates[::7]):
-        write_reports({"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t", **u}, str(tmp_path / "r"), None)
+    for u in updates[::7]:
+        write_reports(
+            {"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t", **u}, str(tmp_path / "r"), None
+        )
 
 
 def test_a_base_set_is_the_baseline_and_every_rung_builds_on_it():
     effects = {"tf32": 2.0, "workers": 0.8, "bf16": 1.25, "fused_optimizer": 1.0}
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer"], measure=_fake(effects), device="cpu", base="tf32", mode="sequential")
+    doc = run_ladder(
+        "x",
+        ["workers", "bf16", "fused_optimizer"],
+        measure=_fake(effects),
+        device="cpu",
+        base="tf32",
+        mode="sequential",
+    )
     by = {r["rung"]: r for r in doc["rungs"]}
     assert by["baseline (tf32)"]["spec"] == "tf32"
     assert by["+workers"]["vs_spec"] == "tf32" and by["+workers"]["decision"].startswith("dropped")
@@ -133,7 +169,14 @@ def test_a_rung_that_is_already_in_the_base_is_refused():
     from fastloop.errors import FastloopError
 
     with pytest.raises(FastloopError, match="already in --base"):
-        run_ladder("x", ["bf16", "tf32"], measure=_fake({"tf32": 1.0, "bf16": 1.0}), device="cpu", base="tf32", mode="sequential")
+        run_ladder(
+            "x",
+            ["bf16", "tf32"],
+            measure=_fake({"tf32": 1.0, "bf16": 1.0}),
+            device="cpu",
+            base="tf32",
+            mode="sequential",
+        )
 
 
 def _with_profile(busy, wait, effects):
@@ -144,6 +187,7 @@ def _with_profile(busy, wait, effects):
         doc["gpu_profile"] = {"gpu_busy_frac": busy, "profiled_steps": 3}
         doc["data_wait_frac"] = wait
         return doc
+
     return measure
 
 
@@ -161,7 +205,9 @@ def test_default_ladder_feeds_the_fast_step_last_and_skips_a_feed_that_cannot_he
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "applied" and w["speedup_vs_prev"] is not None
     # explicit rungs keep their order, and the cumulative story is not reordered
-    doc = run_ladder("demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu", mode="sequential")
+    doc = run_ladder(
+        "demo", ["workers", "bf16"], measure=_with_profile(0.98, 0.004, effects), device="cpu", mode="sequential"
+    )
     assert [r["rung"] for r in doc["rungs"]][1:3] == ["+workers", "+bf16"]
 
 
@@ -175,7 +221,9 @@ def test_a_rung_the_model_rules_out_is_not_measured():
         doc["model_checks"] = {"channels_last": "model has no Conv2d layers"}
         return doc
 
-    doc = run_ladder("x", ["bf16", "channels_last", "fused_optimizer"], measure=measure, device="cpu", mode="sequential")
+    doc = run_ladder(
+        "x", ["bf16", "channels_last", "fused_optimizer"], measure=measure, device="cpu", mode="sequential"
+    )
     cl = next(r for r in doc["rungs"] if r["rung"] == "+channels_last")
     assert cl["rung_status"] == "skipped" and cl["rung_reason"] == "not measured: model has no Conv2d layers"
     assert "step_s" not in cl and not any("channels_last" in c for c in calls)
@@ -200,10 +248,18 @@ def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
         items = 128 if big else 16
         mean = 0.010 * items / 16 / (1.2 if big else 1.0)  # 8x the work per step, 1.2x the throughput
         steps = list(mean * (1 + 0.01 * rng.standard_normal(30)))
-        return {"step_s_all": steps, "items_per_step": items, "throughput": {"value": items / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.001, "gpu_profile": {"gpu_busy_frac": 0.99},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in spec.split(",") if n != "none"],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+        return {
+            "step_s_all": steps,
+            "items_per_step": items,
+            "throughput": {"value": items / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.001,
+            "gpu_profile": {"gpu_busy_frac": 0.99},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in spec.split(",") if n != "none"],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 30,
+            "warmup_steps": 5,
+            "step_s": {},
+        }
 
     doc = run_ladder("x", ["bf16", "batch_size"], measure=measure, device="cpu", mode="sequential")
     by = {r["rung"]: r for r in doc["rungs"]}
@@ -219,8 +275,9 @@ def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
     """H200 round 6: fp8 was tried before compile (registry order) and measured 2.86x slower
     eager, where it is not meant to run."""
     from fastloop.drivers.ladder import DEFAULT_RUNGS, select_order
-    from fastloop.speedups.base import resolve
     from fastloop.drivers.targets import recipe_rungs
+    from fastloop.speedups.base import resolve
+
     RECIPE_RUNGS = {n: recipe_rungs(n)[1] for n in ("gpt", "imagenet")}
 
     order = [s.name for s in select_order(resolve(DEFAULT_RUNGS + RECIPE_RUNGS["gpt"]), set(RECIPE_RUNGS["gpt"]))]
@@ -253,7 +310,7 @@ def test_the_report_says_which_runs_measure_s_cut_and_keeps_skip_reasons_in_one_
         slow = spec == "none"
         doc = _fake({"bf16": 3.0, "channels_last": 1.0})(target, spec, **kw)
         doc.update(steps=10 if slow else 30, steps_planned=30, measure_s=3.0, warmup_steps=7)
-        doc["step_s_all"] = doc["step_s_all"][:doc["steps"]]
+        doc["step_s_all"] = doc["step_s_all"][: doc["steps"]]
         return doc
 
     doc = run_ladder("x", ["bf16", "channels_last"], measure=measure, device="cpu", mode="sequential")
@@ -270,8 +327,13 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
     from fastloop.report import write_reports
 
     out = tmp_path / "r"
-    first = {"kind": "ladder", "target": "x", "env": {}, "fastloop_version": "t",
-             **run_ladder("x", ["bf16"], measure=_fake(), device="cpu", mode="sequential")}
+    first = {
+        "kind": "ladder",
+        "target": "x",
+        "env": {},
+        "fastloop_version": "t",
+        **run_ladder("x", ["bf16"], measure=_fake(), device="cpu", mode="sequential"),
+    }
     write_reports(first, str(out), None)
     html_before = (out / "report.html").read_text()
     later = {**first, "partial": True, "runs": first["runs"] + 1}
@@ -313,12 +375,16 @@ def test_a_clearly_slower_candidate_is_dropped_after_one_run_and_a_close_or_help
         calls.append(spec)
         return inner(target, spec, **kw)
 
-    doc = run_ladder("x", ["workers", "bf16", "fused_optimizer", "compile"], measure=measure, device="cpu", mode="sequential")
+    doc = run_ladder(
+        "x", ["workers", "bf16", "fused_optimizer", "compile"], measure=measure, device="cpu", mode="sequential"
+    )
     by = {r["rung"]: r for r in doc["rungs"]}
     b = by["+bf16"]
     assert calls.count("workers,bf16") == 1 and b["runs_per_side"] == 1 and b["repeats"] == 1
-    assert b["decision"].startswith("dropped after one run: workers,bf16 is slower than workers:") and \
-        "prediction interval" in b["decision"]
+    assert (
+        b["decision"].startswith("dropped after one run: workers,bf16 is slower than workers:")
+        and "prediction interval" in b["decision"]
+    )
     ci = b["speedup_vs_prev"]
     assert ci["runs"] == 1 and ci["ci_high"] < 1 and ci["ratio"] < 0.98
     assert calls.count("workers,fused_optimizer") >= 3 and by["+fused_optimizer"]["decision"].startswith("dropped: ")
@@ -346,8 +412,14 @@ def test_one_run_interval_holds_its_false_drop_rate_under_the_null():
         ci = one_run_ci(runs[:3], runs[3], confidence=0.99)
         slower += ci.significant and ci.ratio < 1
     assert slower / 2000 < 0.01
-    seen = sum(one_run_ci([list(0.01 * (1 + 0.002 * rng.standard_normal()) * np.ones(10)) for _ in range(3)],
-                          list(0.011 * np.ones(10)), confidence=0.99).significant for _ in range(200))
+    seen = sum(
+        one_run_ci(
+            [list(0.01 * (1 + 0.002 * rng.standard_normal()) * np.ones(10)) for _ in range(3)],
+            list(0.011 * np.ones(10)),
+            confidence=0.99,
+        ).significant
+        for _ in range(200)
+    )
     assert seen > 190
 
 
@@ -364,6 +436,7 @@ def test_a_feed_is_not_measured_when_neither_clock_spends_much_getting_batches()
             doc = inner(target, spec, **kw)
             doc["host_wait_frac"] = host
             return doc
+
         return measure
 
     doc = run_ladder("demo", None, measure=with_host(0.01), device="cpu", mode="sequential")
@@ -371,7 +444,9 @@ def test_a_feed_is_not_measured_when_neither_clock_spends_much_getting_batches()
     assert w["rung_status"] == "skipped" and "1.0% of its step's host time" in w["rung_reason"]
     assert "waits for them 0.3%" in w["rung_reason"] and "at most 1.010x" in w["rung_reason"]
     assert "step_s" not in w
-    doc = run_ladder("demo", None, measure=with_host(0.2), device="cpu", mode="sequential")  # a host-bound loader: measured
+    doc = run_ladder(
+        "demo", None, measure=with_host(0.2), device="cpu", mode="sequential"
+    )  # a host-bound loader: measured
     w = next(r for r in doc["rungs"] if r["rung"] == "+workers")
     assert w["rung_status"] == "applied" and w["speedup_vs_prev"] is not None
 
@@ -400,9 +475,18 @@ def _quiet(effects, run_noise):
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / np.prod([effects[n] for n in names]) if names else 0.010
         steps = list(mean * (1 + run_noise * rng.standard_normal()) * np.ones(30))
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.0, "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5, "step_s": {}}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 30,
+            "warmup_steps": 5,
+            "step_s": {},
+        }
+
     return measure
 
 
@@ -424,7 +508,9 @@ def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster
     assert w["speedup_vs_prev"]["ci_high"] < 1.01 and w["speedup_vs_prev"]["futile"]
     assert "at most" in w["decision"] and "no more runs after 3 a side" in w["decision"]
     assert doc["selected"] == ["bf16"]
-    noisy = run_ladder("x", ["bf16", "workers"], measure=_quiet(effects, 0.03), device="cpu", max_repeats=6, mode="sequential")
+    noisy = run_ladder(
+        "x", ["bf16", "workers"], measure=_quiet(effects, 0.03), device="cpu", max_repeats=6, mode="sequential"
+    )
     w = {r["rung"]: r for r in noisy["rungs"]}["+workers"]
     assert w["runs_per_side"] == 6 and not w["speedup_vs_prev"].get("futile")
     # the cumulative story measures its rungs to the end: no futility stop there
@@ -451,15 +537,24 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
         doc.update(host_wait_frac=0.049, host_fetch_s=0.0015, host_copy_s=0.00008)
         return doc
 
-    doc = run_ladder("demo", ["bf16", "fused_optimizer", "workers", "pin_memory", "prefetch"], measure=measure,
-                     device="cpu", mode="sequential")
+    doc = run_ladder(
+        "demo",
+        ["bf16", "fused_optimizer", "workers", "pin_memory", "prefetch"],
+        measure=measure,
+        device="cpu",
+        mode="sequential",
+    )
     by = {r["rung"]: r for r in doc["rungs"]}
     for name in ("+workers", "+prefetch"):
         assert by[name]["rung_status"] == "applied" and by[name]["speedup_vs_prev"] is not None, by[name]
     for name in ("+pin_memory",):
         r = by[name]
         assert r["rung_status"] == "skipped" and "copying batches to the device" in r["rung_reason"], r
-        assert "0.3% of its step's host time" in r["rung_reason"] and "a faster copy could gain at most" in r["rung_reason"]
+        assert (
+            "0.3% of its step's host time" in r["rung_reason"]
+            and "a faster copy could gain at most" in r["rung_reason"]
+        )
+
     # without the copy's own time the whole fetch counts (4.9% > 2%): measured
     def whole(target, spec, **kw):
         doc = inner(target, spec, **kw)
@@ -480,7 +575,9 @@ def test_the_report_lists_what_the_selected_sets_speedups_changed_not_a_dropped_
     def measure(target, spec, **kw):
         doc = inner(target, spec, **kw)
         for rec in doc["speedups"]:
-            rec["detail"] = {"workers": "8 worker processes", "bf16": "Trainer precision 32-true -> bf16-mixed"}[rec["name"]]
+            rec["detail"] = {"workers": "8 worker processes", "bf16": "Trainer precision 32-true -> bf16-mixed"}[
+                rec["name"]
+            ]
         return doc
 
     doc = run_ladder("x", ["workers", "bf16"], measure=measure, device="cpu", mode="sequential")

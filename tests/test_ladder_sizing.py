@@ -25,10 +25,19 @@ def _fake(train_rate: dict[int, float], seed: int = 0):
         mean = 0.010 / speed
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
         extra = {"num_workers": count, "loader_rates": dict(RATES)} if count else {}
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.5 if not count else 0.3 if count == 16 else 0.1, "step_s": {"mean": mean},
-                "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5, "extra": extra}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.5 if not count else 0.3 if count == 16 else 0.1,
+            "step_s": {"mean": mean},
+            "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+            "extra": extra,
+        }
+
     return measure
 
 
@@ -86,8 +95,12 @@ def test_pinning_keeps_only_the_runs_that_trained_with_the_pinned_size():
     from fastloop.compare import Runs
     from fastloop.drivers.ladder_sizing import _pin
 
-    L = SimpleNamespace(base=[], selected=["bf16", "workers"], spec_s={"bf16,workers": [3.0, 3.2]},
-                        spec_warm={"bf16,workers": [0.5, 0.4]})
+    L = SimpleNamespace(
+        base=[],
+        selected=["bf16", "workers"],
+        spec_s={"bf16,workers": [3.0, 3.2]},
+        spec_warm={"bf16,workers": [0.5, 0.4]},
+    )
     L.spec_with = lambda: ",".join(L.base + L.selected)
     docs = [{"extra": {"num_workers": n}, "i": i} for i, n in enumerate([8, 16, 8])]
     L.best_runs = {"bf16,workers": Runs("bf16,workers", docs)}
@@ -126,8 +139,12 @@ def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_siz
     assert "workers:8" in doc["selected"]
 
 
-def _crowded(plain: dict[int, float] | None = None, pinned: float = 1.0, seed: int = 0,
-             feeds_fast: dict[int, float] | None = None):
+def _crowded(
+    plain: dict[int, float] | None = None,
+    pinned: float = 1.0,
+    seed: int = 0,
+    feeds_fast: dict[int, float] | None = None,
+):
     """Round 24's U-Net on an H100: the user's loader has 4 workers. Without the compute stack 16
     workers (the probe's choice) feed fastest (``plain``: the feed rate by count; the baseline
     waits 40% by default); with it, the faster step's process needs cores, and 16 workers feed no
@@ -145,10 +162,19 @@ def _crowded(plain: dict[int, float] | None = None, pinned: float = 1.0, seed: i
         mean = 0.010 / speed
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
         extra = {"num_workers": count, "loader_own_workers": 4, "loader_rates": dict(RATES)} if sized else {}
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 1 - speed / step, "step_s": {"mean": mean},
-                "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5, "extra": extra}
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 1 - speed / step,
+            "step_s": {"mean": mean},
+            "speedups": [{"name": n.split(":")[0], "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+            "extra": extra,
+        }
+
     return measure
 
 
@@ -177,8 +203,12 @@ def test_a_feed_bundle_measured_after_the_compute_stack_is_sized_before_it_is_ab
     bundle is ablated."""
     for name in ("pin_memory", "prefetch"):
         monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
-    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
-                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2))
+    doc = run_ladder(
+        "x",
+        ["workers", "pin_memory", "prefetch", "bf16", "compile"],
+        device="cpu",
+        measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2),
+    )
     rungs, stages = doc["rungs"], [s["stage"] for s in doc["stages"]]
     assert "feed first (the baseline waits for data)" not in stages and "feed checked for the faster step" in stages
     sized = next(i for i, r in enumerate(rungs) if r.get("sized"))
@@ -208,18 +238,33 @@ def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(mo
         mean = 0.010 / speed
         steps = list(mean * (1 + 0.01 * rng.standard_normal()) * (1 + 0.005 * rng.standard_normal(60)))
         probe = "workers" in names
-        records = [{"name": n.split(":")[0], "status": "skipped" if n == "workers" else "applied",
-                    "reason": "8 workers would save the main process 9.9% of its time, under 10%" if n == "workers" else ""}
-                   for n in names]
-        return {"step_s_all": steps, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 1 - speed / step, "step_s": {"mean": mean}, "speedups": records,
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 60, "warmup_steps": 5,
-                "extra": {"loader_own_workers": 4, "loader_rates": dict(RATES)} if probe else {}}
+        records = [
+            {
+                "name": n.split(":")[0],
+                "status": "skipped" if n == "workers" else "applied",
+                "reason": "8 workers would save the main process 9.9% of its time, under 10%" if n == "workers" else "",
+            }
+            for n in names
+        ]
+        return {
+            "step_s_all": steps,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 1 - speed / step,
+            "step_s": {"mean": mean},
+            "speedups": records,
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 60,
+            "warmup_steps": 5,
+            "extra": {"loader_own_workers": 4, "loader_rates": dict(RATES)} if probe else {},
+        }
 
     doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu", measure=measure)
     sized = [r for r in doc["rungs"] if r.get("sized") == "workers"]
-    assert [r["rung"] for r in sized] == ["+workers:8 (the probe alone kept the loader's own 4)",
-                                          "workers:16 (in place of workers:8)"], [r["rung"] for r in doc["rungs"]]
+    assert [r["rung"] for r in sized] == [
+        "+workers:8 (the probe alone kept the loader's own 4)",
+        "workers:16 (in place of workers:8)",
+    ], [r["rung"] for r in doc["rungs"]]
     assert sized[0]["decision"].startswith("kept") and sized[1]["decision"].startswith("kept workers:8: workers:16 0.8")
     assert sized[1]["spec"].split(",").count("workers:16") == 1 and "workers:8" not in sized[1]["spec"].split(",")
     stage = next(s for s in doc["stages"] if s["stage"] == "sizes measured in the configuration")
@@ -235,8 +280,12 @@ def test_a_feed_bundle_dropped_at_the_count_chosen_alone_is_measured_again_one_c
     ablated against the user's 4."""
     for name in ("pin_memory", "prefetch"):
         monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
-    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
-                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.6, 16: 1.0}))
+    doc = run_ladder(
+        "x",
+        ["workers", "pin_memory", "prefetch", "bf16", "compile"],
+        device="cpu",
+        measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.6, 16: 1.0}),
+    )
     rungs = doc["rungs"]
     labels = [r["rung"] for r in rungs]
     first = labels.index("+workers,pin_memory,prefetch (feed bundle)")
@@ -244,12 +293,14 @@ def test_a_feed_bundle_dropped_at_the_count_chosen_alone_is_measured_again_one_c
     assert rungs[first]["decision"].endswith("; measured again with workers:8")
     assert not any(t["other"] == rungs[first]["spec"] for t in doc["ties"])  # no longer reported as a tie kept simpler
     again = rungs[first + 1]
-    assert again["rung"] == ("+workers,pin_memory,prefetch (feed bundle) with workers:8 (in place of the 16 chosen alone)"
-                             ) and again["sized"] == "workers", labels
+    assert (
+        again["rung"] == ("+workers,pin_memory,prefetch (feed bundle) with workers:8 (in place of the 16 chosen alone)")
+        and again["sized"] == "workers"
+    ), labels
     assert again["decision"].startswith("kept"), again["decision"]
     assert "workers:8" in again["spec"].split(",") and "workers" not in again["spec"].split(",")
     assert "workers:8" in doc["selected"] and "workers" not in doc["selected"]
-    assert any(r.get("ablation") == "workers:8" for r in rungs[first + 2:]), labels
+    assert any(r.get("ablation") == "workers:8" for r in rungs[first + 2 :]), labels
     assert any("measured again with workers:8" in s["action"] for s in doc["stages"])
 
 
@@ -258,8 +309,12 @@ def test_a_feed_bundle_is_not_measured_again_where_the_count_is_not_what_held_it
     made once and dropped too: no third, and the pick has no workers."""
     for name in ("pin_memory", "prefetch"):
         monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
-    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
-                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.0, 16: 1.0}))
+    doc = run_ladder(
+        "x",
+        ["workers", "pin_memory", "prefetch", "bf16", "compile"],
+        device="cpu",
+        measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, feeds_fast={4: 1.0, 8: 1.0, 16: 1.0}),
+    )
     bundles = [r for r in doc["rungs"] if r["rung"].startswith("+workers,pin_memory,prefetch (feed bundle)")]
     assert len(bundles) == 2 and all(r["decision"].startswith("dropped") for r in bundles), [r["rung"] for r in bundles]
     assert not any(s.startswith("workers") for s in doc["selected"])
@@ -276,8 +331,12 @@ def test_the_feed_kept_after_the_compute_stack_is_ablated_with_it_costliest_firs
 
     for name in ("pin_memory", "prefetch"):
         monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)
-    doc = run_ladder("x", ["workers", "pin_memory", "prefetch", "bf16", "compile"], device="cpu",
-                     measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2))
+    doc = run_ladder(
+        "x",
+        ["workers", "pin_memory", "prefetch", "bf16", "compile"],
+        device="cpu",
+        measure=_crowded({4: 0.9, 8: 1.0, 16: 1.0}, pinned=1.2),
+    )
     rungs = doc["rungs"]
     ablated = [r["ablation"] for r in rungs if r.get("ablation")]
     assert ablated == ["compile", "bf16", "workers:8", "prefetch"] == ablation_order(ablated), ablated

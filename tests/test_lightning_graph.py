@@ -18,9 +18,15 @@ class Lit(LightningModule):
     def __init__(self, log_value: str = "loss", sync: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
-                                       torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
-                                       torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(16, 10),
+        )
         self.log_value, self.sync = log_value, sync
 
     def forward(self, x):
@@ -87,8 +93,16 @@ def _fit(module, speedups: str | None, epochs: int = 3):
 
     probe = _Losses()
     extra = callbacks(speedups) if speedups else []
-    trainer = Trainer(max_epochs=epochs, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[probe, *extra])
+    trainer = Trainer(
+        max_epochs=epochs,
+        accelerator="gpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[probe, *extra],
+    )
     trainer.fit(module, train_dataloaders=_loader())
     recs = {r.name: r for r in records_of(trainer)}
     losses = [float(v) for v in probe.losses]
@@ -124,11 +138,15 @@ def test_whole_step_graph_trains_as_the_eager_step():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("module,cause", [
-    (Lit(sync=True), "synchronizes with the host at test_lightning_graph.py:32 in training_step"),
-    # Lightning turns a logged Python number into a device tensor: a host-to-device copy, a sync
-    # (the site: the self.log line of training_step, inside Lightning)
-    (Lit(log_value="float"), "synchronizes with the host at test_lightning_graph.py:")])
+@pytest.mark.parametrize(
+    "module,cause",
+    [
+        (Lit(sync=True), "synchronizes with the host at test_lightning_graph.py:32 in training_step"),
+        # Lightning turns a logged Python number into a device tensor: a host-to-device copy, a sync
+        # (the site: the self.log line of training_step, inside Lightning)
+        (Lit(log_value="float"), "synchronizes with the host at test_lightning_graph.py:"),
+    ],
+)
 def test_whole_step_graph_falls_back_with_the_cause(module, cause):
     """Found while the run is under way: the steps drop one tier (compile's CUDA graphs of forward
     and backward), not to eager; the record names the tier and why the whole step did not run."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop.drivers.ab import run_ab
 from fastloop.compare import loss_agreement
+from fastloop.drivers.ab import run_ab
 from fastloop.report.html import render_html
 from fastloop.report.markdown import render_markdown
 
@@ -14,9 +14,18 @@ from fastloop.report.markdown import render_markdown
 def _fake(losses_b):
     def measure(target, spec, **kw):
         losses = [2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.8, 0.8] if spec == "none" else losses_b
-        return {"step_s_all": [0.01] * 5, "speedups": [], "losses": losses, "steps": 5, "warmup_steps": 3,
-                "step_s": {"median": 0.01}, "throughput": {"value": 100.0, "unit": "samples/s"}, "items_per_step": 1,
-                "data_wait_frac": 0.0}
+        return {
+            "step_s_all": [0.01] * 5,
+            "speedups": [],
+            "losses": losses,
+            "steps": 5,
+            "warmup_steps": 3,
+            "step_s": {"median": 0.01},
+            "throughput": {"value": 100.0, "unit": "samples/s"},
+            "items_per_step": 1,
+            "data_wait_frac": 0.0,
+        }
+
     return measure
 
 
@@ -45,12 +54,19 @@ def test_identical_losses_are_called_bitwise_equal_and_gaps_are_skipped():
 def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
     """H200 round 6: B (the batch-size search's B122) trained 1.04x faster per token, but the A/B
     compared mean step times and said 'A is 7.31x faster', and compared losses of different batches."""
+
     def measure(target, spec, **kw):
         items = 122 if "batch_size" in spec else 16
         mean = 0.032 * items / 16 / (1.04 if items == 122 else 1.0)
-        return {"step_s_all": [mean * (1 + 0.001 * (i % 3)) for i in range(20)], "items_per_step": items,
-                "throughput": {"value": items / mean, "unit": "tokens/s"}, "speedups": [], "data_wait_frac": 0.0,
-                "loss": {"first": 10.0, "last": 5.0}, "losses": [10.0 - 0.1 * i for i in range(20)]}
+        return {
+            "step_s_all": [mean * (1 + 0.001 * (i % 3)) for i in range(20)],
+            "items_per_step": items,
+            "throughput": {"value": items / mean, "unit": "tokens/s"},
+            "speedups": [],
+            "data_wait_frac": 0.0,
+            "loss": {"first": 10.0, "last": 5.0},
+            "losses": [10.0 - 0.1 * i for i in range(20)],
+        }
 
     doc = run_ab("x", "compile", "compile,batch_size", repeats=3, measure=measure)
     assert doc["verdict"].startswith("B (compile,batch_size) is 1.04x faster than A (compile)")
@@ -59,7 +75,9 @@ def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
     assert doc["loss_agreement"]["comparable"] is False
     assert abs(doc["b"]["throughput"]["value"] / doc["a"]["throughput"]["value"] - 1.04) < 0.01
     assert "not compared: B's steps hold 122 items and A's 16" in render_markdown(doc)
-    assert "not compared: B&#x27;s steps hold 122" in render_html(doc) or "not compared: B's steps hold 122" in render_html(doc)
+    assert "not compared: B&#x27;s steps hold 122" in render_html(
+        doc
+    ) or "not compared: B's steps hold 122" in render_html(doc)
 
 
 def test_per_item_needs_both_sides_measured():

@@ -192,8 +192,8 @@ def test_a_window_the_warmup_underestimated_ends_on_time():
     """A data-bound step (2 loader workers, 0.16 s a batch) whose warm-up ran from a full prefetch
     buffer looked ~5 ms long, so a 1 s window planned ~200 steps (33.6 s measured with the cut
     disabled); the window now ends once it has run WINDOW_OVERRUN times longer than asked."""
-    from fastloop.measure.callback import MIN_MEASURED_STEPS, WINDOW_OVERRUN
     from fastloop.drivers.subproc import run_in_subprocess
+    from fastloop.measure.callback import MIN_MEASURED_STEPS, WINDOW_OVERRUN
 
     d = run_in_subprocess("tests/targets.py:slow_workers", "none", steps=200, warmup=2, device="cpu", measure_s=1.0)
     measured = sum(d["step_s_all"])
@@ -212,11 +212,12 @@ class _Timer:
         from fastloop.measure.timer import StepStats
 
         n = self.recorded_steps if upto is None else upto
-        return StepStats(step_s=self.times[self.warmup:n], wait_s=[0.0] * (n - self.warmup), warmup_steps=self.warmup)
+        return StepStats(step_s=self.times[self.warmup : n], wait_s=[0.0] * (n - self.warmup), warmup_steps=self.warmup)
 
 
-def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20, measure_s: float = 1.0,
-            clock_scale: float = 1.0):
+def _window(
+    times: list[float], monkeypatch, warmup: int = 2, steps: int = 20, measure_s: float = 1.0, clock_scale: float = 1.0
+):
     """Drive MeasureCallback's end-of-window logic over ``times`` (a fake clock advancing by each
     step's time); returns the callback when it stops the fit."""
     from types import SimpleNamespace
@@ -228,8 +229,9 @@ def _window(times: list[float], monkeypatch, warmup: int = 2, steps: int = 20, m
     m = cb.MeasureCallback(warmup=warmup, steps=steps, measure_s=measure_s)
     m.timer = _Timer(times, warmup)
     m._window_t0 = 0.0
-    trainer = SimpleNamespace(world_size=1, should_stop=False,
-                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(max_steps=-1)))
+    trainer = SimpleNamespace(
+        world_size=1, should_stop=False, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(max_steps=-1))
+    )
     for n in range(1, len(times) + 1):
         clock[0] += clock_scale * times[n - 1]
         m.timer.recorded_steps = n
@@ -257,7 +259,7 @@ def test_a_rate_that_never_settles_is_marked_and_said_once_without_asking_for_mo
     then is marked not steady; the warning says what was measured, not what to redo."""
     from fastloop.drivers.run_document import steadiness_warning
 
-    m = _window([0.01 * 1.03 ** i for i in range(400)], monkeypatch)
+    m = _window([0.01 * 1.03**i for i in range(400)], monkeypatch)
     measured = m.timer.result(upto=m._measured_end).step_s
     assert m.steady_reached is False and m.unsteady_steps > 0
     warning = steadiness_warning(measured, m.steady_reached, m.unsteady_steps)
@@ -293,8 +295,8 @@ def test_a_window_extension_ends_on_the_hosts_clock_and_says_why(monkeypatch):
 def test_measure_s_must_be_positive():
     import pytest
 
-    from fastloop.errors import FastloopError
     from fastloop.drivers.runner import run_configuration
+    from fastloop.errors import FastloopError
 
     with pytest.raises(FastloopError, match="--measure-s must be"):
         run_configuration("tests/targets.py:tiny_mlp", "none", steps=3, warmup=1, device="cpu", measure_s=0)
@@ -322,8 +324,15 @@ def test_a_full_collection_ends_the_warmup_not_a_measured_step():
 
     module, data = tiny_mlp()
     measure = MeasureCallback(warmup=3, steady=False, steps=6, count_flops=False)
-    trainer = Trainer(accelerator="cpu", max_steps=-1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[Where(), measure])
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Where(), measure],
+    )
     gc.callbacks.append(seen)
     try:
         trainer.fit(module, train_dataloaders=data)
@@ -367,9 +376,25 @@ def test_every_run_of_a_default_window_ladder_measures_the_asked_seconds(tmp_pat
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "tests/targets.py:tiny_mlp", "--device", "cpu",
-                           "--rungs", "bf16,fused_optimizer", "--out", str(tmp_path), "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            "ladder",
+            "tests/targets.py:tiny_mlp",
+            "--device",
+            "cpu",
+            "--rungs",
+            "bf16,fused_optimizer",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "report.json").read_text())
     windows = [e["measured_s"] for e in doc["run_log"] if e.get("measured_s") is not None]

@@ -85,9 +85,17 @@ def test_every_option_at_once_round_trips_and_the_spec_names_them_all():
 
 
 def test_the_issues_must_show_compile_and_workers_name_their_options():
-    out = subprocess.run([sys.executable, "-c", "from fastloop.speedups import Compile, Workers; "
-                          "print(Compile(shapes='static').spec, Workers(count=4).spec)"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from fastloop.speedups import Compile, Workers; "
+            "print(Compile(shapes='static').spec, Workers(count=4).spec)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == ["compile:shapes=static", "workers:4"]
     assert resolve(out[0]) == [Compile(shapes="static")] and resolve(out[1]) == [Workers(count=4)]
     both = Compile(mode="reduce-overhead", shapes="static")
@@ -95,35 +103,51 @@ def test_the_issues_must_show_compile_and_workers_name_their_options():
     assert Compile() != Compile(mode="max-autotune") and Compile() == resolve("compile")[0]
 
 
-@pytest.mark.parametrize("spec, attr, value", [
-    ("workers:4", "count", 4), ("workers", "count", None), ("compile:max-autotune", "mode", "max-autotune"),
-    ("compile", "mode", "default"), ("fp8:rowwise", "recipe", "rowwise"), ("gpu_resident:0.3", "share", 0.3),
-    ("ddp_comm:50", "bucket_mb", 50), ("compile:shapes=static", "shapes", "static"),
-    ("pad_buckets:rtol=0.001:max_buckets=4", "rtol", 0.001),
-])
+@pytest.mark.parametrize(
+    "spec, attr, value",
+    [
+        ("workers:4", "count", 4),
+        ("workers", "count", None),
+        ("compile:max-autotune", "mode", "max-autotune"),
+        ("compile", "mode", "default"),
+        ("fp8:rowwise", "recipe", "rowwise"),
+        ("gpu_resident:0.3", "share", 0.3),
+        ("ddp_comm:50", "bucket_mb", 50),
+        ("compile:shapes=static", "shapes", "static"),
+        ("pad_buckets:rtol=0.001:max_buckets=4", "rtol", 0.001),
+    ],
+)
 def test_parsed_options_are_typed(spec, attr, value):
     s = resolve(spec)[0]
     assert getattr(s.opts, attr) == value and type(getattr(s.opts, attr)) is type(value)
 
 
-@pytest.mark.parametrize("build, words", [
-    (lambda: Workers(count=0), "workers: count must be an integer from 1 to 256 or none, got 0"),
-    (lambda: Workers(count="4"), "workers: count must be an integer from 1 to 256 or none, got '4'"),
-    (lambda: resolve("workers:four"), "workers: count must be an integer from 1 to 256 or none, got 'four'"),
-    (lambda: Compile(mode="warp"), "compile: mode must be one of default, reduce-overhead"),
-    (lambda: resolve("compile:shapes=wobbly"), "compile: shapes must be one of auto, static, dynamic, got 'wobbly'"),
-    (lambda: resolve("compile:colour=red"), "compile has no option 'colour'; its options: mode, shapes"),
-    (lambda: Compile(colour="red"), "compile has no option 'colour'; its options: mode, shapes"),
-    (lambda: resolve("compile:default:max-autotune"), "needs a name (KEY=VALUE)"),
-    (lambda: resolve("compile:mode=default:mode=max-autotune"), "option mode given twice"),
-    (lambda: resolve("fp8:blockwise"), "fp8: recipe must be one of tensorwise, rowwise"),
-    (lambda: resolve("gpu_resident:0.95"), "gpu_resident: share must be a number in (0, 0.9], got 0.95"),
-    (lambda: resolve("ddp_comm:0"), "ddp_comm: bucket_mb must be an integer from 1 to 1024 or none, got 0"),
-    (lambda: resolve("pad_buckets:check_batches=9:sample_batches=4"),
-     "pad_buckets: check_batches must be at most sample_batches (4), got 9"),
-    (lambda: resolve("bf16:fast"), "'bf16' takes no option"),
-    (lambda: REGISTRY["tf32"](mode="x"), "'tf32' takes no option"),
-])
+@pytest.mark.parametrize(
+    "build, words",
+    [
+        (lambda: Workers(count=0), "workers: count must be an integer from 1 to 256 or none, got 0"),
+        (lambda: Workers(count="4"), "workers: count must be an integer from 1 to 256 or none, got '4'"),
+        (lambda: resolve("workers:four"), "workers: count must be an integer from 1 to 256 or none, got 'four'"),
+        (lambda: Compile(mode="warp"), "compile: mode must be one of default, reduce-overhead"),
+        (
+            lambda: resolve("compile:shapes=wobbly"),
+            "compile: shapes must be one of auto, static, dynamic, got 'wobbly'",
+        ),
+        (lambda: resolve("compile:colour=red"), "compile has no option 'colour'; its options: mode, shapes"),
+        (lambda: Compile(colour="red"), "compile has no option 'colour'; its options: mode, shapes"),
+        (lambda: resolve("compile:default:max-autotune"), "needs a name (KEY=VALUE)"),
+        (lambda: resolve("compile:mode=default:mode=max-autotune"), "option mode given twice"),
+        (lambda: resolve("fp8:blockwise"), "fp8: recipe must be one of tensorwise, rowwise"),
+        (lambda: resolve("gpu_resident:0.95"), "gpu_resident: share must be a number in (0, 0.9], got 0.95"),
+        (lambda: resolve("ddp_comm:0"), "ddp_comm: bucket_mb must be an integer from 1 to 1024 or none, got 0"),
+        (
+            lambda: resolve("pad_buckets:check_batches=9:sample_batches=4"),
+            "pad_buckets: check_batches must be at most sample_batches (4), got 9",
+        ),
+        (lambda: resolve("bf16:fast"), "'bf16' takes no option"),
+        (lambda: REGISTRY["tf32"](mode="x"), "'tf32' takes no option"),
+    ],
+)
 def test_one_message_form_from_python_and_from_the_command_line(build, words):
     with pytest.raises(FastloopError, match=re.escape(words)):
         build()
@@ -134,8 +158,9 @@ def test_the_help_and_the_docs_table_are_each_fields_doc():
     for name in WITH_OPTIONS:
         for f in dataclasses.fields(REGISTRY[name].options_type):
             assert f"    {f.name}: {f.metadata['doc']} (" in text, (name, f.name)
-    cli = subprocess.run([sys.executable, "-m", "fastloop.cli", "speedups", "pad_buckets"], capture_output=True,
-                         text=True, check=True).stdout
+    cli = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", "speedups", "pad_buckets"], capture_output=True, text=True, check=True
+    ).stdout
     assert cli.strip() == options_text(["pad_buckets"]).strip()
     guide = (ROOT / "docs" / "guide.md").read_text()
     table = guide.split("options_markdown) -->\n", 1)[1].split("\n<!-- end of the options table -->", 1)[0]

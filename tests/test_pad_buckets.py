@@ -12,7 +12,7 @@ from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Skip, resolve
 from fastloop.speedups.pad_buckets import PadOptions, _sample, find_padding
-from tests.targets import TextRows, pad_collate, padded_lm, masked_text
+from tests.targets import TextRows, masked_text, pad_collate, padded_lm
 
 
 def _plan(loader, **kw):
@@ -23,10 +23,16 @@ def test_pad_values_and_side_are_read_from_the_collate():
     _, lm = padded_lm(batch_size=4)
     plan = _plan(lm)
     assert [(p.name, p.side, p.value) for p in plan.pads] == [
-        ("input_ids", "tail", 0), ("attention_mask", "tail", 0), ("labels", "tail", -100)]
+        ("input_ids", "tail", 0),
+        ("attention_mask", "tail", 0),
+        ("labels", "tail", -100),
+    ]
     _, left = padded_lm(batch_size=4, left=True)
     assert {(p.name, p.side, p.value) for p in _plan(left).pads} == {
-        ("input_ids", "head", 0), ("attention_mask", "head", 0), ("labels", "head", -100)}
+        ("input_ids", "head", 0),
+        ("attention_mask", "head", 0),
+        ("labels", "head", -100),
+    }
     plan = _plan(left, multiple=8)
     batch = next(b for b in left if plan.bucket(b["labels"].shape[1]) != b["labels"].shape[1])
     n = batch["labels"].shape[1]
@@ -86,7 +92,9 @@ def test_buckets_bound_the_number_of_distinct_shapes():
 
 
 def test_the_option_is_checked_where_it_is_parsed():
-    with pytest.raises(FastloopError, match="pad_buckets: multiple must be an integer from 1 to 65,536 or none, got 'abc'"):
+    with pytest.raises(
+        FastloopError, match="pad_buckets: multiple must be an integer from 1 to 65,536 or none, got 'abc'"
+    ):
         resolve("pad_buckets:abc")
     with pytest.raises(FastloopError, match="max_buckets"):
         PadOptions(max_buckets=0)
@@ -95,10 +103,19 @@ def test_the_option_is_checked_where_it_is_parsed():
 
 @pytest.mark.filterwarnings("ignore")
 def test_a_model_that_ignores_its_mask_is_refused_with_the_reason():
-    doc = run_configuration("tests/targets.py:unmasked_text", "pad_buckets", steps=4, warmup=1, device="cpu",
-                            steady_warmup=False, target_kwargs={"batch_size": 4})
+    doc = run_configuration(
+        "tests/targets.py:unmasked_text",
+        "pad_buckets",
+        steps=4,
+        warmup=1,
+        device="cpu",
+        steady_warmup=False,
+        target_kwargs={"batch_size": 4},
+    )
     rec = doc["speedups"][0]
-    assert rec["status"] == "skipped" and rec["reason"].startswith("the model's output depends on the padding (is the mask used?)")
+    assert rec["status"] == "skipped" and rec["reason"].startswith(
+        "the model's output depends on the padding (is the mask used?)"
+    )
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -160,8 +177,9 @@ def test_the_plain_loop_also_keeps_one_graph_per_bucket():
     def train(spec):
         module, loader = masked_text(batch_size=2)
         opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        return FastLoop(module, opt, loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"], speedups=spec,
-                        device="cuda").train(steps=40, warmup=4)
+        return FastLoop(
+            module, opt, loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"], speedups=spec, device="cuda"
+        ).train(steps=40, warmup=4)
 
     eager, graphed = train("pad_buckets:8"), train("pad_buckets:8,cuda_graph")
     shapes = graphed.extra["cuda_graph_shapes"]
@@ -189,8 +207,14 @@ def test_workers_then_pad_buckets_keeps_the_workers_loader_and_its_batches():
 
     def batches(spec):
         module, loader = masked_text(batch_size=4)
-        loop = FastLoop(module, module.configure_optimizers()["optimizer"], loader, device="cpu", speedups=spec,
-                        step_fn=lambda m, b: m.training_step(b, 0)["loss"])
+        loop = FastLoop(
+            module,
+            module.configure_optimizers()["optimizer"],
+            loader,
+            device="cpu",
+            speedups=spec,
+            step_fn=lambda m, b: m.training_step(b, 0)["loss"],
+        )
         torch.manual_seed(3)
         out = [b for _, b in zip(range(8), loop.loader)]
         return loop.loader, out
@@ -260,8 +284,12 @@ def _hf_batch(lens, position_ids=False):
     ids, mask = torch.zeros(len(lens), n, dtype=torch.long), torch.zeros(len(lens), n, dtype=torch.long)
     for i, k in enumerate(lens):
         ids[i, :k], mask[i, :k] = torch.randint(5, 100, (k,), generator=g), 1
-    b = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids),
-         "labels": torch.arange(len(lens)) % 2}
+    b = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "labels": torch.arange(len(lens)) % 2,
+    }
     if position_ids:
         b["position_ids"] = torch.arange(n).expand(len(lens), n).clone()
     return b
@@ -295,7 +323,7 @@ def test_ids_padded_with_the_eos_every_row_ends_with_get_it_from_the_mask_beside
     def batch(lens):
         ids, mask = torch.full((len(lens), max(lens)), eos), torch.zeros(len(lens), max(lens), dtype=torch.long)
         for i, n in enumerate(lens):
-            ids[i, :n - 1], mask[i, :n] = torch.arange(5, 4 + n), 1
+            ids[i, : n - 1], mask[i, :n] = torch.arange(5, 4 + n), 1
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
     plan = find_padding([batch([5, 9, 3]), batch([12, 4, 7])])
@@ -308,7 +336,7 @@ def test_batches_longer_than_every_sampled_length_are_left_alone_and_counted_acr
     from fastloop.speedups.pad_buckets import PaddedCollate
 
     rows = [{"input_ids": torch.arange(1, n + 1), "label": 0} for n in [4, 9, 6, 3] * 4 + [20, 3, 30, 2]]
-    plan = find_padding([pad_collate(rows[i:i + 2]) for i in range(0, 16, 2)], multiple=4)
+    plan = find_padding([pad_collate(rows[i : i + 2]) for i in range(0, 16, 2)], multiple=4)
     assert plan.top == 9
     longer = multiprocessing.get_context().Value("i", 0)
     loader = DataLoader(rows, batch_size=2, num_workers=2, collate_fn=PaddedCollate(pad_collate, plan, longer))
@@ -320,8 +348,15 @@ def test_batches_longer_than_every_sampled_length_are_left_alone_and_counted_acr
 
 @pytest.mark.filterwarnings("ignore")
 def test_the_run_reports_how_many_batches_were_longer_than_the_sample():
-    doc = run_configuration("tests/targets.py:masked_text", "pad_buckets", steps=6, warmup=1, device="cpu",
-                            steady_warmup=False, target_kwargs={"batch_size": 4})
+    doc = run_configuration(
+        "tests/targets.py:masked_text",
+        "pad_buckets",
+        steps=6,
+        warmup=1,
+        device="cpu",
+        steady_warmup=False,
+        target_kwargs={"batch_size": 4},
+    )
     assert doc["speedups"][0]["status"] == "applied"
     assert isinstance(doc["extra"]["pad_buckets_longer_batches"], int)  # reported, from the collate's counter
     assert "counted: pad_buckets_longer_batches" in doc["speedups"][0]["detail"]

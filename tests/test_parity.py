@@ -9,16 +9,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastloop.loop import FastLoop
 from fastloop.drivers.runner import run_configuration
+from fastloop.loop import FastLoop
 from fastloop.speedups import REGISTRY
 from tests import graph_standin
 from tests.speedup_settings import PARITY
 from tests.targets import augmented_images, masked_text, tiny_conv, tiny_mlp
 
 STEPS, WARMUP = 6, 2
-BUILD = {"tests/targets.py:tiny_mlp": tiny_mlp, "tests/targets.py:tiny_conv": tiny_conv,
-         "tests/targets.py:masked_text": masked_text, "tests/targets.py:augmented_images": augmented_images}
+BUILD = {
+    "tests/targets.py:tiny_mlp": tiny_mlp,
+    "tests/targets.py:tiny_conv": tiny_conv,
+    "tests/targets.py:masked_text": masked_text,
+    "tests/targets.py:augmented_images": augmented_images,
+}
 
 
 def test_every_registered_speedup_has_parity_settings():
@@ -30,8 +34,15 @@ def test_every_registered_speedup_has_parity_settings():
 def _plain(target: str, spec: str, device: str = "cpu"):
     module, loader = BUILD[target]()
     conf = module.configure_optimizers()
-    loop = FastLoop(module, conf["optimizer"], loader, step_fn=lambda m, b: m.training_step(b, 0)["loss"],
-                    scheduler=conf["lr_scheduler"]["scheduler"], speedups=spec, device=device)
+    loop = FastLoop(
+        module,
+        conf["optimizer"],
+        loader,
+        step_fn=lambda m, b: m.training_step(b, 0)["loss"],
+        scheduler=conf["lr_scheduler"]["scheduler"],
+        speedups=spec,
+        device=device,
+    )
     return loop.train(steps=STEPS, warmup=WARMUP)
 
 
@@ -70,8 +81,10 @@ def test_both_adapters_agree(name, monkeypatch):
     that applies here (cuda_graph on the stand-in), the same through both adapters."""
     p = PARITY[name]
     if torch.cuda.is_available() and not p.cpu:
-        pytest.skip("on a GPU machine this speedup's parity runs on CUDA: "
-                    "tests/test_parity.py::test_both_adapters_agree_on_the_gpu")
+        pytest.skip(
+            "on a GPU machine this speedup's parity runs on CUDA: "
+            "tests/test_parity.py::test_both_adapters_agree_on_the_gpu"
+        )
     if name in STANDIN:
         graph_standin.install(monkeypatch)
         monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **kw: None)
@@ -146,14 +159,21 @@ def test_change_model_returning_a_wrapper_means_the_same_in_both_adapters(monkey
 
     monkeypatch.setitem(REGISTRY, "test_wrap", Wrap)
     _Counted.calls = 0
-    lit = run_configuration("tests/targets.py:tiny_mlp", "test_wrap", steps=STEPS, warmup=WARMUP, device="cpu",
-                            steady_warmup=False)
+    lit = run_configuration(
+        "tests/targets.py:tiny_mlp", "test_wrap", steps=STEPS, warmup=WARMUP, device="cpu", steady_warmup=False
+    )
     lit_calls, _Counted.calls = _Counted.calls, 0
     module, loader = tiny_mlp()
     conf = module.configure_optimizers()
-    plain = FastLoop(module, conf["optimizer"], loader, loss_fn=torch.nn.functional.cross_entropy,  # calls model(x)
-                     scheduler=conf["lr_scheduler"]["scheduler"], speedups="test_wrap", device="cpu"
-                     ).train(steps=STEPS, warmup=WARMUP)
+    plain = FastLoop(
+        module,
+        conf["optimizer"],
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,  # calls model(x)
+        scheduler=conf["lr_scheduler"]["scheduler"],
+        speedups="test_wrap",
+        device="cpu",
+    ).train(steps=STEPS, warmup=WARMUP)
     rec = next(r for r in lit["speedups"] if r["name"] == "test_wrap")
     assert rec["status"] == "applied" and "children were changed" in rec["detail"], rec
     assert plain.records[0].status == "applied"
@@ -188,11 +208,18 @@ def test_compile_that_compiled_nothing_is_the_same_fallback_in_both_adapters():
     FastLoop records what the callbacks record: fallback, with torch's first graph-break reason."""
     from tests.targets import untraceable
 
-    lit = run_configuration("tests/targets.py:untraceable", "compile", steps=3, warmup=1, device="cpu",
-                            steady_warmup=False)
+    lit = run_configuration(
+        "tests/targets.py:untraceable", "compile", steps=3, warmup=1, device="cpu", steady_warmup=False
+    )
     module, loader = untraceable()
-    plain = FastLoop(module, torch.optim.SGD(module.parameters(), lr=0.01), loader,
-                     loss_fn=torch.nn.functional.cross_entropy, speedups="compile", device="cpu").train(steps=3, warmup=1)
+    plain = FastLoop(
+        module,
+        torch.optim.SGD(module.parameters(), lr=0.01),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="compile",
+        device="cpu",
+    ).train(steps=3, warmup=1)
     lit_rec = next(r for r in lit["speedups"] if r["name"] == "compile")
     rec = plain.records[0]
     assert lit_rec["status"] == rec.status == "fallback", (lit_rec, rec)
@@ -214,8 +241,14 @@ def test_a_step_that_draws_on_the_host_drops_one_tier_in_the_plain_loop_as_under
         x, y = batch
         return torch.nn.functional.cross_entropy(m(x * (1 + 0.01 * random.random())), y)
 
-    res = FastLoop(module, torch.optim.AdamW(module.parameters(), lr=1e-3), loader, step_fn=step,
-                   speedups="cuda_graph", device="cuda").train(steps=8, warmup=3)
+    res = FastLoop(
+        module,
+        torch.optim.AdamW(module.parameters(), lr=1e-3),
+        loader,
+        step_fn=step,
+        speedups="cuda_graph",
+        device="cuda",
+    ).train(steps=8, warmup=3)
     rec = res.records[0]
     assert rec.status == "applied" and res.extra["cuda_graph_tier"] == "forward+backward graphed", (rec, res.extra)
     assert "random" in rec.detail or "draw" in rec.detail, rec.detail

@@ -6,14 +6,18 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fastloop.adapters import _lightning_private as lp
 from fastloop import _torch_private as tp
 from fastloop._compat import Trainer
+from fastloop.adapters import _lightning_private as lp
 
 
 def _loader():
-    return DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long)), batch_size=4,
-                      shuffle=True, generator=torch.Generator().manual_seed(0))
+    return DataLoader(
+        TensorDataset(torch.randn(8, 4), torch.zeros(8, dtype=torch.long)),
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def test_lightning_train_source_is_where_fit_put_it():
@@ -27,11 +31,19 @@ def test_lightning_train_source_is_where_fit_put_it():
             seen["source"] = lp.train_source(trainer)
             lp.set_train_source(trainer, seen["source"])
 
-    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, callbacks=[Probe()], accelerator="cpu")
+    trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Probe()],
+        accelerator="cpu",
+    )
     trainer.fit(module, train_dataloaders=loader)
-    assert seen["source"] is loader, ("Lightning moved trainer.fit_loop._data_source.instance: "
-                                      "update fastloop/adapters/_lightning_private.py")
+    assert seen["source"] is loader, (
+        "Lightning moved trainer.fit_loop._data_source.instance: update fastloop/adapters/_lightning_private.py"
+    )
 
 
 def test_grad_scaler_privates():
@@ -48,8 +60,12 @@ def test_grad_scaler_privates():
 
 
 def test_conv_types_cover_every_conv():
-    for conv in (torch.nn.Conv1d(1, 1, 1), torch.nn.Conv2d(1, 1, 1), torch.nn.Conv3d(1, 1, 1),
-                 torch.nn.ConvTranspose2d(1, 1, 1)):
+    for conv in (
+        torch.nn.Conv1d(1, 1, 1),
+        torch.nn.Conv2d(1, 1, 1),
+        torch.nn.Conv3d(1, 1, 1),
+        torch.nn.ConvTranspose2d(1, 1, 1),
+    ):
         assert isinstance(conv, tp.CONV_TYPES), "torch.nn.modules.conv._ConvNd changed"
     assert not isinstance(torch.nn.Linear(1, 1), tp.CONV_TYPES)
 
@@ -65,15 +81,17 @@ def test_loader_auto_collation_and_base_seed_order():
     assert tp.loader_auto_collation(DataLoader(list(range(4)), batch_size=None)) is False
 
     def indexed():
-        return DataLoader(TensorDataset(torch.arange(16)), batch_size=16, shuffle=True,
-                          generator=torch.Generator().manual_seed(5))
+        return DataLoader(
+            TensorDataset(torch.arange(16)), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(5)
+        )
 
     want = next(iter(indexed()))[0].tolist()  # the order the loader's own iterator gives
     imitation = indexed()
     tp.draw_loader_base_seed(imitation)
     assert list(iter(imitation.sampler)) == want, (
         "a DataLoader iterator no longer draws one base seed before its sampler: update "
-        "fastloop/_torch_private.draw_loader_base_seed")
+        "fastloop/_torch_private.draw_loader_base_seed"
+    )
     plain = indexed()
     assert list(iter(plain.sampler)) != want  # without the draw the order differs: the pin can fail
 
@@ -83,7 +101,9 @@ def test_lightning_ddp_kwargs_reach_distributed_data_parallel():
 
     strategy = DDPStrategy(bucket_cap_mb=7)
     kwargs = lp.ddp_kwargs(strategy)
-    assert kwargs == {"bucket_cap_mb": 7}, "DDPStrategy._ddp_kwargs changed: update fastloop/adapters/_lightning_private.py"
+    assert kwargs == {"bucket_cap_mb": 7}, (
+        "DDPStrategy._ddp_kwargs changed: update fastloop/adapters/_lightning_private.py"
+    )
     assert lp.ddp_kwargs(object()) is None
 
 
@@ -111,12 +131,20 @@ def test_lightning_closure_result_and_current_hook():
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen["out"] = outputs["loss"]
 
-    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, callbacks=[Probe()], accelerator="cpu")
+    trainer = Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Probe()],
+        accelerator="cpu",
+    )
     trainer.fit(module, train_dataloaders=loader)
     assert torch.equal(seen["out"], seen["loss"]), "Lightning moved Closure._result or ClosureResult"
     assert seen["hook"] == "optimizer_step" and seen["set"] == "training_step", (
-        "Lightning moved LightningModule._current_fx_name: update fastloop/adapters/_lightning_private.py")
+        "Lightning moved LightningModule._current_fx_name: update fastloop/adapters/_lightning_private.py"
+    )
 
 
 def test_a_failed_rank_makes_rank_zero_leave_with_a_status_not_sigkill():

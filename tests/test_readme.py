@@ -22,8 +22,11 @@ def test_the_readme_setup_installs_what_ci_installs():
     setup = _bash_blocks()[0]
     ci = (ROOT / ".ci" / "run").read_text()
     readme_pips = re.findall(r"pip install ([^&\n]+?)\s*(?:&&|$)", setup)
-    ci_pips = [re.sub(r"\s+#.*", "", line.split("pip install", 1)[1]).replace("-q", "").strip()
-               for line in ci.splitlines() if line.strip().startswith("pip install")]
+    ci_pips = [
+        re.sub(r"\s+#.*", "", line.split("pip install", 1)[1]).replace("-q", "").strip()
+        for line in ci.splitlines()
+        if line.strip().startswith("pip install")
+    ]
     assert [p.strip() for p in readme_pips] == ci_pips
 
 
@@ -43,13 +46,23 @@ def _main_job_records() -> list[dict]:
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     section = text.split("| date | commit | command | wall | kept (vs baseline) | dropped | not tried |", 1)[1]
     rows = [r for r in section.split("\n\n", 1)[0].splitlines() if r.startswith("|") and "---" not in r]
-    names = lambda cell: set(re.findall(r"\b(workers|bf16|fp16|fused_optimizer|pin_memory|prefetch|tf32)\b", cell))
+
+    def names(cell: str) -> set[str]:
+        return set(re.findall(r"\b(workers|bf16|fp16|fused_optimizer|pin_memory|prefetch|tf32)\b", cell))
+
     out = []
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         kept = re.match(r"([\w, ]+?) (\d+\.\d+)x \[(\d+\.\d+), (\d+\.\d+)\]", cells[4])
-        out.append({"commit": cells[1], "kept": names(kept.group(1)), "ratio": float(kept.group(2)),
-                    "dropped": names(cells[5].split("(")[0]), "not_tried": names(cells[6].split("(")[0])})
+        out.append(
+            {
+                "commit": cells[1],
+                "kept": names(kept.group(1)),
+                "ratio": float(kept.group(2)),
+                "dropped": names(cells[5].split("(")[0]),
+                "not_tried": names(cells[6].split("(")[0]),
+            }
+        )
     return out
 
 
@@ -81,6 +94,8 @@ def subprocess_log() -> str:
     import subprocess
 
     try:
-        return subprocess.run(["git", "log", "--format=%h %H"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", "log", "--format=%h %H"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):  # pragma: no cover - a copy without .git
         return " ".join(r["commit"] for r in _main_job_records())

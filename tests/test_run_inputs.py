@@ -26,8 +26,15 @@ def test_the_cpu_feed_stands_down_when_the_run_says_the_batches_are_on_the_devic
 def test_one_trainers_callbacks_share_one_run_inputs_and_its_step_rate():
     module, loader = tiny_mlp()
     cbs = callbacks("fused_optimizer", step_rate=50.0) + callbacks("workers")  # two calls, one Trainer
-    trainer = Trainer(callbacks=cbs, max_steps=2, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = Trainer(
+        callbacks=cbs,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, train_dataloaders=loader)
     assert cbs[0].ctx.inputs is cbs[1].ctx.inputs
     assert cbs[1].ctx.inputs.step_rate == 50.0 and cbs[1].ctx.inputs.batches_on_device is None
@@ -46,6 +53,7 @@ def test_a_speedup_that_cannot_apply_to_the_trainers_loader_is_recorded_with_its
     from fastloop.lightning import records_of
 
     module, loader = tiny_mlp()
+
     class Batches:  # an iterable of batches, not a torch DataLoader
         def __init__(self, items: list) -> None:
             self.items = items
@@ -58,8 +66,15 @@ def test_a_speedup_that_cannot_apply_to_the_trainers_loader_is_recorded_with_its
 
     batches = Batches(list(loader)[:4])
     cbs = callbacks("workers")
-    trainer = Trainer(callbacks=cbs, max_steps=2, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = Trainer(
+        callbacks=cbs,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, batches)
     (rec,) = records_of(trainer)
     assert (rec.status, rec.reason) == ("fallback", "loader is a Batches, not a torch DataLoader")

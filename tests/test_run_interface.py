@@ -16,8 +16,7 @@ from fastloop.adapters.lightning_run import LightningRun
 from fastloop.adapters.loop import FastLoop, LoopRun
 from fastloop.lightning import SpeedupCallback
 from fastloop.speedups import REGISTRY, resolve
-from fastloop.speedups.base import Context, Skip, Speedup
-from fastloop.speedups.base import apply_all
+from fastloop.speedups.base import Context, Skip, Speedup, apply_all
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
@@ -26,8 +25,17 @@ CHANGES = [n for n, f in vars(Run).items() if inspect.isfunction(f) and not n.st
 
 
 def test_both_adapters_implement_every_change_of_the_run_interface():
-    assert {"change_model", "compile_step", "change_optimizers", "change_loader", "change_batch",
-            "batches_arrive_on_device", "autocast", "graph_step", "hold"} <= set(CHANGES)
+    assert {
+        "change_model",
+        "compile_step",
+        "change_optimizers",
+        "change_loader",
+        "change_batch",
+        "batches_arrive_on_device",
+        "autocast",
+        "graph_step",
+        "hold",
+    } <= set(CHANGES)
     for adapter in (LoopRun, LightningRun):
         missing = [n for n in CHANGES if getattr(adapter, n) is getattr(Run, n)]
         assert not missing, f"{adapter.__name__} does not implement {missing}"
@@ -36,6 +44,7 @@ def test_both_adapters_implement_every_change_of_the_run_interface():
 def test_every_registered_speedup_applies_through_run_alone():
     """No speedup keeps the old per-stage methods as its way in: the adapters only call apply."""
     import fastloop.speedups.base as base
+
     assert not hasattr(base, "StepPlan")
     for name in ("apply_step", "apply_model", "apply_optimizer", "apply_loader"):
         assert not hasattr(Speedup, name), name
@@ -58,26 +67,40 @@ class HalfInputs(Speedup):
             self.seen += 1
             x, y = batch
             return x * 0.5, y
+
         run.change_batch(half)
 
 
 def _data() -> DataLoader:
     g = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)), batch_size=8)
+    return DataLoader(
+        TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)), batch_size=8
+    )
 
 
 def test_a_speedup_written_once_against_run_works_in_the_plain_loop():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     s = HalfInputs()
-    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), torch.nn.functional.cross_entropy,
-                    speedups=[s], device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        _data(),
+        torch.nn.functional.cross_entropy,
+        speedups=[s],
+        device="cpu",
+    )
     out = loop.train(steps=3, warmup=1)
     assert [(r.name, r.status) for r in out.records] == [("test_half_inputs", "applied")] and s.seen == 4
     torch.manual_seed(0)  # the same loop with the inputs halved by hand: the same losses, exactly
     model2 = torch.nn.Linear(4, 2)
-    plain = FastLoop(model2, torch.optim.SGD(model2.parameters(), lr=0.1), _data(), device="cpu",
-                     step_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0] * 0.5), b[1]))
+    plain = FastLoop(
+        model2,
+        torch.optim.SGD(model2.parameters(), lr=0.1),
+        _data(),
+        device="cpu",
+        step_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0] * 0.5), b[1]),
+    )
     assert plain.train(steps=3, warmup=1).losses == out.losses
 
 
@@ -101,8 +124,15 @@ class Tiny(LightningModule):
 def test_the_same_speedup_works_under_lightning_and_is_put_back_after_fit():
     s, module = HalfInputs(), Tiny()
     cb = SpeedupCallback(s)
-    trainer = Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    trainer = Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+    )
     original = trainer.strategy.batch_to_device
     trainer.fit(module)
     assert cb.record.status == "applied" and s.seen == 3
@@ -130,16 +160,20 @@ class Breaks(Speedup):
             model.flag = True
             run.ctx.undo.append(lambda: delattr(model, "flag"))
             return model
+
         run.change_model(change)
         if self.opts.mode == "skip":
             raise Skip("this model has no such layer")
         raise RuntimeError("the kernel is missing\nsecond line")
 
 
-@pytest.mark.parametrize("mode, status, reason", [
-    ("skip", "skipped", "this model has no such layer"),
-    ("error", "fallback", "RuntimeError: the kernel is missing"),
-])
+@pytest.mark.parametrize(
+    "mode, status, reason",
+    [
+        ("skip", "skipped", "this model has no such layer"),
+        ("error", "fallback", "RuntimeError: the kernel is missing"),
+    ],
+)
 def test_apply_all_puts_back_what_a_speedup_that_did_not_apply_changed(mode, status, reason):
     model = torch.nn.Linear(2, 2)
     run = LoopRun(Context(CPU), model, None, None)
@@ -174,6 +208,7 @@ class Switch(Speedup):
                 yield
             finally:
                 Switch.on.pop()
+
         run.hold(switch)
         if self.opts.mode == "then-skip":
             raise Skip("not on this model")
@@ -189,15 +224,27 @@ class SeesSwitch(Tiny):
 def test_a_held_context_is_on_while_the_run_trains_and_off_after(mode):
     seen = []
     model = torch.nn.Linear(4, 2)
-    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), device="cpu",
-                    step_fn=lambda m, b: (seen.append(bool(Switch.on)), torch.nn.functional.cross_entropy(m(b[0]), b[1]))[1],
-                    speedups=[Switch(mode=mode)])
+    loop = FastLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        _data(),
+        device="cpu",
+        step_fn=lambda m, b: (seen.append(bool(Switch.on)), torch.nn.functional.cross_entropy(m(b[0]), b[1]))[1],
+        speedups=[Switch(mode=mode)],
+    )
     loop.train(steps=2, warmup=0)
     assert seen == [mode is None] * 2 and not Switch.on
     module = SeesSwitch()
     cb = SpeedupCallback(Switch(mode=mode))
-    trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    trainer = Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+    )
     trainer.fit(module)
     assert [bool(x) for x in module.inputs] == [mode is None] * 2 and not Switch.on
     assert cb.record.status == ("applied" if mode is None else "skipped")

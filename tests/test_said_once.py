@@ -13,13 +13,17 @@ from fastloop.report import write_reports
 from fastloop.report.terminal import make_console, print_document
 
 ROOT = Path(__file__).resolve().parents[1]
-PROG_BAR = ("self.log of train_loss with prog_bar=True reads it to the host after every step (Lightning's "
-            "progress bar); log it without prog_bar=True on a GPU")
+PROG_BAR = (
+    "self.log of train_loss with prog_bar=True reads it to the host after every step (Lightning's "
+    "progress bar); log it without prog_bar=True on a GPU"
+)
 
 
 def _ladder_doc() -> dict:
-    rungs = [{"rung": name, "spec": name, "speedups": [], "warnings": [PROG_BAR] * 5} for name in
-             ("baseline", "+bf16", "+compile", "selected: bf16,compile")]
+    rungs = [
+        {"rung": name, "spec": name, "speedups": [], "warnings": [PROG_BAR] * 5}
+        for name in ("baseline", "+bf16", "+compile", "selected: bf16,compile")
+    ]
     return {"kind": "ladder", "target": "x.py:make", "env": {}, "rungs": rungs, "selected": []}
 
 
@@ -44,8 +48,14 @@ def test_what_a_speedup_changed_is_said_once_as_the_selected_configuration_has_i
     times, once per configuration with other loader figures: one line, the selected one's."""
     doc = _ladder_doc()
     for k, rung in enumerate(doc["rungs"]):
-        rung["speedups"] = [{"name": "workers", "status": "applied", "reason": "",
-                             "detail": f"16 worker processes (measured fastest: {120 + k},000 samples/s)"}]
+        rung["speedups"] = [
+            {
+                "name": "workers",
+                "status": "applied",
+                "reason": "",
+                "detail": f"16 worker processes (measured fastest: {120 + k},000 samples/s)",
+            }
+        ]
     write_reports(doc, str(tmp_path / "rep"), None)
     md = (tmp_path / "rep" / "report.md").read_text()
     assert md.count("- `workers`: 16 worker processes") == 1
@@ -55,13 +65,20 @@ def test_what_a_speedup_changed_is_said_once_as_the_selected_configuration_has_i
 def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(tmp_path):
     """``fastloop ladder demo --out DIR``, its output not a terminal (one line per run, then the
     summary): no line is printed twice, and nothing asks to 'measure more steps'."""
-    p = subprocess.run([sys.executable, "-m", "fastloop.cli", "ladder", "demo", "--out", str(tmp_path / "rep")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "fastloop.cli", "ladder", "demo", "--out", str(tmp_path / "rep")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout + p.stderr
     assert "measure more steps" not in out
     warnings = [ln for ln in out.splitlines() if "warning" in ln.lower()]
     assert len(warnings) == len(set(warnings)), warnings
     md = (tmp_path / "rep" / "report.md").read_text()
-    listed = [ln for ln in md.split("Warnings:", 1)[-1].splitlines() if ln.startswith("- ")] if "Warnings:" in md else []
+    listed = (
+        [ln for ln in md.split("Warnings:", 1)[-1].splitlines() if ln.startswith("- ")] if "Warnings:" in md else []
+    )
     assert len(listed) == len(set(listed)) and "measure more steps" not in md

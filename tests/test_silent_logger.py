@@ -12,8 +12,14 @@ from fastloop.drivers.silent_logger import SilentLogger
 
 def test_a_module_that_logs_to_its_logger_trains_and_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    doc = run_configuration(f"{Path(__file__).parent / 'targets.py'}:uses_its_logger", "none", steps=12, warmup=2, device="cpu",
-                            steady_warmup=False)
+    doc = run_configuration(
+        f"{Path(__file__).parent / 'targets.py'}:uses_its_logger",
+        "none",
+        steps=12,
+        warmup=2,
+        device="cpu",
+        steady_warmup=False,
+    )
     assert doc["steps"] == 12 and len(doc["losses"]) >= 12
     assert os.listdir(tmp_path) == []  # no event files, no CSV, no checkpoints
 

@@ -13,8 +13,13 @@ from tests.targets import tiny_conv
 def _setup(conv=False, workers=0, bs=16, n=128):
     torch.manual_seed(0)
     if conv:
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
-                                    torch.nn.Flatten(), torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 4),
+        )
         x = torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     else:
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
@@ -25,26 +30,46 @@ def _setup(conv=False, workers=0, bs=16, n=128):
 
 def _losses(speedups, conv=False, steps=12):
     model, loader = _setup(conv)
-    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader,
-                    loss_fn=torch.nn.functional.cross_entropy, speedups=speedups, device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups=speedups,
+        device="cpu",
+    )
     return loop.train(steps=steps).losses, loop
 
 
 def test_registry_has_the_design_names():
-    for name in ("tf32", "workers", "pin_memory", "prefetch", "bf16", "fp16", "channels_last", "compile",
-                 "cuda_graph", "fused_optimizer", "batch_size"):
+    for name in (
+        "tf32",
+        "workers",
+        "pin_memory",
+        "prefetch",
+        "bf16",
+        "fp16",
+        "channels_last",
+        "compile",
+        "cuda_graph",
+        "fused_optimizer",
+        "batch_size",
+    ):
         assert name in REGISTRY
         assert f"docs/speedups/{name}.md" in (REGISTRY[name].__doc__ or "")  # one copy of the card: the docs page
         assert REGISTRY[name].changes in ("model", "optimizer", "data", "step")
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ("bf16,warp_drive", "unknown speedup 'warp_drive'; valid names: gpu_augment, gpu_resident, workers"),
-    ("bf16,fp16", "cannot be combined"),
-    ("bf16,bf16", "speedup given twice: bf16"),
-    ("bf16,,compile", "malformed speedup list"),
-    ("none,bf16", "'none' means the baseline"),
-])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("bf16,warp_drive", "unknown speedup 'warp_drive'; valid names: gpu_augment, gpu_resident, workers"),
+        ("bf16,fp16", "cannot be combined"),
+        ("bf16,bf16", "speedup given twice: bf16"),
+        ("bf16,,compile", "malformed speedup list"),
+        ("none,bf16", "'none' means the baseline"),
+    ],
+)
 def test_bad_speedup_lists(spec, msg):
     with pytest.raises(FastloopError, match=msg):
         resolve(spec)
@@ -58,8 +83,14 @@ def test_resolve_orders_like_the_ladder():
 def test_workers_exact_equivalence():
     base, _ = _losses("none")
     model, loader = _setup(workers=0)
-    loop = FastLoop(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loader,
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="workers:2", device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="workers:2",
+        device="cpu",
+    )
     assert loop.loader.num_workers == 2 and loop.loader.persistent_workers
     assert loop.train(steps=12).losses == base  # same batches, same order: bitwise equal
 
@@ -73,11 +104,14 @@ def test_cuda_only_speedups_skip_on_cpu_and_run_goes_on(name):
     assert got == base
 
 
-@pytest.mark.parametrize("spec,conv,rtol", [
-    ("fused_optimizer", False, 1e-5),   # same math, fused kernel: rounding only
-    ("bf16", False, 5e-2),              # bf16 rounding in matmuls
-    ("channels_last", True, 1e-5),      # same math, other memory layout
-])
+@pytest.mark.parametrize(
+    "spec,conv,rtol",
+    [
+        ("fused_optimizer", False, 1e-5),  # same math, fused kernel: rounding only
+        ("bf16", False, 5e-2),  # bf16 rounding in matmuls
+        ("channels_last", True, 1e-5),  # same math, other memory layout
+    ],
+)
 def test_equivalence_within_tolerance(spec, conv, rtol):
     base, _ = _losses("none", conv=conv)
     got, loop = _losses(spec, conv=conv)
@@ -104,8 +138,15 @@ def test_fused_optimizer_keeps_state_and_scheduler():
     model, loader = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
-    loop = FastLoop(model, opt, loader, loss_fn=torch.nn.functional.cross_entropy, speedups="fused_optimizer",
-                    device="cpu", scheduler=sched)
+    loop = FastLoop(
+        model,
+        opt,
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="fused_optimizer",
+        device="cpu",
+        scheduler=sched,
+    )
     assert loop.optimizer is opt and opt.param_groups[0]["fused"] is True
     loop.train(steps=4)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
@@ -113,8 +154,14 @@ def test_fused_optimizer_keeps_state_and_scheduler():
 
 def test_fused_optimizer_skips_unfusable():
     model, loader = _setup()
-    loop = FastLoop(model, torch.optim.RMSprop(model.parameters()), loader,
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="fused_optimizer", device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.RMSprop(model.parameters()),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="fused_optimizer",
+        device="cpu",
+    )
     assert loop.records[0].status == "skipped" and "RMSprop" in loop.records[0].reason
 
 
@@ -123,12 +170,21 @@ def test_fused_optimizer_under_lightning_is_the_speedups_own_change_and_skip():
     Trainer's optimizers: fused where it can, and the same skip with the same reason where not."""
     from tests.targets import tiny_mlp
 
-    for make, status in ((lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "applied"),
-                         (lambda p: torch.optim.RMSprop(p), "skipped")):
+    for make, status in (
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "applied"),
+        (lambda p: torch.optim.RMSprop(p), "skipped"),
+    ):
         module, loader = tiny_mlp()
         module.configure_optimizers = lambda m=module, make=make: make(m.parameters())
-        trainer = Trainer(callbacks=callbacks("fused_optimizer"), max_steps=2, logger=False, accelerator="cpu",
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            callbacks=callbacks("fused_optimizer"),
+            max_steps=2,
+            logger=False,
+            accelerator="cpu",
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, loader)
         (rec,) = records_of(trainer)
         assert rec.status == status, rec
@@ -142,11 +198,23 @@ def test_lightning_drop_in_with_all_cpu_speedups():
     """An ordinary LightningModule (logging, scheduler, dict from training_step) + callbacks."""
     module, loader = tiny_conv()
     cbs = callbacks("workers:2,pin_memory,prefetch,bf16,fused_optimizer,channels_last,cuda_graph")
-    trainer = Trainer(max_steps=8, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+    trainer = Trainer(
+        max_steps=8,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
     trainer.fit(module, train_dataloaders=loader)
     recs = {r.name: r for r in records_of(trainer)}
-    assert {n for n, r in recs.items() if r.status == "applied"} == {"workers", "bf16", "fused_optimizer", "channels_last"}
+    assert {n for n, r in recs.items() if r.status == "applied"} == {
+        "workers",
+        "bf16",
+        "fused_optimizer",
+        "channels_last",
+    }
     assert recs["prefetch"].reason == "no CUDA" and recs["cuda_graph"].reason == "no CUDA"
     assert trainer.global_step == 8
     assert trainer.optimizers[0].param_groups[0]["fused"] is True
@@ -168,13 +236,23 @@ def test_plain_loop_rejects_bad_arguments():
     model, loader = _setup()
     with pytest.raises(ValueError, match="exactly one of loss_fn"):
         FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, device="cpu")
-    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
-                    loss_fn=torch.nn.functional.cross_entropy, device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader,
+        loss_fn=torch.nn.functional.cross_entropy,
+        device="cpu",
+    )
     with pytest.raises(FastloopError, match="steps must be >= 1"):
         loop.train(steps=0)
     with pytest.raises(FastloopError, match="no CUDA device"):
-        FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader,
-                 loss_fn=torch.nn.functional.cross_entropy, device="cuda")
+        FastLoop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            loss_fn=torch.nn.functional.cross_entropy,
+            device="cuda",
+        )
 
 
 def test_nested_batches_moved_and_mapped():
@@ -216,8 +294,15 @@ def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch
 
     _, loader = _setup()
     cbs = callbacks("fp16")
-    trainer = Trainer(max_steps=12, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+    trainer = Trainer(
+        max_steps=12,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
     trainer.fit(Overflowing(), train_dataloaders=loader)
     stats = cbs[0].ctx.stats
     assert cbs[0].record.status == "applied"
@@ -230,19 +315,28 @@ def test_lightning_fp16_counts_skipped_steps_and_holds_the_scheduler(monkeypatch
 def test_default_ladders_per_recipe_and_device():
     from fastloop.drivers.ladder import DEFAULT_RUNGS, default_rungs
     from fastloop.drivers.targets import recipe_rungs
+
     RECIPE_RUNGS = {n: recipe_rungs(n)[1] for n in ("gpt", "imagenet")}
 
     cpu = default_rungs("cpu", "imagenet")
     assert "cudnn_benchmark" not in cpu and "pin_memory" not in cpu and "gpu_resident" not in cpu  # CUDA-only
     try:
         import nvidia.dali  # noqa: F401  (the dali extra: CPU pipelines run here)
+
         assert cpu[-1] == "dali"
     except ImportError:  # without the extra the rung cannot apply, so it is left out
         assert "dali" not in cpu
     assert "cudnn_benchmark" not in default_rungs("cpu", "gpt")  # dali is a rung of every default ladder where
     # DALI is installed: a user's image folder translates; elsewhere the run's data rules it out unmeasured
     full = [s.name for s in resolve(DEFAULT_RUNGS + RECIPE_RUNGS["imagenet"])]  # what a GPU machine runs
-    assert full[-1] == "dali" and full[:6] == ["gpu_augment", "gpu_resident", "workers", "pad_buckets", "pin_memory", "prefetch"]
+    assert full[-1] == "dali" and full[:6] == [
+        "gpu_augment",
+        "gpu_resident",
+        "workers",
+        "pad_buckets",
+        "pin_memory",
+        "prefetch",
+    ]
     assert full.index("tf32") < full.index("cudnn_benchmark") < full.index("bf16") < full.index("compile")
 
 
@@ -258,8 +352,14 @@ def test_none_means_the_baseline_in_every_public_entry_point():
         assert resolve(empty) == []
         assert callbacks(empty) == []
         model = torch.nn.Linear(2, 2)
-        loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), [(torch.zeros(2, 2), torch.zeros(2, dtype=torch.long))],
-                        loss_fn=torch.nn.functional.cross_entropy, speedups=empty, device="cpu")
+        loop = FastLoop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            [(torch.zeros(2, 2), torch.zeros(2, dtype=torch.long))],
+            loss_fn=torch.nn.functional.cross_entropy,
+            speedups=empty,
+            device="cpu",
+        )
         assert loop.speedups == []
     import pytest
 
@@ -273,6 +373,7 @@ def test_compile_shapes_static_compiles_one_graph_per_shape(shapes, graphs):
     """Three batch lengths: ``static`` specialises a graph to each; torch's ``auto`` recompiles
     once, on the second, with dynamic sizes that serve the third too."""
     from fastloop.speedups.compile import apply_compile, compile_counters
+
     torch._dynamo.reset()
     model = apply_compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), "default", shapes)
     before = compile_counters()["unique_graphs"]

@@ -8,15 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastloop.drivers.ab import DEFAULT_REPEATS, run_ab
 from fastloop.compare import VERDICT_CONFIDENCE
+from fastloop.drivers.ab import DEFAULT_REPEATS, run_ab
 from fastloop.measure.stats import run_ratio_ci
 
 
 def _experiment(rng, effect: float, runs: int, steps: int = 30):
     def side(mean):
-        return [mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(steps))
-                for _ in range(runs)]
+        return [
+            mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(steps)) for _ in range(runs)
+        ]
+
     return side(0.010), side(0.010 / effect)
 
 
@@ -51,9 +53,13 @@ def test_run_ab_uses_the_run_as_the_unit():
     def fake(target, spec, **kw):
         nonlocal calls
         calls += 1
-        return {"step_s_all": list(0.01 * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
-                "speedups": [], "items_per_step": 16, "throughput": {"value": 1.0, "unit": "samples/s"},
-                "data_wait_frac": 0.0}
+        return {
+            "step_s_all": list(0.01 * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
+            "speedups": [],
+            "items_per_step": 16,
+            "throughput": {"value": 1.0, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+        }
 
     sig = sum(run_ab("x", "none", "none", measure=fake)["speedup"]["significant"] for _ in range(100))
     assert calls == 100 * 2 * DEFAULT_REPEATS
@@ -63,9 +69,14 @@ def test_run_ab_uses_the_run_as_the_unit():
 def _ladder_fake(effect: float, rng):
     def measure(target, spec, **kw):
         mean = 0.01 / (effect if spec != "none" else 1.0)
-        return {"step_s_all": list(mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
-                "speedups": [{"name": "fused_optimizer", "status": "applied", "reason": ""}] if spec != "none" else [],
-                "items_per_step": 16, "throughput": {"value": 1.0, "unit": "samples/s"}, "data_wait_frac": 0.0}
+        return {
+            "step_s_all": list(mean * (1 + 0.03 * rng.standard_normal()) * (1 + 0.01 * rng.standard_normal(30))),
+            "speedups": [{"name": "fused_optimizer", "status": "applied", "reason": ""}] if spec != "none" else [],
+            "items_per_step": 16,
+            "throughput": {"value": 1.0, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+        }
+
     return measure
 
 
@@ -77,18 +88,24 @@ def test_ladder_keep_rate_at_the_defaults(effect, bound):
     from fastloop.drivers.ladder import run_ladder
 
     rng = np.random.default_rng(99)
-    kept = sum(run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu",
-                             mode="sequential")["selected"]
-               == ["fused_optimizer"] for _ in range(300))
+    kept = sum(
+        run_ladder("x", ["fused_optimizer"], measure=_ladder_fake(effect, rng), device="cpu", mode="sequential")[
+            "selected"
+        ]
+        == ["fused_optimizer"]
+        for _ in range(300)
+    )
     rate = kept / 300
     assert (rate <= bound) if effect == 1.0 else (rate >= bound), rate
 
 
-def _window_experiment(rng, effect: float, runs: int, steps: int, run_noise: float = 0.015,
-                       step_noise: float = 0.05):
+def _window_experiment(rng, effect: float, runs: int, steps: int, run_noise: float = 0.015, step_noise: float = 0.05):
     def side(mean):
-        return [list(mean * (1 + run_noise * rng.standard_normal()) * (1 + step_noise * rng.standard_normal(steps)))
-                for _ in range(runs)]
+        return [
+            list(mean * (1 + run_noise * rng.standard_normal()) * (1 + step_noise * rng.standard_normal(steps)))
+            for _ in range(runs)
+        ]
+
     return side(0.016), side(0.016 / effect)
 
 
@@ -126,8 +143,17 @@ def _a_vs_a_with_drift(rng, counterbalance: bool, runs: int = DEFAULT_REPEATS) -
         return {"step_s_all": list(mean * (1 + 0.01 * rng.standard_normal(30))), "items_per_step": 16}
 
     order: list[str] = []
-    runs_ = measure_interleaved("x", ["a", "b"], runs, measure=measure, steps=30, warmup=5, device="cpu",
-                                order=order, counterbalance=counterbalance)
+    runs_ = measure_interleaved(
+        "x",
+        ["a", "b"],
+        runs,
+        measure=measure,
+        steps=30,
+        warmup=5,
+        device="cpu",
+        order=order,
+        counterbalance=counterbalance,
+    )
     return compare(runs_["a"], runs_["b"])["significant"], order
 
 
@@ -150,8 +176,13 @@ def test_run_ab_records_the_counterbalanced_order():
     rng = np.random.default_rng(1)
 
     def fake(target, spec, **kw):
-        return {"step_s_all": list(0.01 * (1 + 0.01 * rng.standard_normal(10))), "speedups": [], "items_per_step": 16,
-                "throughput": {"value": 1.0, "unit": "samples/s"}, "data_wait_frac": 0.0}
+        return {
+            "step_s_all": list(0.01 * (1 + 0.01 * rng.standard_normal(10))),
+            "speedups": [],
+            "items_per_step": 16,
+            "throughput": {"value": 1.0, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+        }
 
     doc = run_ab("x", "none", "none", repeats=4, measure=fake)
     assert doc["run_order"] == ["A", "B", "B", "A", "A", "B", "B", "A"]
@@ -160,10 +191,20 @@ def test_run_ab_records_the_counterbalanced_order():
 # One A vs A trial on the H200 (2026-12-03, round 19: `noise --aa unet=...compile,cuda_graph`,
 # trial 3; benchmarks/results/round19/noise_unet/aa_unet_2.json in git history at 283a213): run mean step times, in the
 # order the pairs ran. fastloop called it "A is 1.00x faster (97% CI 1.000-1.002)".
-_UNET_A = [0.003572243838840061, 0.0035688224149144385, 0.0035690087755682015, 0.003572296510696411,
-           0.0035649644313764965]
-_UNET_B = [0.0035749170305344044, 0.003570202389849892, 0.003573341143300519, 0.003573123557832506,
-           0.003569733262300969]
+_UNET_A = [
+    0.003572243838840061,
+    0.0035688224149144385,
+    0.0035690087755682015,
+    0.003572296510696411,
+    0.0035649644313764965,
+]
+_UNET_B = [
+    0.0035749170305344044,
+    0.003570202389849892,
+    0.003573341143300519,
+    0.003573123557832506,
+    0.003569733262300969,
+]
 
 
 def test_a_difference_under_one_percent_is_no_meaningful_difference_even_when_the_interval_excludes_one():
@@ -190,7 +231,9 @@ def test_on_a_quiet_gpu_a_vs_a_with_a_small_drift_is_no_longer_called_significan
         b = [[0.00357 * 1.0015 * (1 + 0.0009 * rng.standard_normal())] * 30 for _ in range(DEFAULT_REPEATS)]
         old += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE, min_effect=0.0).significant
         new += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE).significant
-    print(f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, {new / 3:.1f}% with it")
+    print(
+        f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, {new / 3:.1f}% with it"
+    )
     assert old > 60 and new == 0
 
 
@@ -205,10 +248,17 @@ def test_the_ladder_on_a_quiet_machine_does_not_keep_a_speedup_for_half_a_percen
     def measure(target, spec, **kw):
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.005 if "fused_optimizer" in names else 1.0) * (1 + 0.0005 * rng.standard_normal())
-        return {"step_s_all": [mean] * 60, "items_per_step": 16, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "data_wait_frac": 0.0, "step_s": {"mean": mean}, "loss": {"first": 1.0, "last": 0.5},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names], "steps": 60,
-                "warmup_steps": 5}
+        return {
+            "step_s_all": [mean] * 60,
+            "items_per_step": 16,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "data_wait_frac": 0.0,
+            "step_s": {"mean": mean},
+            "loss": {"first": 1.0, "last": 0.5},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "steps": 60,
+            "warmup_steps": 5,
+        }
 
     doc = run_ladder("x", ["fused_optimizer"], device="cpu", measure=measure)
     assert doc["selected"] == [], doc["rungs"][1]["decision"]

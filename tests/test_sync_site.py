@@ -29,11 +29,11 @@ def test_a_warning_from_inside_torch_is_placed_at_the_users_line():
 def test_recorded_warnings_are_not_shown_and_the_filters_come_back(recwarn):
     before = warnings.filters[:]
     with warnings_with_stacks() as seen:
-        warnings.warn("once", UserWarning)
-        warnings.warn("once", UserWarning)  # "always": both recorded, none shown
+        warnings.warn("once", UserWarning, stacklevel=1)
+        warnings.warn("once", UserWarning, stacklevel=1)  # "always": both recorded, none shown
     assert [str(w.message) for w, _ in seen] == ["once", "once"] and len(recwarn) == 0
     assert warnings.filters == before and warnings.showwarning is not None
-    warnings.warn("after", UserWarning)
+    warnings.warn("after", UserWarning, stacklevel=1)
     assert [str(w.message) for w in recwarn] == ["after"]
 
 
@@ -44,6 +44,7 @@ def test_a_stack_with_no_user_frame_has_no_site():
 
 def traceback_of_torch_only():
     from traceback import FrameSummary
+
     return [FrameSummary(torch.__file__, 1, "x", lookup_line=False)]
 
 

@@ -28,16 +28,25 @@ def _doc(step_s: float, tier: str | None = None, why: str | None = None) -> dict
     if why:
         extra["cuda_graph_why_not_whole"] = why
     recs = [{"name": "cuda_graph", "status": "applied", "detail": f"{tier} (whole step: {why})"}] if tier else []
-    return {"step_s_all": [step_s * (1 + 0.01 * i) for i in range(20)], "items_per_step": 256,
-            "throughput": {"value": 256 / step_s, "unit": "samples/s"}, "extra": extra, "speedups": recs}
+    return {
+        "step_s_all": [step_s * (1 + 0.01 * i) for i in range(20)],
+        "items_per_step": 256,
+        "throughput": {"value": 256 / step_s, "unit": "samples/s"},
+        "extra": extra,
+        "speedups": recs,
+    }
 
 
 def test_tiers_summary_reads_the_tier_and_why_from_the_record_and_the_ratio_is_graph_over_compile():
     bench = _load("tiers_bench")
     why = "OneCycleLR cycles SGD's momentum every step"
-    sides = {"compile": Runs("x,compile", docs=[_doc(0.010 * (1 + 0.02 * k)) for k in range(3)]),
-             "cuda_graph": Runs("x,compile,cuda_graph",
-                                docs=[_doc(0.005 * (1 + 0.02 * k), "forward+backward graphed", why) for k in range(3)])}
+    sides = {
+        "compile": Runs("x,compile", docs=[_doc(0.010 * (1 + 0.02 * k)) for k in range(3)]),
+        "cuda_graph": Runs(
+            "x,compile,cuda_graph",
+            docs=[_doc(0.005 * (1 + 0.02 * k), "forward+backward graphed", why) for k in range(3)],
+        ),
+    }
     row = bench.summarize("cifar_resnet", sides)
     assert row["cuda_graph"]["tiers"] == ["forward+backward graphed"] * 3
     assert row["cuda_graph"]["why_not_higher"] == [why]  # said once, not once per run
@@ -48,8 +57,10 @@ def test_tiers_summary_reads_the_tier_and_why_from_the_record_and_the_ratio_is_g
 
 def test_tiers_summary_keeps_a_failed_run_and_the_span_says_when_there_is_no_interval():
     bench = _load("tiers_bench")
-    sides = {"compile": Runs("c", docs=[_doc(0.01)]),
-             "cuda_graph": Runs("g", docs=[_doc(0.01, "eager", "no CUDA")], failures=["Traceback ... RuntimeError"])}
+    sides = {
+        "compile": Runs("c", docs=[_doc(0.01)]),
+        "cuda_graph": Runs("g", docs=[_doc(0.01, "eager", "no CUDA")], failures=["Traceback ... RuntimeError"]),
+    }
     row = bench.summarize("lstm_lm", sides)
     assert row["failures"] == {"cuda_graph": ["Traceback ... RuntimeError"]}
     assert bench._span({"ratio": 1.1, "ci_low": 0.0, "ci_high": None}) == "1.100 [n/a]"
@@ -69,12 +80,20 @@ def test_zoo_compares_round_by_round_with_the_order_reversed_and_stops_evenly(tm
 
     monkeypatch.setattr(bench, "_measure", fake_measure)
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    ladders = {m: {"module": m, "ladder_wall_s": 200.0, "ladder_runs": 20, "selected": "bf16,compile"}
-               for m in ("lstm_lm", "unet")}
+    ladders = {
+        m: {"module": m, "ladder_wall_s": 200.0, "ladder_runs": 20, "selected": "bf16,compile"}
+        for m in ("lstm_lm", "unet")
+    }
     rows = bench.compare_phase(ladders, tmp_path, rounds=5, max_s=140.0)
     # a round is 6 runs (60 s); a round starts only if 1.2x the longest round still fits: 60 + 72 <= 140, 120 + 72 > 140
-    assert [c for c in calls[:6]] == [("lstm_lm", "plain"), ("lstm_lm", "expert"), ("lstm_lm", "pick"),
-                                      ("unet", "plain"), ("unet", "expert"), ("unet", "pick")]
+    assert [c for c in calls[:6]] == [
+        ("lstm_lm", "plain"),
+        ("lstm_lm", "expert"),
+        ("lstm_lm", "pick"),
+        ("unet", "plain"),
+        ("unet", "expert"),
+        ("unet", "pick"),
+    ]
     assert calls[6:9] == [("lstm_lm", "pick"), ("lstm_lm", "expert"), ("lstm_lm", "plain")]
     assert len(calls) == 12
     assert all(r["runs"] == {"plain": 2, "expert": 2, "pick": 2} for r in rows)
@@ -97,8 +116,9 @@ def test_zoo_measures_an_earlier_pick_beside_and_reports_each_sides_data_wait(tm
 
     monkeypatch.setattr(bench, "_measure", fake_measure)
     monkeypatch.setitem(bench.BEFORE, "vit_v2aug", "workers")
-    ladders = {"vit_v2aug": {"module": "vit_v2aug", "ladder_wall_s": 200.0, "ladder_runs": 20,
-                             "selected": "gpu_augment,bf16"}}
+    ladders = {
+        "vit_v2aug": {"module": "vit_v2aug", "ladder_wall_s": 200.0, "ladder_runs": 20, "selected": "gpu_augment,bf16"}
+    }
     (row,) = bench.compare_phase(ladders, tmp_path, rounds=2, max_s=1e9)
     assert [s for _, s in calls[:4]] == ["none", "none", "gpu_augment,bf16", "workers"]  # plain, expert, pick, before
     assert [s for _, s in calls[4:]] == ["workers", "gpu_augment,bf16", "none", "none"]  # reversed
@@ -131,8 +151,10 @@ def test_the_zoo_table_prints_no_interval_where_a_side_had_too_few_runs():
     zoo = _load("zoo_bench")
     ci = compare(Runs("a", docs=[_doc(0.010), _doc(0.011)]), Runs("b", docs=[_doc(0.005), _doc(0.0052)]))
     assert "too few runs" in ci["verdict"] and zoo._span(ci) == f"{ci['ratio']:.2f} [n/a: too few runs]"
-    ci3 = compare(Runs("a", docs=[_doc(0.010), _doc(0.011), _doc(0.0105)]),
-                  Runs("b", docs=[_doc(0.005), _doc(0.0052), _doc(0.0051)]))
+    ci3 = compare(
+        Runs("a", docs=[_doc(0.010), _doc(0.011), _doc(0.0105)]),
+        Runs("b", docs=[_doc(0.005), _doc(0.0052), _doc(0.0051)]),
+    )
     assert "too few" not in ci3["verdict"]
     assert zoo._span(ci3) == f"{ci3['ratio']:.2f} [{ci3['ci_low']:.2f},{ci3['ci_high']:.2f}]"
     assert zoo._span({}) == "-"

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop.errors import FastloopError
 from fastloop.drivers.runner import run_configuration
+from fastloop.errors import FastloopError
 
 T = "tests/targets.py"
 
 
 def _run(fn: str, spec: str = "none", **target_kwargs):
-    return run_configuration(f"{T}:{fn}", spec, steps=6, warmup=2, device="cpu", steady_warmup=False,
-                             target_kwargs=target_kwargs or None)
+    return run_configuration(
+        f"{T}:{fn}", spec, steps=6, warmup=2, device="cpu", steady_warmup=False, target_kwargs=target_kwargs or None
+    )
 
 
 def test_the_targets_trainer_settings_are_used_and_owned_ones_left_out():
@@ -29,8 +30,9 @@ def test_the_targets_trainer_settings_are_used_and_owned_ones_left_out():
     assert plain["trainer_settings"]["used"] == {}
 
 
-def test_callbacks_that_need_what_a_run_turns_off_are_left_out_with_the_reason_and_the_users_own_run(tmp_path,
-                                                                                                    monkeypatch):
+def test_callbacks_that_need_what_a_run_turns_off_are_left_out_with_the_reason_and_the_users_own_run(
+    tmp_path, monkeypatch
+):
     """A LearningRateMonitor with the logger left out failed the run as 'an error in your code'."""
     monkeypatch.setenv("FASTLOOP_TEST_COUNT_FILE", str(tmp_path / "count"))
     doc = _run("with_callbacks")
@@ -39,7 +41,9 @@ def test_callbacks_that_need_what_a_run_turns_off_are_left_out_with_the_reason_a
     assert settings["callbacks"] == ["CountSteps"]
     left = settings["left_out"]
     assert left["callbacks: LearningRateMonitor"] == "fastloop's runs write no logs"
-    assert "no checkpoints" in left["callbacks: ModelCheckpoint"] and "do not validate" in left["callbacks: EarlyStopping"]
+    assert (
+        "no checkpoints" in left["callbacks: ModelCheckpoint"] and "do not validate" in left["callbacks: EarlyStopping"]
+    )
     assert "logger" in left
     assert doc["steps"] == 6
 

@@ -14,8 +14,15 @@ TARGET = "tests/targets.py:onecycle_from_estimate"
 @pytest.mark.parametrize("lengths, total", [({}, 1000 * 16), ({"max_epochs": 3}, 3 * 16), ({"max_steps": 500}, 500)])
 def test_configure_optimizers_sees_the_users_length_or_lightnings_default(tmp_path, lengths, total):
     record = tmp_path / "total.txt"
-    doc = run_configuration(TARGET, "none", steps=20, warmup=2, device="cpu", steady_warmup=False,
-                            target_kwargs={"record": str(record), **lengths})
+    doc = run_configuration(
+        TARGET,
+        "none",
+        steps=20,
+        warmup=2,
+        device="cpu",
+        steady_warmup=False,
+        target_kwargs={"record": str(record), **lengths},
+    )
     assert int(record.read_text()) == total  # was inf: OneCycleLR raised "Expected positive integer total_steps"
     assert doc["steps"] == 20 and not any("the run stopped there" in w for w in doc["warnings"])
     if lengths:
@@ -23,17 +30,22 @@ def test_configure_optimizers_sees_the_users_length_or_lightnings_default(tmp_pa
 
 
 def test_a_training_shorter_than_the_measurement_ends_the_run_where_the_schedule_ends(tmp_path):
-    doc = run_configuration(TARGET, "none", steps=40, warmup=2, device="cpu", steady_warmup=False,
-                            target_kwargs={"max_steps": 12})
+    doc = run_configuration(
+        TARGET, "none", steps=40, warmup=2, device="cpu", steady_warmup=False, target_kwargs={"max_steps": 12}
+    )
     assert doc["steps"] == 10  # 12 batches, 2 of them warm-up; OneCycleLR would raise at the 13th step
     assert any("(max_steps=12) train 12 batches: the run stopped there" in w for w in doc["warnings"])
 
 
 def test_a_training_too_short_for_the_warm_up_says_so():
-    with pytest.raises(UserCodeError, match=r"no step was measured: the target's Trainer settings \(max_steps=3\) "
-                                            r"train 3 batches"):
-        run_configuration(TARGET, "none", steps=20, warmup=5, device="cpu", steady_warmup=False,
-                          target_kwargs={"max_steps": 3})
+    with pytest.raises(
+        UserCodeError,
+        match=r"no step was measured: the target's Trainer settings \(max_steps=3\) "
+        r"train 3 batches",
+    ):
+        run_configuration(
+            TARGET, "none", steps=20, warmup=5, device="cpu", steady_warmup=False, target_kwargs={"max_steps": 3}
+        )
 
 
 def test_the_batch_size_trials_build_a_schedule_sized_from_the_trainer(tmp_path):
@@ -52,6 +64,7 @@ def test_the_batch_size_trials_build_a_schedule_sized_from_the_trainer(tmp_path)
 
 
 def test_a_stream_whose_length_lightning_cannot_count_is_not_cut_short():
-    doc = run_configuration("tests/targets.py:stream_with_epochs", "none", steps=20, warmup=2, device="cpu",
-                            steady_warmup=False)
+    doc = run_configuration(
+        "tests/targets.py:stream_with_epochs", "none", steps=20, warmup=2, device="cpu", steady_warmup=False
+    )
     assert doc["steps"] == 20 and not any("the run stopped there" in w for w in doc["warnings"])

@@ -22,8 +22,13 @@ def _data():
 def test_the_plain_loop_leaves_a_model_the_user_compiled():
     model = torch.compile(torch.nn.Linear(8, 2))
     assert compiled_by_user(model) and not compiled_by_user(torch.nn.Linear(8, 2))
-    result = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(),
-                      loss_fn=torch.nn.functional.cross_entropy, speedups="compile").train(steps=2, warmup=1)
+    result = FastLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        _data(),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="compile",
+    ).train(steps=2, warmup=1)
     (rec,) = result.records
     assert rec.status == "skipped" and "already compiled by your code" in rec.reason
 
@@ -35,8 +40,15 @@ def test_lightning_compiles_only_the_children_the_user_did_not():
     first = names[0]
     setattr(module, first, torch.compile(getattr(module, first)))
     module.extra = torch.nn.Linear(2, 2)  # a child of the user's that is not compiled (unused in the step)
-    trainer = Trainer(callbacks=callbacks("compile"), max_steps=2, logger=False, accelerator="cpu",
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        callbacks=callbacks("compile"),
+        max_steps=2,
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, loader)
     (rec,) = records_of(trainer)
     assert rec.status == "applied", rec
@@ -45,8 +57,15 @@ def test_lightning_compiles_only_the_children_the_user_did_not():
     only, loader = tiny_mlp()
     for n in names:
         setattr(only, n, torch.compile(getattr(only, n)))
-    trainer = Trainer(callbacks=callbacks("compile"), max_steps=2, logger=False, accelerator="cpu",
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        callbacks=callbacks("compile"),
+        max_steps=2,
+        logger=False,
+        accelerator="cpu",
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(only, loader)
     (rec,) = records_of(trainer)
     assert rec.status == "skipped" and "your code already compiles" in rec.reason, rec
@@ -62,7 +81,9 @@ def test_blocks_the_step_iterates_in_a_module_list_are_compiled_one_by_one():
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(3))
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(3)
+            )
             self.head = torch.nn.Linear(8, 2)
             self.compiled_seen, self.losses = [], []
 
@@ -80,8 +101,15 @@ def test_blocks_the_step_iterates_in_a_module_list_are_compiled_one_by_one():
 
     def fit(cbs):
         module = Stack()
-        trainer = Trainer(callbacks=cbs, max_steps=3, logger=False, accelerator="cpu", enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            callbacks=cbs,
+            max_steps=3,
+            logger=False,
+            accelerator="cpu",
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, _data())
         return module, trainer
 
@@ -90,7 +118,10 @@ def test_blocks_the_step_iterates_in_a_module_list_are_compiled_one_by_one():
     (rec,) = records_of(trainer)
     assert rec.status == "applied" and rec.detail == "compiled blocks.0-2 (Sequential), head (Linear)", rec.detail
     assert compiled.compiled_seen[0] == [True, True, True] and eager.compiled_seen[0] == [False, False, False]
-    assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(eager.losses, compiled.losses)), (eager.losses, compiled.losses)
+    assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(eager.losses, compiled.losses)), (
+        eager.losses,
+        compiled.losses,
+    )
     assert [compiled_call(b) for b in compiled.blocks] == [None, None, None]  # put back after the fit
 
 
@@ -100,6 +131,9 @@ def test_a_target_that_returns_a_compiled_lightning_module_is_told_what_to_retur
     from fastloop.drivers.targets import build_target
     from fastloop.errors import FastloopError
 
-    with pytest.raises(FastloopError, match="returned OptimizedModule where a LightningModule was expected; "
-                                            "torch.compile wraps the module it is given"):
+    with pytest.raises(
+        FastloopError,
+        match="returned OptimizedModule where a LightningModule was expected; "
+        "torch.compile wraps the module it is given",
+    ):
         build_target("tests/targets.py:compiled_module")

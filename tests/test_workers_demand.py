@@ -11,12 +11,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from fastloop.adapters.loop import LoopRun
 from fastloop.drivers.ladder import run_ladder
 from fastloop.speedups import resolve
 from fastloop.speedups import workers as W
-from fastloop.adapters.loop import LoopRun
-from fastloop.speedups.base import Context, RunInputs, Skip
-from fastloop.speedups.base import apply_all
+from fastloop.speedups.base import Context, RunInputs, Skip, apply_all
 
 CPU = torch.device("cpu")
 
@@ -26,8 +25,11 @@ def _loader(bs: int = 16) -> DataLoader:
 
 
 def _apply(monkeypatch, rates: dict[str, float], step_rate: float | None):
-    monkeypatch.setattr(W, "choose_num_workers", lambda loader, most=None: (
-        max((int(k) for k in rates), key=lambda k: rates[str(k)]), rates))
+    monkeypatch.setattr(
+        W,
+        "choose_num_workers",
+        lambda loader, most=None: (max((int(k) for k in rates), key=lambda k: rates[str(k)]), rates),
+    )
     (s,) = resolve("workers")
     ctx = Context(CPU, inputs=RunInputs(step_rate=step_rate))
     loader = _loader()
@@ -53,8 +55,10 @@ def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkey
     loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0}, 500.0)
     assert ctx.records["workers"].status == "applied" and out.num_workers == 4
     assert ctx.stats["predicted_saving"] == pytest.approx(0.6)
-    assert ctx._details["workers"] == ("4 worker processes (measured fastest: 40,000 samples/s against 10,000 with none; "
-                                       "predicted to save the main process 60% of its time at the step's 8,000 samples/s)")
+    assert ctx._details["workers"] == (
+        "4 worker processes (measured fastest: 40,000 samples/s against 10,000 with none; "
+        "predicted to save the main process 60% of its time at the step's 8,000 samples/s)"
+    )
     # the GPT case again, with no step rate: the 1.25x rule alone uses workers
     for bad in (None, 0.0, -1.0, float("inf"), float("nan")):
         loader, out, ctx = _apply(monkeypatch, {"0": 15_000.0, "4": 30_000.0}, bad)
@@ -70,10 +74,18 @@ def test_the_ladder_tells_a_feed_candidate_the_steps_rate_and_only_a_feed():
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.5 if "bf16" in names else 1.0)
         steps = list(mean * (1 + 0.001 * rng.standard_normal()) * np.ones(30))
-        return {"step_s_all": steps, "step_s": {"mean": mean}, "items_per_step": 16, "data_wait_frac": 0.5,
-                "host_wait_frac": 0.5, "throughput": {"value": 16 / mean, "unit": "samples/s"},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 30, "warmup_steps": 5}
+        return {
+            "step_s_all": steps,
+            "step_s": {"mean": mean},
+            "items_per_step": 16,
+            "data_wait_frac": 0.5,
+            "host_wait_frac": 0.5,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 30,
+            "warmup_steps": 5,
+        }
 
     run_ladder("x", measure=measure, device="cpu", mode="sequential")  # the default rungs: feeds last
     assert set(seen["bf16"]) == {None}  # not a feed: no rate
@@ -109,10 +121,18 @@ def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
         told.setdefault(spec, []).append(kw.get("step_rate"))
         names = [] if spec == "none" else spec.split(",")
         mean = 0.010 / (1.5 if "bf16" in names else 1.0)
-        return {"step_s_all": [mean] * 10, "items_per_step": 16, "data_wait_frac": 0.0, "host_wait_frac": 0.0,
-                "throughput": {"value": 16 / mean, "unit": "samples/s"}, "step_s": {"mean": mean},
-                "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
-                "loss": {"first": 1.0, "last": 0.5}, "steps": 10, "warmup_steps": 2}
+        return {
+            "step_s_all": [mean] * 10,
+            "items_per_step": 16,
+            "data_wait_frac": 0.0,
+            "host_wait_frac": 0.0,
+            "throughput": {"value": 16 / mean, "unit": "samples/s"},
+            "step_s": {"mean": mean},
+            "speedups": [{"name": n, "status": "applied", "reason": ""} for n in names],
+            "loss": {"first": 1.0, "last": 0.5},
+            "steps": 10,
+            "warmup_steps": 2,
+        }
 
     run_ab("x", "bf16", "bf16,workers", repeats=2, measure=measure)
     assert told["bf16"] == [None, None] and [float(r) for r in told["bf16,workers"]] == [pytest.approx(150.0)] * 2
@@ -122,7 +142,6 @@ def test_an_ab_tells_b_the_step_rate_of_a_only_when_b_adds_feeds_alone():
     told.clear()
     run_ab("x", "workers", "workers", repeats=2, measure=measure)  # A vs A: both sides alike, neither told
     assert told["workers"] == [None] * 4
-
 
 
 def test_a_step_the_main_process_cannot_feed_is_described_without_a_share_above_100_percent(monkeypatch):

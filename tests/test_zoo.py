@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningDataModule, Trainer
 from fastloop.drivers.batch_size import search_batch_size
+from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.lightning import BatchSizeSearch, SpeedupCallback, callbacks, records_of
 from fastloop.measure.stats import RatioCI, verdict
-from fastloop.drivers.runner import run_configuration
 from fastloop.speedups import REGISTRY
 from tests import zoo
 
@@ -56,9 +56,17 @@ def _fit(build, extra_callbacks=(), steps: int = STEPS, **trainer_kwargs):
     torch.manual_seed(0)
     module, data = build()
     losses = Losses()
-    trainer = Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, callbacks=[*extra_callbacks, losses], **trainer_kwargs)
+    trainer = Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[*extra_callbacks, losses],
+        **trainer_kwargs,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -268,8 +276,7 @@ def test_run_counts_batches_with_manual_optimization():
 
 @pytest.mark.filterwarnings("ignore")
 def test_run_keeps_steps_whose_training_step_returned_none():
-    doc = run_configuration("tests/zoo.py:sometimes_none", "none", steps=9, warmup=0, device="cpu",
-                            steady_warmup=False)
+    doc = run_configuration("tests/zoo.py:sometimes_none", "none", steps=9, warmup=0, device="cpu", steady_warmup=False)
     assert doc["steps"] == 9 and len(doc["losses"]) == 9
     assert [v is None for v in doc["losses"]] == [False, False, True] * 3
     assert any("returned None in 3 of 9 steps" in w for w in doc["warnings"])

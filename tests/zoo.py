@@ -33,8 +33,14 @@ class BNNet(LightningModule):
     def __init__(self, lr: float = 0.05, batch_size: int = 16) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                                      nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Dropout(0.2))
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Dropout(0.2),
+        )
         self.head = nn.Linear(32, 4)
         self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=4)
 
@@ -77,7 +83,7 @@ class GAN(LightningModule):
         return self.generator(z)
 
     def training_step(self, batch):
-        real, = batch
+        (real,) = batch
         opt_g, opt_d = self.optimizers()
         z = torch.randn(real.shape[0], self.hparams.latent, device=self.device, dtype=real.dtype)
         ones = torch.ones(real.shape[0], 1, device=self.device, dtype=real.dtype)
@@ -91,8 +97,10 @@ class GAN(LightningModule):
 
         self.toggle_optimizer(opt_d)
         fake = self(z).detach()
-        d_loss = (F.binary_cross_entropy_with_logits(self.discriminator(real), ones)
-                  + F.binary_cross_entropy_with_logits(self.discriminator(fake), torch.zeros_like(ones))) / 2
+        d_loss = (
+            F.binary_cross_entropy_with_logits(self.discriminator(real), ones)
+            + F.binary_cross_entropy_with_logits(self.discriminator(fake), torch.zeros_like(ones))
+        ) / 2
         opt_d.zero_grad()
         self.manual_backward(d_loss)
         opt_d.step()
@@ -139,8 +147,9 @@ class LSTMLM(LightningModule):
 def lstm_lm(batch_size: int = 8):
     g = torch.Generator().manual_seed(2)
     toks = torch.randint(0, 50, (80, 17), generator=g)
-    return LSTMLM(batch_size=batch_size), DataLoader(TensorDataset(toks[:, :-1], toks[:, 1:]), batch_size=batch_size,
-                                                     shuffle=True)
+    return LSTMLM(batch_size=batch_size), DataLoader(
+        TensorDataset(toks[:, :-1], toks[:, 1:]), batch_size=batch_size, shuffle=True
+    )
 
 
 class ImageDataModule(LightningDataModule):
@@ -199,8 +208,10 @@ class PlateauNet(LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.1)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
-                                                   "monitor": "val_loss"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "monitor": "val_loss"},
+        }
 
     def val_dataloader(self):
         return DataLoader(_vectors(n=32, seed=5), batch_size=16)

@@ -47,6 +47,11 @@ def make(batch_size: int = 256, n: int = 10_000, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     images = (torch.rand(n, 3, 32, 32, generator=g) - 0.48) / 0.25  # already normalised, as after the transforms
     labels = torch.randint(0, 10, (n,), generator=g)
-    data = DataLoader(TensorDataset(images, labels), batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(images, labels),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return LitResnet(batch_size=batch_size), data

@@ -24,6 +24,11 @@ class DemoTransformer(LightningTransformer):
 def make(batch_size: int = 32, block: int = 35, vocab: int = 33278, n: int = 32 * 200, seed: int = 0):
     torch.manual_seed(seed)
     tokens = torch.randint(0, vocab, (n, block + 1))
-    data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=batch_size, shuffle=True,
-                      drop_last=True, generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(tokens[:, :-1], tokens[:, 1:]),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return DemoTransformer(vocab_size=vocab), data

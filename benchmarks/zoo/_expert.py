@@ -26,7 +26,7 @@ class GpuBatches:
     def __iter__(self):
         order = torch.randperm(len(self.tensors[0]), device="cuda", generator=self.g)
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield [t[idx] for t in self.tensors]
 
 

@@ -30,8 +30,10 @@ class Clips(Dataset):
         lengths = torch.randint(SHORTEST, LONGEST + 1, (n,), generator=g).tolist()
         self.labels = torch.randint(0, CLASSES, (n,), generator=g).tolist()
         t = torch.arange(LONGEST) / RATE
-        self.clips = [(torch.sin(2 * math.pi * (200 + 80 * c) * t[:k]) + 0.3 * torch.randn(k, generator=g)).float()
-                      for k, c in zip(lengths, self.labels)]
+        self.clips = [
+            (torch.sin(2 * math.pi * (200 + 80 * c) * t[:k]) + 0.3 * torch.randn(k, generator=g)).float()
+            for k, c in zip(lengths, self.labels)
+        ]
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -45,7 +47,7 @@ def collate(samples: list, pad_to: int | None = None) -> tuple[torch.Tensor, tor
     longest = pad_to or max(len(w) for w, _ in samples)
     waves = torch.zeros(len(samples), longest)
     for i, (w, _) in enumerate(samples):
-        waves[i, :len(w)] = w
+        waves[i, : len(w)] = w
     lengths = torch.tensor([len(w) for w, _ in samples])
     return waves, lengths, torch.tensor([y for _, y in samples])
 
@@ -69,7 +71,9 @@ class Spotter(LightningModule):
     def __init__(self, channels: int = 128, blocks: int = 6, lr: float = 1e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.front = nn.Sequential(nn.Conv1d(1, channels, 400, stride=HOP, padding=200), nn.BatchNorm1d(channels), nn.ReLU())
+        self.front = nn.Sequential(
+            nn.Conv1d(1, channels, 400, stride=HOP, padding=200), nn.BatchNorm1d(channels), nn.ReLU()
+        )
         self.body = nn.ModuleList([Block(channels) for _ in range(blocks)])
         self.head = nn.Linear(channels, CLASSES)
 
@@ -96,8 +100,13 @@ class Spotter(LightningModule):
 
 def make(batch_size: int = 64, n: int = 64 * 40, seed: int = 0):
     torch.manual_seed(seed)
-    loader = DataLoader(Clips(n, seed), batch_size=batch_size, shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Clips(n, seed),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return Spotter(), loader
 
 
@@ -111,6 +120,12 @@ def expert(batch_size: int = 64, n: int = 64 * 40, seed: int = 0):
     module = Spotter()
     for part in (module.front, *module.body, module.head):
         part.compile(mode="reduce-overhead")
-    loader = DataLoader(Clips(n, seed), batch_size=batch_size, shuffle=True, collate_fn=collate_longest,
-                        pin_memory=True, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Clips(n, seed),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate_longest,
+        pin_memory=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return module, loader, {"precision": "bf16-mixed", "callbacks": [MarkStep()]}

@@ -26,8 +26,14 @@ class Classifier(BertClassifier):
 
 def make(batch_size: int = 64, n: int = 64 * 150, seed: int = 0):
     torch.manual_seed(seed)
-    loader = DataLoader(Rows(n, seed, SHORTEST), batch_size=batch_size, shuffle=True, collate_fn=collate, num_workers=0,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Rows(n, seed, SHORTEST),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        num_workers=0,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return Classifier(), loader, {"gradient_clip_val": 1.0}
 
 
@@ -40,6 +46,11 @@ def expert(batch_size: int = 64, n: int = 64 * 150, seed: int = 0):
     torch.manual_seed(seed)
     module = Classifier()
     module.encoder.compile(mode="reduce-overhead")
-    loader = DataLoader(Rows(n, seed, SHORTEST), batch_size=batch_size, shuffle=True, collate_fn=collate_fixed,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Rows(n, seed, SHORTEST),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate_fixed,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return module, loader, {"gradient_clip_val": 1.0, "precision": "bf16-mixed", "callbacks": [MarkStep()]}

@@ -108,8 +108,13 @@ class BertClassifier(LightningModule):
 
 def make(batch_size: int = 64, n: int = 64 * 150, seed: int = 0):
     torch.manual_seed(seed)
-    loader = DataLoader(Rows(n, seed), batch_size=batch_size, shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Rows(n, seed),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return BertClassifier(), loader, {"gradient_clip_val": 1.0}
 
 
@@ -122,6 +127,11 @@ def expert(batch_size: int = 64, n: int = 64 * 150, seed: int = 0):
     torch.manual_seed(seed)
     module = BertClassifier()
     module.encoder.compile(mode="reduce-overhead")
-    loader = DataLoader(Rows(n, seed), batch_size=batch_size, shuffle=True, collate_fn=collate_fixed,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        Rows(n, seed),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate_fixed,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return module, loader, {"gradient_clip_val": 1.0, "precision": "bf16-mixed", "callbacks": [MarkStep()]}

@@ -40,7 +40,7 @@ def collate(rows: list[torch.Tensor]) -> dict:
     ids = torch.zeros((len(rows), longest), dtype=torch.long)
     mask = torch.zeros((len(rows), longest), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, :len(r)], mask[i, :len(r)] = r, 1
+        ids[i, : len(r)], mask[i, : len(r)] = r, 1
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
@@ -72,8 +72,13 @@ class CausalLM(LightningModule):
 
 def make(batch_size: int = 32, n: int = 32 * 200, seed: int = 0, long_tail: bool = False):
     torch.manual_seed(seed)
-    return CausalLM(), DataLoader(Rows(n, seed, long_tail), batch_size=batch_size, shuffle=True, collate_fn=collate,
-                                  generator=torch.Generator().manual_seed(seed))
+    return CausalLM(), DataLoader(
+        Rows(n, seed, long_tail),
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def make_long_tail(batch_size: int = 32, n: int = 32 * 200, seed: int = 0):

@@ -40,8 +40,9 @@ class LitResnet(LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9, weight_decay=5e-4)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.1, epochs=30,
-                                                        steps_per_epoch=self.hparams.steps_per_epoch)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, 0.1, epochs=30, steps_per_epoch=self.hparams.steps_per_epoch
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -54,8 +55,13 @@ def _data(n: int, seed: int):
 def make(batch_size: int = 256, n: int = 10_000, seed: int = 0):
     torch.manual_seed(seed)
     x, y = _data(n, seed)
-    data = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(x, y),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return LitResnet(batch_size=batch_size, steps_per_epoch=n // batch_size), data
 
 

@@ -27,8 +27,13 @@ def _tokens(n: int, block: int, vocab: int, seed: int):
 def make(batch_size: int = 64, block: int = 35, vocab: int = 33278, n: int = 64 * 200, seed: int = 0):
     torch.manual_seed(seed)
     x, y = _tokens(n, block, vocab, seed)
-    data = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(x, y),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return DemoTransformer(vocab_size=vocab), data
 
 
@@ -40,4 +45,8 @@ def expert(batch_size: int = 64, block: int = 35, vocab: int = 33278, n: int = 6
     torch.manual_seed(seed)
     module = DemoTransformer(vocab_size=vocab)
     module.model.compile()
-    return module, GpuData(*_tokens(n, block, vocab, seed), batch_size=batch_size, seed=seed), {"precision": "bf16-mixed"}
+    return (
+        module,
+        GpuData(*_tokens(n, block, vocab, seed), batch_size=batch_size, seed=seed),
+        {"precision": "bf16-mixed"},
+    )

@@ -75,8 +75,11 @@ class LitGPT(LightningModule):
     def configure_optimizers(self):
         decay = [p for p in self.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=self.hparams.lr, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.hparams.lr,
+            betas=(0.9, 0.95),
+        )
         warmup, total = self.hparams.warmup, self.hparams.total
 
         def lr_lambda(step: int) -> float:
@@ -96,8 +99,13 @@ def _tokens(n: int, ctx: int, vocab: int, seed: int):
 
 def make(batch_size: int = 64, n: int = 64 * 100, seed: int = 0):
     torch.manual_seed(seed)
-    data = DataLoader(TensorDataset(*_tokens(n, 256, 8192, seed)), batch_size=batch_size, shuffle=True,
-                      drop_last=True, generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(*_tokens(n, 256, 8192, seed)),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     module = LitGPT()
     module.throughput_unit = "samples"
     return module, data, {"gradient_clip_val": 1.0}
@@ -120,5 +128,8 @@ def expert(batch_size: int = 64, n: int = 64 * 100, seed: int = 0):
 
     module = Fused()
     module.model.compile(mode="reduce-overhead")
-    return module, GpuData(*_tokens(n, 256, 8192, seed), batch_size=batch_size, seed=seed), \
-        {"gradient_clip_val": 1.0, "precision": "bf16-mixed", "callbacks": [MarkStep()]}
+    return (
+        module,
+        GpuData(*_tokens(n, 256, 8192, seed), batch_size=batch_size, seed=seed),
+        {"gradient_clip_val": 1.0, "precision": "bf16-mixed", "callbacks": [MarkStep()]},
+    )

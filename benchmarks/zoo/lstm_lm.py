@@ -48,8 +48,13 @@ def _tokens(n: int, seq: int, vocab: int, seed: int):
 
 def make(batch_size: int = 64, seq: int = 35, vocab: int = 10_000, n: int = 64 * 300, seed: int = 0):
     torch.manual_seed(seed)
-    data = DataLoader(TensorDataset(*_tokens(n, seq, vocab, seed)), batch_size=batch_size, shuffle=True,
-                      drop_last=True, generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(*_tokens(n, seq, vocab, seed)),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return LSTMLM(vocab=vocab), data, {"gradient_clip_val": 0.25}
 
 
@@ -70,5 +75,8 @@ def expert(batch_size: int = 64, seq: int = 35, vocab: int = 10_000, n: int = 64
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, foreach=True)
 
-    return (Foreach(vocab=vocab), GpuData(*_tokens(n, seq, vocab, seed), batch_size=batch_size, seed=seed),
-            {"gradient_clip_val": 0.25, "precision": "bf16-mixed"})
+    return (
+        Foreach(vocab=vocab),
+        GpuData(*_tokens(n, seq, vocab, seed), batch_size=batch_size, seed=seed),
+        {"gradient_clip_val": 0.25, "precision": "bf16-mixed"},
+    )

@@ -109,6 +109,14 @@ def expert(batch_size: int = 128, seed: int = 0):
     module.model = module.model.to(memory_format=torch.channels_last)
     module.model.compile()
     data = torchvision.datasets.ImageFolder(str(prepare()), transform=transform())
-    loader = DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=16, pin_memory=True,
-                        persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        data,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=16,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     return module, loader, {"precision": "bf16-mixed"}

@@ -16,14 +16,20 @@ except ImportError:  # pragma: no cover
 
 
 def block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                         nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
 
 
 class UNet(nn.Module):
     def __init__(self, classes: int = 4, width: int = 32) -> None:
         super().__init__()
-        w = [width * 2 ** i for i in range(4)]
+        w = [width * 2**i for i in range(4)]
         self.downs = nn.ModuleList([block(3, w[0]), block(w[0], w[1]), block(w[1], w[2])])
         self.mid = block(w[2], w[3])
         self.ups = nn.ModuleList([nn.ConvTranspose2d(w[i + 1], w[i], 2, stride=2) for i in reversed(range(3))])
@@ -67,8 +73,13 @@ def _data(n: int, size: int, seed: int):
 
 def make(batch_size: int = 32, size: int = 128, n: int = 1024, seed: int = 0):
     torch.manual_seed(seed)
-    data = DataLoader(TensorDataset(*_data(n, size, seed)), batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(seed))
+    data = DataLoader(
+        TensorDataset(*_data(n, size, seed)),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return LitUNet(), data
 
 
@@ -84,5 +95,8 @@ def expert(batch_size: int = 32, size: int = 128, n: int = 1024, seed: int = 0):
     module.net = module.net.to(memory_format=torch.channels_last)
     module.net.compile(mode="reduce-overhead")
     x, mask = _data(n, size, seed)
-    return module, GpuData(x.contiguous(memory_format=torch.channels_last), mask, batch_size=batch_size, seed=seed), \
-        {"precision": "bf16-mixed", "callbacks": [MarkStep()]}
+    return (
+        module,
+        GpuData(x.contiguous(memory_format=torch.channels_last), mask, batch_size=batch_size, seed=seed),
+        {"precision": "bf16-mixed", "callbacks": [MarkStep()]},
+    )

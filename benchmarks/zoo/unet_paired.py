@@ -31,8 +31,8 @@ class PairedCrops(Dataset):
         img, mask = self.images[i], self.masks[i]
         top = int(torch.randint(0, img.shape[1] - self.crop + 1, ()))
         left = int(torch.randint(0, img.shape[2] - self.crop + 1, ()))
-        img = img[:, top:top + self.crop, left:left + self.crop]
-        mask = mask[top:top + self.crop, left:left + self.crop]
+        img = img[:, top : top + self.crop, left : left + self.crop]
+        mask = mask[top : top + self.crop, left : left + self.crop]
         if torch.rand(()) < 0.5:
             img, mask = img.flip(-1), mask.flip(-1)
         return (img.float() / 255 - MEAN) / STD, mask.contiguous()
@@ -40,8 +40,14 @@ class PairedCrops(Dataset):
 
 def make(batch_size: int = 32, workers: int = 4, seed: int = 0):
     torch.manual_seed(seed)
-    loader = DataLoader(PairedCrops(seed=seed), batch_size=batch_size, shuffle=True, drop_last=True,
-                        num_workers=workers, persistent_workers=workers > 0)
+    loader = DataLoader(
+        PairedCrops(seed=seed),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
     return LitUNet(), loader
 
 
@@ -56,6 +62,14 @@ def expert(batch_size: int = 32, seed: int = 0):
     module = LitUNet()
     module.net = module.net.to(memory_format=torch.channels_last)
     module.net.compile(mode="reduce-overhead")
-    loader = DataLoader(PairedCrops(seed=seed), batch_size=batch_size, shuffle=True, drop_last=True, num_workers=8,
-                        pin_memory=True, persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        PairedCrops(seed=seed),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=8,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     return module, loader, {"precision": "bf16-mixed", "callbacks": [MarkStep()]}

@@ -33,7 +33,7 @@ class AugmentedImages(Dataset):
     def __getitem__(self, i: int):
         img = F.pad(self.images[i].float() / 255.0, (4, 4, 4, 4), mode="reflect")
         top, left = torch.randint(0, 9, (2,)).tolist()
-        img = img[:, top:top + 32, left:left + 32]
+        img = img[:, top : top + 32, left : left + 32]
         if torch.rand(()) < 0.5:
             img = img.flip(-1)
         return (img - MEAN) / STD, self.labels[i]
@@ -45,8 +45,9 @@ class ViT(nn.Module):
         self.patch = nn.Conv2d(3, dim, patch, stride=patch)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, (32 // patch) ** 2 + 1, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.1, activation="gelu", batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, depth)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, classes)
@@ -96,6 +97,14 @@ def expert(batch_size: int = 256, seed: int = 0):
     torch.manual_seed(seed)
     module = LitViT(batch_size=batch_size)
     module.model.compile()
-    loader = DataLoader(AugmentedImages(seed=seed), batch_size=batch_size, shuffle=True, drop_last=True,
-                        num_workers=8, pin_memory=True, persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        AugmentedImages(seed=seed),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=8,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     return module, loader, {"gradient_clip_val": 1.0, "precision": "bf16-mixed"}

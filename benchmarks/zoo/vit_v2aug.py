@@ -18,8 +18,14 @@ MEAN, STD = [0.49, 0.48, 0.45], [0.25, 0.24, 0.26]
 def pipeline():
     from torchvision.transforms import v2
 
-    return v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize(MEAN, STD)])
+    return v2.Compose(
+        [
+            v2.RandomCrop(32, padding=4),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
+        ]
+    )
 
 
 class CifarLike(Dataset):
@@ -41,8 +47,14 @@ class CifarLike(Dataset):
 
 def make(batch_size: int = 256, seed: int = 0, workers: int = 8):
     torch.manual_seed(seed)
-    loader = DataLoader(CifarLike(seed=seed, transform=pipeline()), batch_size=batch_size, shuffle=True, drop_last=True,
-                        num_workers=workers, persistent_workers=workers > 0)
+    loader = DataLoader(
+        CifarLike(seed=seed, transform=pipeline()),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
     return LitViT(batch_size=batch_size), loader, {"gradient_clip_val": 1.0}
 
 
@@ -54,6 +66,14 @@ def expert(batch_size: int = 256, seed: int = 0):
     torch.manual_seed(seed)
     module = LitViT(batch_size=batch_size)
     module.model.compile()
-    loader = DataLoader(CifarLike(seed=seed, transform=pipeline()), batch_size=batch_size, shuffle=True, drop_last=True,
-                        num_workers=8, pin_memory=True, persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        CifarLike(seed=seed, transform=pipeline()),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=8,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     return module, loader, {"gradient_clip_val": 1.0, "precision": "bf16-mixed"}

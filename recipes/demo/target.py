@@ -71,6 +71,12 @@ class TabularMLP(LightningModule):
 
 def make(n: int = 2048, fields: int = 256, batch_size: int = 32, latency_s: float = 0.0005, seed: int = 0):
     torch.manual_seed(seed)
-    return (TabularMLP(fields=fields, batch_size=batch_size),
-            DataLoader(Records(n, fields, seed, latency_s), batch_size=batch_size, shuffle=True,
-                       generator=torch.Generator().manual_seed(seed)))
+    return (
+        TabularMLP(fields=fields, batch_size=batch_size),
+        DataLoader(
+            Records(n, fields, seed, latency_s),
+            batch_size=batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(seed),
+        ),
+    )

@@ -62,7 +62,7 @@ def open_tokens(path: str | os.PathLike, vocab_size: int, check: bool = True) ->
         raise FastloopError(f"{p} is empty")
     data = np.memmap(p, dtype=np.uint16, mode="r")
     if check:
-        top = int(data[: 50_000_000].max())
+        top = int(data[:50_000_000].max())
         if top >= vocab_size:
             raise FastloopError(f"{p} holds token id {top}, outside the vocabulary (vocab_size={vocab_size})")
     return data
@@ -82,23 +82,37 @@ class TokenWindows(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         # the window for item i is fixed by (seed, i): reproducible and resumable
         start = int(np.random.default_rng((self.seed, i)).integers(0, len(self.data) - self.T - 1))
-        chunk = torch.from_numpy(self.data[start:start + self.T + 1].astype(np.int64))
+        chunk = torch.from_numpy(self.data[start : start + self.T + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
 
 
 class TokenData(LightningDataModule):
     """train/val windows from a folder with train.bin and val.bin (default: the stdlib corpus)."""
 
-    def __init__(self, data_dir: str | None = None, block_size: int = 64, batch_size: int = 16,
-                 vocab_size: int = 256, num_workers: int = 0, train_windows: int = 1_000_000,
-                 val_windows: int = 64, seed: int = 0, pin_memory: bool | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        block_size: int = 64,
+        batch_size: int = 16,
+        vocab_size: int = 256,
+        num_workers: int = 0,
+        train_windows: int = 1_000_000,
+        val_windows: int = 64,
+        seed: int = 0,
+        pin_memory: bool | None = None,
+    ) -> None:
         super().__init__()
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         if batch_size < 1:
             raise FastloopError(f"batch_size must be >= 1, got {batch_size}")
         self.data_dir = Path(data_dir) if data_dir else default_corpus()
         self.block_size, self.batch_size, self.vocab_size = block_size, batch_size, vocab_size
-        self.num_workers, self.train_windows, self.val_windows, self.seed = num_workers, train_windows, val_windows, seed
+        self.num_workers, self.train_windows, self.val_windows, self.seed = (
+            num_workers,
+            train_windows,
+            val_windows,
+            seed,
+        )
         self.train = TokenWindows(open_tokens(self.data_dir / "train.bin", vocab_size), block_size, train_windows, seed)
         self.val = TokenWindows(open_tokens(self.data_dir / "val.bin", vocab_size), block_size, val_windows, seed + 1)
 
@@ -111,8 +125,15 @@ class TokenData(LightningDataModule):
         # pinned batches on a GPU machine: a copy from pageable memory waits for the GPU's queue to
         # drain (CUDA stages it synchronously), so the host's per-step work between steps becomes
         # GPU idle time (4% of a GPT-2 B16 step under Lightning on the H200)
-        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
-                          drop_last=True, persistent_workers=self.num_workers > 0, pin_memory=self.pin_memory)
+        return DataLoader(
+            self.train,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            drop_last=True,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory,
+        )
 
     def state_dict(self) -> dict:
         steps = self.trainer.global_step if self.trainer is not None else 0

@@ -127,7 +127,9 @@ class GPT(nn.Module):
         c = self.cfg
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         T = idx.shape[1]
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds the context length {self.cfg.block_size}")
@@ -139,5 +141,9 @@ class GPT(nn.Module):
         if targets is not None and self.fused_loss is not None:
             return None, self.fused_loss(self.lm_head.weight, x.reshape(-1, x.size(-1)), targets.reshape(-1))
         logits = self.lm_head(x)
-        loss = None if targets is None else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        loss = (
+            None
+            if targets is None
+            else F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        )
         return logits, loss

@@ -17,8 +17,17 @@ class GPTModule(LightningModule):
     throughput_unit = "tokens"
     flops_convention = "6N + 12*L*d*T per token (nanoGPT/PaLM; N = non-embedding parameters)"
 
-    def __init__(self, preset: str = "tiny", lr: float = 6e-4, weight_decay: float = 0.1, warmup_steps: int = 100,
-                 max_steps: int = 5000, min_lr_ratio: float = 0.1, batch_size: int = 16, **overrides) -> None:
+    def __init__(
+        self,
+        preset: str = "tiny",
+        lr: float = 6e-4,
+        weight_decay: float = 0.1,
+        warmup_steps: int = 100,
+        max_steps: int = 5000,
+        min_lr_ratio: float = 0.1,
+        batch_size: int = 16,
+        **overrides,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.cfg = GPTConfig.preset(preset, **overrides)
@@ -49,8 +58,11 @@ class GPTModule(LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]  # matmul weights and embeddings
         no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=hp.lr, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=(0.9, 0.95),
+        )
 
         def lr_lambda(step: int) -> float:
             if step < hp.warmup_steps:

@@ -23,8 +23,15 @@ EXTRA_RUNGS = ["fp8", "fused_loss"]
 __all__ = ["make"]
 
 
-def make(preset: str | None = None, batch_size: int | None = None, data_dir: str | None = None,
-         block_size: int | None = None, num_workers: int = 0, seed: int = 0, init_device: str | None = None):
+def make(
+    preset: str | None = None,
+    batch_size: int | None = None,
+    data_dir: str | None = None,
+    block_size: int | None = None,
+    num_workers: int = 0,
+    seed: int = 0,
+    init_device: str | None = None,
+):
     """``(GPTModule, TokenData)``; ``init_device``: where the weights are created and initialised
     (default: ``cuda:LOCAL_RANK`` when CUDA is available, else ``cpu``)."""
     if init_device is None:
@@ -34,6 +41,12 @@ def make(preset: str | None = None, batch_size: int | None = None, data_dir: str
     torch.manual_seed(seed)
     with torch.device(init_device):
         module = GPTModule(preset=preset, batch_size=batch_size, **({"block_size": block_size} if block_size else {}))
-    data = TokenData(data_dir, block_size=module.cfg.block_size, batch_size=batch_size,
-                     vocab_size=module.cfg.vocab_size, num_workers=num_workers, seed=seed)
+    data = TokenData(
+        data_dir,
+        block_size=module.cfg.block_size,
+        batch_size=batch_size,
+        vocab_size=module.cfg.vocab_size,
+        num_workers=num_workers,
+        seed=seed,
+    )
     return module, data

@@ -27,11 +27,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resume", default=None, help="checkpoint path to resume from")
     args = p.parse_args(argv)
     module = GPTModule(preset=args.preset, batch_size=args.batch_size, max_steps=args.steps)
-    data = TokenData(args.data_dir, block_size=module.cfg.block_size, batch_size=args.batch_size,
-                     vocab_size=module.cfg.vocab_size)
-    trainer = Trainer(max_steps=args.steps, gradient_clip_val=1.0, val_check_interval=min(100, args.steps),
-                      limit_val_batches=4, callbacks=callbacks(args.speedups), default_root_dir=args.ckpt_dir,
-                      logger=False, enable_checkpointing=args.ckpt_dir is not None)
+    data = TokenData(
+        args.data_dir, block_size=module.cfg.block_size, batch_size=args.batch_size, vocab_size=module.cfg.vocab_size
+    )
+    trainer = Trainer(
+        max_steps=args.steps,
+        gradient_clip_val=1.0,
+        val_check_interval=min(100, args.steps),
+        limit_val_batches=4,
+        callbacks=callbacks(args.speedups),
+        default_root_dir=args.ckpt_dir,
+        logger=False,
+        enable_checkpointing=args.ckpt_dir is not None,
+    )
     trainer.fit(module, datamodule=data, ckpt_path=args.resume)
 
 

@@ -27,8 +27,15 @@ from fastloop._compat import LightningDataModule
 from fastloop.dali_folder import DaliPipeline, DaliSettings, FolderPlan, default_hw_decoder_load
 from fastloop.errors import FastloopError
 
-__all__ = ["DaliLoader", "ImageData", "SyntheticLoader", "check_dali_options", "dali_available", "default_hw_decoder_load",
-           "scan_images"]
+__all__ = [
+    "DaliLoader",
+    "ImageData",
+    "SyntheticLoader",
+    "check_dali_options",
+    "dali_available",
+    "default_hw_decoder_load",
+    "scan_images",
+]
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -74,8 +81,9 @@ def scan_images(root: str | os.PathLike, on_bad: str = "error") -> tuple[list[st
                 else:
                     bad.append(p)
     if bad and on_bad == "error":
-        raise FastloopError(f"{bad[0]} is not a valid JPEG file ({len(bad)} bad file(s) in {root}; "
-                            f"remove them or pass on_bad='skip')")
+        raise FastloopError(
+            f"{bad[0]} is not a valid JPEG file ({len(bad)} bad file(s) in {root}; remove them or pass on_bad='skip')"
+        )
     if bad:
         warnings.warn(f"skipping {len(bad)} file(s) that are not valid JPEGs, e.g. {bad[0]}", stacklevel=2)
     if not files:
@@ -110,23 +118,58 @@ class DaliLoader(DaliPipeline):
             hw_decoder_load, prefetch_queue_depth, gpu_labels, affine, antialias, exec_dynamic).
     """
 
-    def __init__(self, files: list[str], labels: list[int], batch_size: int, *, train: bool = True, crop: int = 224,
-                 device_id: int | None = None, num_threads: int | None = None, seed: int = 0,
-                 channels_last: bool = False, dtype: torch.dtype = torch.float32, hw_decoder_load: float | None = None,
-                 prefetch_queue_depth: int = 2, gpu_labels: bool = True, affine: bool = True,
-                 antialias: bool = True, exec_dynamic: bool | None = None) -> None:
+    def __init__(
+        self,
+        files: list[str],
+        labels: list[int],
+        batch_size: int,
+        *,
+        train: bool = True,
+        crop: int = 224,
+        device_id: int | None = None,
+        num_threads: int | None = None,
+        seed: int = 0,
+        channels_last: bool = False,
+        dtype: torch.dtype = torch.float32,
+        hw_decoder_load: float | None = None,
+        prefetch_queue_depth: int = 2,
+        gpu_labels: bool = True,
+        affine: bool = True,
+        antialias: bool = True,
+        exec_dynamic: bool | None = None,
+    ) -> None:
         reason = dali_available()
         if reason:
             raise FastloopError(reason)
-        settings = DaliSettings(num_threads=num_threads, channels_last=channels_last, dtype=dtype,
-                                hw_decoder_load=hw_decoder_load, prefetch_queue_depth=prefetch_queue_depth,
-                                gpu_labels=gpu_labels, affine=affine, antialias=antialias, exec_dynamic=exec_dynamic)
+        settings = DaliSettings(
+            num_threads=num_threads,
+            channels_last=channels_last,
+            dtype=dtype,
+            hw_decoder_load=hw_decoder_load,
+            prefetch_queue_depth=prefetch_queue_depth,
+            gpu_labels=gpu_labels,
+            affine=affine,
+            antialias=antialias,
+            exec_dynamic=exec_dynamic,
+        )
         common = dict(crop=(crop, crop), scale=1 / 255, mean=tuple(MEAN), std=tuple(STD), to_float=True)
-        plan = (FolderPlan(random_crop=((0.08, 1.0), (3 / 4, 4 / 3)), flip=0.5, **common) if train
-                else FolderPlan(resize_shorter=int(crop / 0.875), **common))
+        plan = (
+            FolderPlan(random_crop=((0.08, 1.0), (3 / 4, 4 / 3)), flip=0.5, **common)
+            if train
+            else FolderPlan(resize_shorter=int(crop / 0.875), **common)
+        )
         self.train = train
-        super().__init__(files, labels, plan, batch_size, device_id=device_id, shuffle=train, drop_last=train,
-                         seed=seed, settings=settings)
+        super().__init__(
+            files,
+            labels,
+            plan,
+            batch_size,
+            device_id=device_id,
+            shuffle=train,
+            drop_last=train,
+            seed=seed,
+            settings=settings,
+        )
 
 
 def check_dali_options(options: dict) -> dict:
@@ -142,8 +185,9 @@ def check_dali_options(options: dict) -> dict:
 class SyntheticLoader:
     """``steps`` batches of the same random images already on ``device`` (no input pipeline)."""
 
-    def __init__(self, batch_size: int, num_classes: int, steps: int = 1000, crop: int = 224,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, batch_size: int, num_classes: int, steps: int = 1000, crop: int = 224, device: str | torch.device = "cpu"
+    ) -> None:
         g = torch.Generator().manual_seed(0)
         self.images = torch.randn(batch_size, 3, crop, crop, generator=g).to(device)
         self.labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
@@ -167,8 +211,17 @@ class ImageData(LightningDataModule):
         dali_options: extra keyword arguments for :class:`DaliLoader` (threads, hw_decoder_load, ...).
     """
 
-    def __init__(self, root: str | None = None, loader: str = "torchvision", batch_size: int = 64, crop: int = 224,
-                 num_workers: int = 0, on_bad: str = "error", seed: int = 0, dali_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        root: str | None = None,
+        loader: str = "torchvision",
+        batch_size: int = 64,
+        crop: int = 224,
+        num_workers: int = 0,
+        on_bad: str = "error",
+        seed: int = 0,
+        dali_options: dict | None = None,
+    ) -> None:
         super().__init__()
         if loader not in ("torchvision", "dali", "synthetic"):
             raise FastloopError(f"unknown loader {loader!r}; valid: torchvision, dali, synthetic")
@@ -193,25 +246,51 @@ class ImageData(LightningDataModule):
             files, labels = self.files, self.labels
         else:
             files, labels, _ = scan_images(self.root / "val", self.on_bad)
-        return DaliLoader(files, labels, self.batch_size, train=train, crop=self.crop, device_id=self._device_id(),
-                          seed=self.seed, **self.dali_options)
+        return DaliLoader(
+            files,
+            labels,
+            self.batch_size,
+            train=train,
+            crop=self.crop,
+            device_id=self._device_id(),
+            seed=self.seed,
+            **self.dali_options,
+        )
 
     def torchvision_loader(self, train: bool = True) -> DataLoader:
         from torchvision import datasets, transforms
 
         norm = transforms.Normalize(MEAN, STD)
         if train:
-            tf = transforms.Compose([transforms.RandomResizedCrop(self.crop), transforms.RandomHorizontalFlip(),
-                                     transforms.ToTensor(), norm])
+            tf = transforms.Compose(
+                [
+                    transforms.RandomResizedCrop(self.crop),
+                    transforms.RandomHorizontalFlip(),
+                    transforms.ToTensor(),
+                    norm,
+                ]
+            )
         else:
-            tf = transforms.Compose([transforms.Resize(int(self.crop / 0.875)), transforms.CenterCrop(self.crop),
-                                     transforms.ToTensor(), norm])
+            tf = transforms.Compose(
+                [
+                    transforms.Resize(int(self.crop / 0.875)),
+                    transforms.CenterCrop(self.crop),
+                    transforms.ToTensor(),
+                    norm,
+                ]
+            )
         split = "train" if train else "val"
         ok = set(self.files) if train else set(scan_images(self.root / split, self.on_bad)[0])
         ds = datasets.ImageFolder(str(self.root / split), transform=tf, is_valid_file=lambda p: p in ok)
-        loader = DataLoader(ds, batch_size=self.batch_size, shuffle=train, drop_last=train,
-                            num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                            generator=torch.Generator().manual_seed(self.seed))
+        loader = DataLoader(
+            ds,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=train,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
         return loader  # an ImageFolder with the standard transforms: the `dali` speedup translates it
 
     def train_dataloader(self):

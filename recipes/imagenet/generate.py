@@ -28,8 +28,14 @@ def make_image(cls: int, n_classes: int, seed: int) -> np.ndarray:
     freq = 0.03 + 0.05 * ((cls * 7) % n_classes) / n_classes
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     stripes = np.sin(freq * (xx * np.cos(angle) + yy * np.sin(angle)) + rng.uniform(0, 2 * np.pi))
-    hue = np.array([np.cos(2 * np.pi * cls / n_classes), np.cos(2 * np.pi * cls / n_classes + 2.1),
-                    np.cos(2 * np.pi * cls / n_classes + 4.2)], dtype=np.float32)
+    hue = np.array(
+        [
+            np.cos(2 * np.pi * cls / n_classes),
+            np.cos(2 * np.pi * cls / n_classes + 2.1),
+            np.cos(2 * np.pi * cls / n_classes + 4.2),
+        ],
+        dtype=np.float32,
+    )
     img = 128 + 45 * stripes[..., None] * (0.6 + 0.4 * hue) + 25 * hue
     for _ in range(int(rng.integers(2, 6))):  # distractor blobs
         cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(20, 90)
@@ -47,8 +53,15 @@ def _write(args: tuple[str, int, int, int, int]) -> int:
     return os.path.getsize(path)
 
 
-def generate(out: str | os.PathLike, classes: int = 10, train: int = 100, val: int = 20, quality: int = 92,
-             workers: int | None = None, seed: int = 0) -> Path:
+def generate(
+    out: str | os.PathLike,
+    classes: int = 10,
+    train: int = 100,
+    val: int = 20,
+    quality: int = 92,
+    workers: int | None = None,
+    seed: int = 0,
+) -> Path:
     """Write ``out/train/<class>/*.jpg`` and ``out/val/<class>/*.jpg``; returns ``out``."""
     if classes < 2 or train < 1 or val < 0:
         raise ValueError("need classes >= 2, train >= 1 and val >= 0")
@@ -68,7 +81,10 @@ def generate(out: str | os.PathLike, classes: int = 10, train: int = 100, val: i
 
 def default_dataset(classes: int = 10, train: int = 100, val: int = 20) -> Path:
     """The cached default dataset (generated on first use)."""
-    cache = Path(os.environ.get("FASTLOOP_CACHE", Path.home() / ".cache" / "fastloop")) / f"imagenet-gen-{classes}-{train}-{val}"
+    cache = (
+        Path(os.environ.get("FASTLOOP_CACHE", Path.home() / ".cache" / "fastloop"))
+        / f"imagenet-gen-{classes}-{train}-{val}"
+    )
     if not (cache / "MANIFEST").exists():
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         generate(tmp, classes, train, val)

@@ -16,12 +16,23 @@ __all__ = ["ImageClassifier"]
 
 class ImageClassifier(LightningModule):
     throughput_unit = "images"
-    flops_convention = ("3 x forward FLOPs per image (backward = 2 x forward), forward counted by "
-                        "torch.utils.flop_counter on a meta-device copy (conv/matmul, 2 per MAC)")
+    flops_convention = (
+        "3 x forward FLOPs per image (backward = 2 x forward), forward counted by "
+        "torch.utils.flop_counter on a meta-device copy (conv/matmul, 2 per MAC)"
+    )
 
-    def __init__(self, arch: str = "resnet50", num_classes: int = 1000, lr: float = 0.1, batch_size: int = 64,
-                 momentum: float = 0.9, weight_decay: float = 5e-5, label_smoothing: float = 0.1,
-                 warmup_steps: int = 50, max_steps: int = 1000) -> None:
+    def __init__(
+        self,
+        arch: str = "resnet50",
+        num_classes: int = 1000,
+        lr: float = 0.1,
+        batch_size: int = 64,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-5,
+        label_smoothing: float = 0.1,
+        warmup_steps: int = 50,
+        max_steps: int = 1000,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         builder = getattr(torchvision.models, arch, None)
@@ -46,7 +57,9 @@ class ImageClassifier(LightningModule):
             from torch.utils.flop_counter import FlopCounterMode
 
             with torch.device("meta"):
-                model = getattr(torchvision.models, self.hparams.arch)(weights=None, num_classes=self.hparams.num_classes)
+                model = getattr(torchvision.models, self.hparams.arch)(
+                    weights=None, num_classes=self.hparams.num_classes
+                )
                 probe = torch.zeros(1, *key)
             counter = FlopCounterMode(display=False)
             with counter, torch.no_grad():
@@ -75,8 +88,12 @@ class ImageClassifier(LightningModule):
         hp = self.hparams
         decay = [p for p in self.parameters() if p.dim() > 1]
         no_decay = [p for p in self.parameters() if p.dim() <= 1]
-        opt = torch.optim.SGD([{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=hp.lr * hp.batch_size / 256, momentum=hp.momentum, nesterov=True)
+        opt = torch.optim.SGD(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr * hp.batch_size / 256,
+            momentum=hp.momentum,
+            nesterov=True,
+        )
 
         def lr_lambda(step: int) -> float:
             if step < hp.warmup_steps:
@@ -84,5 +101,7 @@ class ImageClassifier(LightningModule):
             t = min(1.0, (step - hp.warmup_steps) / max(1, hp.max_steps - hp.warmup_steps))
             return 0.5 * (1 + math.cos(math.pi * t))
 
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda),
-                                                   "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda), "interval": "step"},
+        }

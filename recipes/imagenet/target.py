@@ -50,8 +50,16 @@ def parse_options(text: str) -> dict:
     return out
 
 
-def make(root: str | None = None, arch: str | None = None, batch_size: int | None = None, loader: str | None = None,
-         num_workers: int | None = None, crop: int | None = None, seed: int = 0, dali_options: dict | None = None):
+def make(
+    root: str | None = None,
+    arch: str | None = None,
+    batch_size: int | None = None,
+    loader: str | None = None,
+    num_workers: int | None = None,
+    crop: int | None = None,
+    seed: int = 0,
+    dali_options: dict | None = None,
+):
     cuda = torch.cuda.is_available()
     env = os.environ.get
     root = root or env("FASTLOOP_IMAGENET_ROOT")
@@ -63,7 +71,14 @@ def make(root: str | None = None, arch: str | None = None, batch_size: int | Non
     torch.manual_seed(seed)
     if dali_options is None:
         dali_options = parse_options(env("FASTLOOP_IMAGENET_DALI", ""))
-    data = ImageData(root, loader=loader, batch_size=batch_size, crop=crop, num_workers=num_workers, seed=seed,
-                     dali_options=dali_options)
+    data = ImageData(
+        root,
+        loader=loader,
+        batch_size=batch_size,
+        crop=crop,
+        num_workers=num_workers,
+        seed=seed,
+        dali_options=dali_options,
+    )
     module = ImageClassifier(arch=arch, num_classes=data.num_classes, batch_size=batch_size)
     return module, data

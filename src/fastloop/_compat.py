@@ -33,5 +33,16 @@ LIGHTNING_DEFAULT_MAX_EPOCHS = 1000
 """A Trainer given neither ``max_epochs`` nor ``max_steps`` trains this many epochs (Lightning's
 ``_parse_loop_limits``); ``estimated_stepping_batches`` counts from it."""
 
-__all__ = ["LIGHTNING_DEFAULT_MAX_EPOCHS", "Callback", "DDPStrategy", "FSDPStrategy", "LightningDataModule", "LightningModule", "Logger", "PassThroughProfiler",
-           "SingleDeviceStrategy", "Trainer", "pl"]
+__all__ = [
+    "LIGHTNING_DEFAULT_MAX_EPOCHS",
+    "Callback",
+    "DDPStrategy",
+    "FSDPStrategy",
+    "LightningDataModule",
+    "LightningModule",
+    "Logger",
+    "PassThroughProfiler",
+    "SingleDeviceStrategy",
+    "Trainer",
+    "pl",
+]

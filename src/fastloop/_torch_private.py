@@ -10,8 +10,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["CONV_TYPES", "compiled_call", "compiled_graph_count", "first_graph_break", "draw_loader_base_seed", "dynamo_counters", "found_inf", "is_compiled",
-           "loader_auto_collation", "loader_iterator", "scaler_scale", "set_compiled_call", "shutdown_workers"]
+__all__ = [
+    "CONV_TYPES",
+    "compiled_call",
+    "compiled_graph_count",
+    "first_graph_break",
+    "draw_loader_base_seed",
+    "dynamo_counters",
+    "found_inf",
+    "is_compiled",
+    "loader_auto_collation",
+    "loader_iterator",
+    "scaler_scale",
+    "set_compiled_call",
+    "shutdown_workers",
+]
 
 # Why: "is this a convolution" for cuDNN and MFU decisions. Public alternative: listing
 # Conv1d/2d/3d and the transposed ones (which is what this tuple is built from, where it can).

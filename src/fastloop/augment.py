@@ -24,9 +24,23 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PADDING_MODES", "BoxMaps", "CropMaps", "draw_boxes", "draw_crop_maps", "gather_crops", "gather_resized",
-           "normalize", "pixel_table", "random_crop", "random_flip", "random_resized_crop", "resized_crop_boxes",
-           "torchvision_padding", "unwrap_subsets"]
+__all__ = [
+    "PADDING_MODES",
+    "BoxMaps",
+    "CropMaps",
+    "draw_boxes",
+    "draw_crop_maps",
+    "gather_crops",
+    "gather_resized",
+    "normalize",
+    "pixel_table",
+    "random_crop",
+    "random_flip",
+    "random_resized_crop",
+    "resized_crop_boxes",
+    "torchvision_padding",
+    "unwrap_subsets",
+]
 
 
 def _check(x: torch.Tensor) -> None:
@@ -77,8 +91,9 @@ PADDING_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicat
 """torchvision's ``padding_mode`` names and torch's ``F.pad`` modes that pad alike."""
 
 
-def _crop_params(size: int | Sequence[int], padding: int | Sequence[int], padding_mode: str
-                 ) -> tuple[int, int, tuple[int, ...]]:
+def _crop_params(
+    size: int | Sequence[int], padding: int | Sequence[int], padding_mode: str
+) -> tuple[int, int, tuple[int, ...]]:
     """A crop's height, width and padding (left, top, right, bottom), its padding mode checked."""
     if padding_mode not in PADDING_MODES:
         raise ValueError(f"padding_mode {padding_mode!r} is not one of {sorted(PADDING_MODES)}")
@@ -86,9 +101,15 @@ def _crop_params(size: int | Sequence[int], padding: int | Sequence[int], paddin
     return h, w, (padding,) * 4 if isinstance(padding, int) else tuple(padding)
 
 
-def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | Sequence[int] = 0,
-                fill: float = 0.0, padding_mode: str = "constant",
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def random_crop(
+    x: torch.Tensor,
+    size: int | tuple[int, int],
+    *,
+    padding: int | Sequence[int] = 0,
+    fill: float = 0.0,
+    padding_mode: str = "constant",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Per-sample random crop of ``size`` from the batch padded by ``padding`` (one number for every
     side, or left, top, right, bottom) with ``fill``, or by reflecting (``"reflect"``) or repeating
     (``"edge"``) the border (torchvision's ``RandomCrop(size, padding, fill, padding_mode)``: every
@@ -103,23 +124,34 @@ def random_crop(x: torch.Tensor, size: int | tuple[int, int], *, padding: int | 
         raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
     dev = x.device
     top = torch.randint(0, hp - h + 1, (n,), generator=generator, device=generator.device if generator else dev).to(dev)
-    left = torch.randint(0, wp - w + 1, (n,), generator=generator, device=generator.device if generator else dev).to(dev)
-    rows = (top[:, None] + torch.arange(h, device=dev))[:, None, :, None]          # (N, 1, h, 1)
-    cols = (left[:, None] + torch.arange(w, device=dev))[:, None, None, :]         # (N, 1, 1, w)
+    left = torch.randint(0, wp - w + 1, (n,), generator=generator, device=generator.device if generator else dev).to(
+        dev
+    )
+    rows = (top[:, None] + torch.arange(h, device=dev))[:, None, :, None]  # (N, 1, h, 1)
+    cols = (left[:, None] + torch.arange(w, device=dev))[:, None, None, :]  # (N, 1, 1, w)
     batch = torch.arange(n, device=dev)[:, None, None, None]
     chans = torch.arange(x.shape[1], device=dev)[None, :, None, None]
     return x[batch, chans, rows, cols]
 
 
-def resized_crop_boxes(n: int, height: int, width: int, scale: Sequence[float] = (0.08, 1.0),
-                       ratio: Sequence[float] = (3 / 4, 4 / 3), *, generator: torch.Generator | None = None,
-                       device: torch.device | str = "cpu") -> torch.Tensor:
+def resized_crop_boxes(
+    n: int,
+    height: int,
+    width: int,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """``n`` crop boxes (top, left, height, width) drawn as torchvision's
     ``RandomResizedCrop.get_params`` draws each: up to 10 tries of an area fraction uniform in
     ``scale`` and a log-uniform aspect ratio in ``ratio``, the first that fits placed uniformly;
     where none fits, the centre crop clamped to ``ratio``."""
     dev = generator.device if generator is not None else torch.device(device)
-    area = torch.empty(n, 10, device=dev).uniform_(float(scale[0]), float(scale[1]), generator=generator) * height * width
+    area = (
+        torch.empty(n, 10, device=dev).uniform_(float(scale[0]), float(scale[1]), generator=generator) * height * width
+    )
     lo, hi = torch.log(torch.tensor([float(ratio[0]), float(ratio[1])])).tolist()
     aspect = torch.exp(torch.empty(n, 10, device=dev).uniform_(lo, hi, generator=generator))
     w, h = torch.round(torch.sqrt(area * aspect)), torch.round(torch.sqrt(area / aspect))
@@ -139,9 +171,14 @@ def resized_crop_boxes(n: int, height: int, width: int, scale: Sequence[float] =
     return torch.stack([top, left, h, w], dim=1)
 
 
-def random_resized_crop(x: torch.Tensor, size: int | tuple[int, int], scale: Sequence[float] = (0.08, 1.0),
-                        ratio: Sequence[float] = (3 / 4, 4 / 3), *, generator: torch.Generator | None = None
-                        ) -> torch.Tensor:
+def random_resized_crop(
+    x: torch.Tensor,
+    size: int | tuple[int, int],
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    *,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """torchvision's ``RandomResizedCrop(size, scale, ratio)`` for each image of the batch with its
     own box (:func:`resized_crop_boxes`), in one kernel: ``torchvision.ops.roi_align`` samples
     each box bilinearly on pixel centres and averages ``ceil(box / size)`` samples per output
@@ -152,27 +189,32 @@ def random_resized_crop(x: torch.Tensor, size: int | tuple[int, int], scale: Seq
 
     _check(x)
     oh, ow = (size, size) if isinstance(size, int) else size
-    boxes = resized_crop_boxes(x.shape[0], x.shape[2], x.shape[3], scale, ratio, generator=generator,
-                               device=x.device).to(x.device)
+    boxes = resized_crop_boxes(
+        x.shape[0], x.shape[2], x.shape[3], scale, ratio, generator=generator, device=x.device
+    ).to(x.device)
     top, left, h, w = boxes.unbind(1)
     rois = torch.stack([torch.arange(x.shape[0], device=x.device, dtype=boxes.dtype), left, top, left + w, top + h], 1)
     out = roi_align(x.float(), rois, output_size=(oh, ow), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
     return out.round().clamp(0, 255).to(torch.uint8) if x.dtype == torch.uint8 else out.to(x.dtype)
 
 
-def random_flip(x: torch.Tensor, *, p: float = 0.5, vertical: bool = False,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def random_flip(
+    x: torch.Tensor, *, p: float = 0.5, vertical: bool = False, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Flip each image left-right (top-bottom with ``vertical``) with probability ``p``
     (torchvision's ``RandomHorizontalFlip``, ``RandomVerticalFlip``)."""
     _check(x)
     if not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p}")
-    flip = torch.rand(x.shape[0], generator=generator, device=generator.device if generator else x.device).to(x.device) < p
+    flip = (
+        torch.rand(x.shape[0], generator=generator, device=generator.device if generator else x.device).to(x.device) < p
+    )
     return torch.where(flip[:, None, None, None], x.flip(-2 if vertical else -1), x)
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *,
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def normalize(
+    x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``(x / 255 - mean) / std`` for uint8 images (``ToTensor`` then ``Normalize``), or
     ``(x - mean) / std`` for floating images; the result in ``dtype``."""
     _check(x)
@@ -188,8 +230,9 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *,
 
 
 @functools.cache
-def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _channel_stats(
+    mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``mean`` and ``std`` as (1, C, 1, 1) tensors on ``device``, made once per device and dtype:
     a tensor built from a list on a CUDA device is a copy from pageable memory, which waits for
     every kernel queued before it; once a batch, that sync kept the host from running ahead."""
@@ -210,8 +253,9 @@ class CropMaps(NamedTuple):
         return self.rows.shape[0]
 
 
-def _crop_axis(src: torch.Tensor, ok: torch.Tensor | None, size: int, before: int, after: int, mode: str,
-               offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _crop_axis(
+    src: torch.Tensor, ok: torch.Tensor | None, size: int, before: int, after: int, mode: str, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One axis of a crop of ``size`` at ``offset`` in the axis padded by ``before`` and ``after``."""
     cur = src.shape[1]
     pos = offset[:, None] + torch.arange(size, device=src.device) - before
@@ -227,8 +271,15 @@ def _crop_axis(src: torch.Tensor, ok: torch.Tensor | None, size: int, before: in
     return src.gather(1, pos), ok
 
 
-def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, dict]], *,
-                   generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> CropMaps:
+def draw_crop_maps(
+    k: int,
+    height: int,
+    width: int,
+    steps: Sequence[tuple[str, dict]],
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> CropMaps:
     """The source maps (:class:`CropMaps`) of ``steps`` for ``k`` images of ``height`` x ``width``,
     each with its own draws: a step is ``("crop", {"size", "padding", "padding_mode"})`` (padding
     as left, top, right, bottom) or ``("flip", {"p", "vertical"})``, as :func:`random_crop` and
@@ -254,8 +305,10 @@ def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, d
             if h > hp or w > wp:
                 raise ValueError(f"crop {h}x{w} is larger than the padded image {hp}x{wp}")
             if mode == "reflect" and (max(top, bottom) >= rows.shape[1] or max(left, right) >= cols.shape[1]):
-                raise ValueError(f"reflect padding {(left, top, right, bottom)} must be smaller than the image "
-                                 f"{rows.shape[1]}x{cols.shape[1]}")
+                raise ValueError(
+                    f"reflect padding {(left, top, right, bottom)} must be smaller than the image "
+                    f"{rows.shape[1]}x{cols.shape[1]}"
+                )
             at_top = torch.randint(0, hp - h + 1, (k,), generator=generator, device=gdev).to(dev)
             at_left = torch.randint(0, wp - w + 1, (k,), generator=generator, device=gdev).to(dev)
             rows, rok = _crop_axis(rows, rok, h, top, bottom, mode, at_top)
@@ -263,9 +316,15 @@ def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, d
         elif kind == "flip":
             flip = (torch.rand(k, generator=generator, device=gdev).to(dev) < p["p"])[:, None]
             if p.get("vertical", False):
-                rows, rok = torch.where(flip, rows.flip(1), rows), None if rok is None else torch.where(flip, rok.flip(1), rok)
+                rows, rok = (
+                    torch.where(flip, rows.flip(1), rows),
+                    None if rok is None else torch.where(flip, rok.flip(1), rok),
+                )
             else:
-                cols, cok = torch.where(flip, cols.flip(1), cols), None if cok is None else torch.where(flip, cok.flip(1), cok)
+                cols, cok = (
+                    torch.where(flip, cols.flip(1), cols),
+                    None if cok is None else torch.where(flip, cok.flip(1), cok),
+                )
         else:
             raise ValueError(f"step {kind!r} is not a crop or a flip")
     outside = None
@@ -276,8 +335,15 @@ def draw_crop_maps(k: int, height: int, width: int, steps: Sequence[tuple[str, d
     return CropMaps(rows.contiguous()[:, None, :, None], cols.contiguous()[:, None, None, :], outside)
 
 
-def gather_crops(x: torch.Tensor, maps: CropMaps, *, index: torch.Tensor | None = None, start: int = 0,
-                 fill: float = 0.0, table: torch.Tensor | None = None) -> torch.Tensor:
+def gather_crops(
+    x: torch.Tensor,
+    maps: CropMaps,
+    *,
+    index: torch.Tensor | None = None,
+    start: int = 0,
+    fill: float = 0.0,
+    table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The crops and flips of ``maps`` (rows ``start`` on) of the images ``x[index]`` (all of ``x``
     where ``index`` is None), in one gather; ``fill`` where a constant padding shows; then, where
     ``table`` (:func:`pixel_table`) is given, each uint8 value looked up in its channel's row."""
@@ -287,13 +353,15 @@ def gather_crops(x: torch.Tensor, maps: CropMaps, *, index: torch.Tensor | None 
         raise ValueError(f"{n} images from map {start} need {start + n} maps, there are {len(maps)}")
     b = (torch.arange(n, device=x.device) if index is None else index).view(n, 1, 1, 1)
     c = _channels(x.shape[1], x.device)
-    out = x[b, c, maps.rows[start:start + n], maps.cols[start:start + n]]
+    out = x[b, c, maps.rows[start : start + n], maps.cols[start : start + n]]
     if maps.outside is not None:
-        out = out.masked_fill_(maps.outside[start:start + n], fill)
+        out = out.masked_fill_(maps.outside[start : start + n], fill)
     return out if table is None else table[c, out.long()]
 
 
-def pixel_table(pixels: Callable[[torch.Tensor], torch.Tensor], channels: int, device: torch.device | str) -> torch.Tensor:
+def pixel_table(
+    pixels: Callable[[torch.Tensor], torch.Tensor], channels: int, device: torch.device | str
+) -> torch.Tensor:
     """Per-pixel work on uint8 images (``pixels``: a batch in, a batch out, the same shape: scaling to
     float, normalising) done once for every value: a (channels, 256) table whose row ``c``, column
     ``v`` is what ``pixels`` makes of the value ``v`` in channel ``c``, computed by the same
@@ -322,25 +390,44 @@ class BoxMaps(NamedTuple):
         return self.rois.shape[0]
 
 
-def draw_boxes(k: int, height: int, width: int, scale: Sequence[float], ratio: Sequence[float],
-               flips: Sequence[tuple[float, bool]] = (), *, generator: torch.Generator | None = None,
-               device: torch.device | str = "cpu") -> BoxMaps:
+def draw_boxes(
+    k: int,
+    height: int,
+    width: int,
+    scale: Sequence[float],
+    ratio: Sequence[float],
+    flips: Sequence[tuple[float, bool]] = (),
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> BoxMaps:
     """``k`` boxes of :func:`resized_crop_boxes` and the draws of the flips after them (``flips``:
     (p, vertical) each), in the order :func:`random_resized_crop` and :func:`random_flip` draw
     them: the same generator state gives the same crops and flips."""
     dev = torch.device(device)
     gdev = generator.device if generator is not None else dev
-    top, left, h, w = resized_crop_boxes(k, height, width, scale, ratio, generator=generator, device=dev).to(dev).unbind(1)
+    top, left, h, w = (
+        resized_crop_boxes(k, height, width, scale, ratio, generator=generator, device=dev).to(dev).unbind(1)
+    )
     flipped: dict[bool, torch.Tensor | None] = {False: None, True: None}
     for p, vertical in flips:
         f = torch.rand(k, generator=generator, device=gdev).to(dev) < p
         flipped[vertical] = f if flipped[vertical] is None else flipped[vertical] ^ f  # two flips undo each other
-    return BoxMaps(torch.stack([left, top, left + w, top + h], 1),
-                   *(None if f is None else f[:, None, None, None] for f in (flipped[False], flipped[True])))
+    return BoxMaps(
+        torch.stack([left, top, left + w, top + h], 1),
+        *(None if f is None else f[:, None, None, None] for f in (flipped[False], flipped[True])),
+    )
 
 
-def gather_resized(x: torch.Tensor, maps: BoxMaps, size: tuple[int, int], *, index: torch.Tensor | None = None,
-                   start: int = 0, table: torch.Tensor | None = None) -> torch.Tensor:
+def gather_resized(
+    x: torch.Tensor,
+    maps: BoxMaps,
+    size: tuple[int, int],
+    *,
+    index: torch.Tensor | None = None,
+    start: int = 0,
+    table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The resized crops and flips of ``maps`` (rows ``start`` on) of the images ``x[index]``, as
     :func:`random_resized_crop` and :func:`random_flip` make them (one ``roi_align``); uint8 images
     rounded to uint8 values, then, where ``table`` (:func:`pixel_table`) is given, looked up."""
@@ -351,7 +438,7 @@ def gather_resized(x: torch.Tensor, maps: BoxMaps, size: tuple[int, int], *, ind
     n = imgs.shape[0]
     if start + n > len(maps):
         raise ValueError(f"{n} images from box {start} need {start + n} boxes, there are {len(maps)}")
-    rois = torch.cat([_positions(n, maps.rois.dtype, x.device), maps.rois[start:start + n]], 1)
+    rois = torch.cat([_positions(n, maps.rois.dtype, x.device), maps.rois[start : start + n]], 1)
     out = roi_align(imgs.float(), rois, output_size=size, spatial_scale=1.0, sampling_ratio=-1, aligned=True)
     if x.dtype == torch.uint8:
         out = out.round_().clamp_(0, 255)
@@ -360,7 +447,7 @@ def gather_resized(x: torch.Tensor, maps: BoxMaps, size: tuple[int, int], *, ind
         out = out.to(x.dtype)
     for flip, dim in ((maps.hflip, -1), (maps.vflip, -2)):
         if flip is not None:
-            out = torch.where(flip[start:start + n], out.flip(dim), out)
+            out = torch.where(flip[start : start + n], out.flip(dim), out)
     return out
 
 

@@ -18,8 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
-from fastloop.errors import FastloopError, shorten
 from fastloop.drivers.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
+from fastloop.errors import FastloopError, shorten
 
 __all__ = ["main"]
 
@@ -32,6 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _number(convert: type, low: float, high: float, accepted: str, low_open: bool = False):
     """An argparse type: ``convert(text)`` within the bounds, else one line saying what is accepted."""
+
     def conv(text: str):
         try:
             v = convert(text)
@@ -40,6 +41,7 @@ def _number(convert: type, low: float, high: float, accepted: str, low_open: boo
         if not (low < v if low_open else low <= v) or v > high:
             raise argparse.ArgumentTypeError(f"{accepted}, got {shorten(text, 40)}")
         return v
+
     return conv
 
 
@@ -53,8 +55,10 @@ _seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6
 _measure_seconds = _number(float, 0, 1e6, "--measure-s must be seconds, a number in (0, 1e6)", low_open=True)
 
 
-SPEEDUPS_HELP = ("comma-separated speedups, each with its options after a colon (workers:8, "
-                 "compile:max-autotune:shapes=static), or none; `fastloop speedups` lists every speedup and option")
+SPEEDUPS_HELP = (
+    "comma-separated speedups, each with its options after a colon (workers:8, "
+    "compile:max-autotune:shapes=static), or none; `fastloop speedups` lists every speedup and option"
+)
 
 
 def _common(sp: argparse.ArgumentParser) -> None:
@@ -65,19 +69,32 @@ def _common(sp: argparse.ArgumentParser) -> None:
 
 
 def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
-    sp.add_argument("--steps", type=_positive("--steps"), default=None,
-                    help=f"measured steps (default {default_steps}; a ladder or A/B given --steps measures that many "
-                         "instead of its time window)")
+    sp.add_argument(
+        "--steps",
+        type=_positive("--steps"),
+        default=None,
+        help=f"measured steps (default {default_steps}; a ladder or A/B given --steps measures that many "
+        "instead of its time window)",
+    )
     sp.set_defaults(default_steps=default_steps)
-    sp.add_argument("--warmup", type=_positive("--warmup", allow_zero=True, most=100_000), default=5,
-                    help="steps before measuring (compile and capture happen here)")
+    sp.add_argument(
+        "--warmup",
+        type=_positive("--warmup", allow_zero=True, most=100_000),
+        default=5,
+        help="steps before measuring (compile and capture happen here)",
+    )
 
 
 def _ranks(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--devices", type=_positive("--devices", most=1024), default=1,
-                    help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy")
-    sp.add_argument("--strategy", choices=["ddp", "fsdp"], default=None,
-                    help="Lightning's strategy for --devices > 1 (default ddp)")
+    sp.add_argument(
+        "--devices",
+        type=_positive("--devices", most=1024),
+        default=1,
+        help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy",
+    )
+    sp.add_argument(
+        "--strategy", choices=["ddp", "fsdp"], default=None, help="Lightning's strategy for --devices > 1 (default ddp)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,38 +104,69 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="measure one configuration")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
-    sp.add_argument("--no-scaling", action="store_true",
-                    help="with --devices N: skip the 1-device run that scaling efficiency is measured against")
-    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
-                    help="measure a window of this many seconds of steady steps (at least 10 steps) instead of "
-                         "--steps")
-    sp.add_argument("--step-rate", type=_number(float, 0, 1e9, "--step-rate must be steps per second, a number > 0",
-                                                low_open=True), default=None,
-                    help="steps per second this step reaches without waiting for data, if you measured it: workers "
-                         "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)")
+    sp.add_argument(
+        "--no-scaling",
+        action="store_true",
+        help="with --devices N: skip the 1-device run that scaling efficiency is measured against",
+    )
+    sp.add_argument(
+        "--measure-s",
+        type=_measure_seconds,
+        default=None,
+        help="measure a window of this many seconds of steady steps (at least 10 steps) instead of --steps",
+    )
+    sp.add_argument(
+        "--step-rate",
+        type=_number(float, 0, 1e9, "--step-rate must be steps per second, a number > 0", low_open=True),
+        default=None,
+        help="steps per second this step reaches without waiting for data, if you measured it: workers "
+        "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)",
+    )
     _steps(sp)
     _common(sp)
     _ranks(sp)
     sp = sub.add_parser("ladder", help="add speedups one by one, each measured")
     sp.add_argument("target")
-    sp.add_argument("--rungs", default=None, help=SPEEDUPS_HELP.replace(", or none", "") + " (default: all that apply here)")
-    sp.add_argument("--max-repeats", type=_number(int, 3, 100, "--max-repeats must be an integer from 3 to 100"),
-                    default=6,
-                    help="most runs a side per comparison (3 first; more only while the answer is unclear)")
-    sp.add_argument("--budget", type=_seconds, default=None,
-                    help="seconds for the whole ladder (default 300 on a GPU, 80 on a CPU); what does not fit is "
-                         "listed as 'not tried: budget'")
-    sp.add_argument("--base", default=None,
-                    help="speedups every configuration has: the baseline is this set, the rungs are tried on top")
-    sp.add_argument("--cumulative", action="store_true",
-                    help="add every rung on top of all before it (the story), instead of selecting")
-    sp.add_argument("--sequential", action="store_true",
-                    help="try one rung at a time on top of the best so far (the older search), instead of the "
-                         "staged search (bottleneck first, the compute bundle and its ablation, the feed again)")
+    sp.add_argument(
+        "--rungs", default=None, help=SPEEDUPS_HELP.replace(", or none", "") + " (default: all that apply here)"
+    )
+    sp.add_argument(
+        "--max-repeats",
+        type=_number(int, 3, 100, "--max-repeats must be an integer from 3 to 100"),
+        default=6,
+        help="most runs a side per comparison (3 first; more only while the answer is unclear)",
+    )
+    sp.add_argument(
+        "--budget",
+        type=_seconds,
+        default=None,
+        help="seconds for the whole ladder (default 300 on a GPU, 80 on a CPU); what does not fit is "
+        "listed as 'not tried: budget'",
+    )
+    sp.add_argument(
+        "--base",
+        default=None,
+        help="speedups every configuration has: the baseline is this set, the rungs are tried on top",
+    )
+    sp.add_argument(
+        "--cumulative",
+        action="store_true",
+        help="add every rung on top of all before it (the story), instead of selecting",
+    )
+    sp.add_argument(
+        "--sequential",
+        action="store_true",
+        help="try one rung at a time on top of the best so far (the older search), instead of the "
+        "staged search (bottleneck first, the compute bundle and its ablation, the feed again)",
+    )
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
-    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
-                    help="seconds of steady steps each run measures, however short the step (default 2 on a GPU: "
-                         "a 16 ms step measures ~125 steps, enough to tell 5%% from noise; 1 on a CPU)")
+    sp.add_argument(
+        "--measure-s",
+        type=_measure_seconds,
+        default=None,
+        help="seconds of steady steps each run measures, however short the step (default 2 on a GPU: "
+        "a 16 ms step measures ~125 steps, enough to tell 5%% from noise; 1 on a CPU)",
+    )
     _steps(sp)
     _common(sp)
     _ranks(sp)
@@ -126,11 +174,19 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("target")
     sp.add_argument("--a", required=True, help="configuration A: " + SPEEDUPS_HELP)
     sp.add_argument("--b", required=True, help="configuration B (a ratio > 1 means B is faster): " + SPEEDUPS_HELP)
-    sp.add_argument("--repeats", type=_positive("--repeats", most=1000), default=5,
-                    help="runs a side, interleaved (fewer than 3: too few runs to tell)")
-    sp.add_argument("--measure-s", type=_measure_seconds, default=None,
-                    help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
-                         "1 on a CPU, as the ladder; with --steps only: that many steps)")
+    sp.add_argument(
+        "--repeats",
+        type=_positive("--repeats", most=1000),
+        default=5,
+        help="runs a side, interleaved (fewer than 3: too few runs to tell)",
+    )
+    sp.add_argument(
+        "--measure-s",
+        type=_measure_seconds,
+        default=None,
+        help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
+        "1 on a CPU, as the ladder; with --steps only: that many steps)",
+    )
     _steps(sp)
     _common(sp)
     _ranks(sp)
@@ -139,7 +195,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
     sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
     sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
-    sp.add_argument("--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size")
+    sp.add_argument(
+        "--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size"
+    )
     _common(sp)
     sp = sub.add_parser("speedups", help="every speedup and its options (what each accepts, its default, its doc)")
     sp.add_argument("names", nargs="*", help="only these speedups")
@@ -171,12 +229,16 @@ def _check_target(args: argparse.Namespace) -> None:
     try:
         target.encode("utf-8")
     except UnicodeEncodeError:
-        raise FastloopError(f"target {shorten(target)}: the name is not valid UTF-8; rename the file with a "
-                            "UTF-8 name (FILE.py:FUNCTION)") from None
+        raise FastloopError(
+            f"target {shorten(target)}: the name is not valid UTF-8; rename the file with a "
+            "UTF-8 name (FILE.py:FUNCTION)"
+        ) from None
     longest = max((len(part.encode()) for part in Path(target.rsplit(":", 1)[0]).parts), default=0)
     if len(target) > TARGET_MAX or longest > 255:
-        raise FastloopError(f"target {shorten(target)} is too long: a name in a path may be at most 255 bytes and a "
-                            f"target at most {TARGET_MAX:,} characters (FILE.py:FUNCTION or package.module:FUNCTION)")
+        raise FastloopError(
+            f"target {shorten(target)} is too long: a name in a path may be at most 255 bytes and a "
+            f"target at most {TARGET_MAX:,} characters (FILE.py:FUNCTION or package.module:FUNCTION)"
+        )
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -209,8 +271,10 @@ def _print(doc: dict) -> None:
     console = make_console()
     if doc["kind"] == "doctor":
         env = doc["env"]
-        t = Table(title=f"fastloop doctor [{env['gpu'] or 'no GPU'}, driver {env['driver']}, CUDA {env['cuda']}, "
-                        f"torch {env['torch']}]")
+        t = Table(
+            title=f"fastloop doctor [{env['gpu'] or 'no GPU'}, driver {env['driver']}, CUDA {env['cuda']}, "
+            f"torch {env['torch']}]"
+        )
         t.add_column("ceiling")
         t.add_column("value")
         t.add_column("how")
@@ -224,14 +288,19 @@ def _print(doc: dict) -> None:
             console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
         return
     if doc["kind"] == "batch-size":
-        t = Table(title=f"batch-size search: chose {doc['batch_size']} (largest fitting {doc['max_fitting']}, "
-                        f"margin {doc['margin']}, {doc['search_s']:.1f} s, state restored: {doc['restored']})")
+        t = Table(
+            title=f"batch-size search: chose {doc['batch_size']} (largest fitting {doc['max_fitting']}, "
+            f"margin {doc['margin']}, {doc['search_s']:.1f} s, state restored: {doc['restored']})"
+        )
         for c in ("batch size", "fits", "step", "throughput"):
             t.add_column(c)
         for tr in doc["trials"]:
-            t.add_row(str(tr["batch_size"]), "yes" if tr["ok"] else "OOM",
-                      f"{1e3 * tr['step_s']:.2f} ms" if tr["step_s"] else "-",
-                      f"{tr['throughput']:,.0f}/s" if tr["throughput"] else "-")
+            t.add_row(
+                str(tr["batch_size"]),
+                "yes" if tr["ok"] else "OOM",
+                f"{1e3 * tr['step_s']:.2f} ms" if tr["step_s"] else "-",
+                f"{tr['throughput']:,.0f}/s" if tr["throughput"] else "-",
+            )
         console.print(t)
         return
     from fastloop.report.terminal import print_document
@@ -279,7 +348,9 @@ def _list_speedups(names: list[str]) -> int:
 
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
-        sys.stderr.write(f"fastloop: error: unknown speedup {unknown[0]!r}; valid names: {', '.join(speedup_names())}\n")
+        sys.stderr.write(
+            f"fastloop: error: unknown speedup {unknown[0]!r}; valid names: {', '.join(speedup_names())}\n"
+        )
         return 2
     print(options_text(names or None))
     return 0
@@ -321,8 +392,9 @@ def _main(argv: list[str] | None = None) -> int:
         sys.stderr.write("fastloop: interrupted\n")
         return 130
     except SystemExit as err:  # the user's code called sys.exit while fastloop was running it
-        sys.stderr.write(f"fastloop: error in your code: it called sys.exit({err.code}) during the run; "
-                         f"nothing was reported\n")
+        sys.stderr.write(
+            f"fastloop: error in your code: it called sys.exit({err.code}) during the run; nothing was reported\n"
+        )
         return 1
     except Exception as err:  # the user's code raised (or, with no frame of theirs, fastloop did)
         from fastloop.errors import format_user_error

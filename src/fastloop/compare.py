@@ -19,11 +19,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 from fastloop.errors import ConfigurationFailed
+from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 
-__all__ = ["VERDICT_CONFIDENCE", "Runs", "compare", "compare_verdict", "measure_interleaved", "merge_runs", "per_item",
-           "step_rate_of", "unsteady_note"]
+__all__ = [
+    "VERDICT_CONFIDENCE",
+    "Runs",
+    "compare",
+    "compare_verdict",
+    "measure_interleaved",
+    "merge_runs",
+    "per_item",
+    "step_rate_of",
+    "unsteady_note",
+]
 
 VERDICT_CONFIDENCE = 0.97
 """Confidence of the intervals behind every verdict. With 5 interleaved runs per side it keeps
@@ -49,14 +58,25 @@ class Runs:
         return bool(self.docs)
 
 
-def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure: Callable[..., dict],
-                        steps: int, warmup: int, device: str, runs: dict[str, Runs] | None = None,
-                        progress: Callable[[str], None] | None = None,
-                        on_run: Callable[[], None] | None = None, up_to: int | None = None,
-                        done: Callable[[str, dict], str] | None = None,
-                        stop: Callable[[str], bool] | None = None,
-                        told: dict[str, float | None] | None = None, order: list[str] | None = None,
-                        counterbalance: bool = True) -> dict[str, Runs]:
+def measure_interleaved(
+    target: str,
+    specs: list[str],
+    repeats: int,
+    *,
+    measure: Callable[..., dict],
+    steps: int,
+    warmup: int,
+    device: str,
+    runs: dict[str, Runs] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_run: Callable[[], None] | None = None,
+    up_to: int | None = None,
+    done: Callable[[str, dict], str] | None = None,
+    stop: Callable[[str], bool] | None = None,
+    told: dict[str, float | None] | None = None,
+    order: list[str] | None = None,
+    counterbalance: bool = True,
+) -> dict[str, Runs]:
     """``repeats`` rounds of one run per spec, counterbalanced (A B, then B A, A B, B A, ...: the
     order of each round alternates, so drift between consecutive processes, such as warm caches
     or GPU clocks favouring the second, lands on both sides alike; ``counterbalance=False``: the
@@ -73,9 +93,9 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
     runs = runs if runs is not None else {}
     for spec in specs:
         runs.setdefault(spec, Runs(spec))
-    for rep in range(repeats):
+    for _ in range(repeats):
         done_rounds = min(len(runs[s].docs) + len(runs[s].failures) for s in specs)
-        for spec in (specs[::-1] if counterbalance and done_rounds % 2 else specs):
+        for spec in specs[::-1] if counterbalance and done_rounds % 2 else specs:
             r = runs[spec]
             if r.failures or r.settled or (up_to is not None and len(r.docs) >= up_to):
                 continue
@@ -88,8 +108,17 @@ def measure_interleaved(target: str, specs: list[str], repeats: int, *, measure:
             try:
                 # the first run of each configuration profiles its GPU; the others skip that cost
                 rate = (told or {}).get(spec)
-                r.docs.append(measure(target, spec, steps=steps, warmup=warmup, device=device, profile=not r.docs,
-                                      **({"step_rate": rate} if rate else {})))
+                r.docs.append(
+                    measure(
+                        target,
+                        spec,
+                        steps=steps,
+                        warmup=warmup,
+                        device=device,
+                        profile=not r.docs,
+                        **({"step_rate": rate} if rate else {}),
+                    )
+                )
                 if done is not None:
                     r.settled = done(spec, r.docs[-1]) or ""
             except ConfigurationFailed as err:
@@ -120,16 +149,26 @@ def loss_agreement(a: list | None, b: list | None, tail: int = 50) -> dict | Non
     """
     if not a or not b:
         return None
-    pairs = [(float(x), float(y)) for x, y in zip(a, b)
-             if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    pairs = [
+        (float(x), float(y))
+        for x, y in zip(a, b)
+        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
+    ]
     if not pairs:
         return None
     rel = [abs(y - x) / max(abs(x), 1e-12) for x, y in pairs]
     k = min(tail, max(1, len(pairs) // 4))
     ma = sum(x for x, _ in pairs[-k:]) / k
     mb = sum(y for _, y in pairs[-k:]) / k
-    return {"steps": len(pairs), "max_rel_diff": max(rel), "tail_steps": k, "a_tail_mean": ma, "b_tail_mean": mb,
-            "tail_rel_diff": (mb - ma) / max(abs(ma), 1e-12), "identical": all(x == y for x, y in pairs)}
+    return {
+        "steps": len(pairs),
+        "max_rel_diff": max(rel),
+        "tail_steps": k,
+        "a_tail_mean": ma,
+        "b_tail_mean": mb,
+        "tail_rel_diff": (mb - ma) / max(abs(ma), 1e-12),
+        "identical": all(x == y for x, y in pairs),
+    }
 
 
 def loss_line(agreement: dict | None, a: str = "A", b: str = "B") -> str | None:
@@ -140,17 +179,24 @@ def loss_line(agreement: dict | None, a: str = "A", b: str = "B") -> str | None:
         return str(agreement.get("note") or "not compared")
     if agreement["identical"]:
         return f"{b}'s loss equals {a}'s at every one of {agreement['steps']} steps (bitwise)."
-    return (f"{b} vs {a} over {agreement['steps']} steps (first run of each, same batches): mean of the last "
-            f"{agreement['tail_steps']} steps {agreement['b_tail_mean']:.4f} vs {agreement['a_tail_mean']:.4f} "
-            f"({100 * agreement['tail_rel_diff']:+.3g}%); largest per-step difference "
-            f"{100 * agreement['max_rel_diff']:.3g}%.")
+    return (
+        f"{b} vs {a} over {agreement['steps']} steps (first run of each, same batches): mean of the last "
+        f"{agreement['tail_steps']} steps {agreement['b_tail_mean']:.4f} vs {agreement['a_tail_mean']:.4f} "
+        f"({100 * agreement['tail_rel_diff']:+.3g}%); largest per-step difference "
+        f"{100 * agreement['max_rel_diff']:.3g}%."
+    )
 
 
 def merge_runs(runs: Runs) -> dict:
     """One measured configuration from all of its runs (statistics over every measured step)."""
     if not runs.docs:
-        return {"spec": runs.spec, "failed": True, "reason": runs.failures[-1] if runs.failures else "not run",
-                "speedups": [], "repeats": 0}
+        return {
+            "spec": runs.spec,
+            "failed": True,
+            "reason": runs.failures[-1] if runs.failures else "not run",
+            "speedups": [],
+            "repeats": 0,
+        }
     doc = dict(runs.docs[-1])
     steps_all = [x for r in runs.docs for x in r["step_s_all"]]
     doc["step_s"] = summarize(steps_all)
@@ -194,8 +240,14 @@ def per_item(a: Runs, b: Runs) -> bool:
     return None not in counts and len(set(counts)) > 1
 
 
-def compare(a: Runs, b: Runs, confidence: float = VERDICT_CONFIDENCE, one_run: bool = False,
-            paired: bool = True, labels: tuple[str, str] | None = None) -> dict | None:
+def compare(
+    a: Runs,
+    b: Runs,
+    confidence: float = VERDICT_CONFIDENCE,
+    one_run: bool = False,
+    paired: bool = True,
+    labels: tuple[str, str] | None = None,
+) -> dict | None:
     """Run-level CI of mean step time A / B (``ratio > 1``: B faster), None if a side has no run.
     The verdict names the two configurations: ``labels`` (A's, B's), else the runs' specs.
 
@@ -256,7 +308,9 @@ def unsteady_note(*sides: Runs) -> str:
     bad = sum(d.get("steady") is False for d in docs)
     if not bad:
         return ""
-    return f"; {bad} of {len(docs)} runs never reached a steady rate (their figures are the mean over a drifting window)"
+    return (
+        f"; {bad} of {len(docs)} runs never reached a steady rate (their figures are the mean over a drifting window)"
+    )
 
 
 def step_rate_of(runs: Runs | None) -> float | None:

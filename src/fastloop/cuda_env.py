@@ -66,7 +66,9 @@ def cuda_queues_note(env: Mapping[str, str] | None = None) -> str | None:
     if n is not None and n >= _ENOUGH:
         return None
     now = f"is {value!r}" if value else "is not set (CUDA's default: 8 queues)"
-    return (f"{CUDA_QUEUES_VAR} {now}: DALI's decoder streams can share a hardware queue with the training "
-            f"stream and wait behind it (on our H200 with the step captured: 0.81 of synthetic-data throughput "
-            f"at 8 queues, 0.99 at 32). Set {CUDA_QUEUES_VAR}={CUDA_QUEUES} before CUDA starts (fastloop's command "
-            f"line does unless you set it)")
+    return (
+        f"{CUDA_QUEUES_VAR} {now}: DALI's decoder streams can share a hardware queue with the training "
+        f"stream and wait behind it (on our H200 with the step captured: 0.81 of synthetic-data throughput "
+        f"at 8 queues, 0.99 at 32). Set {CUDA_QUEUES_VAR}={CUDA_QUEUES} before CUDA starts (fastloop's command "
+        f"line does unless you set it)"
+    )

@@ -36,8 +36,17 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, defau
 from fastloop.augment import torchvision_padding, unwrap_subsets
 from fastloop.errors import FastloopError
 
-__all__ = ["DaliFolderLoader", "DaliPipeline", "DaliSettings", "FolderPlan", "NotTranslated", "check_folder",
-           "default_hw_decoder_load", "plan_folder", "rank_world"]
+__all__ = [
+    "DaliFolderLoader",
+    "DaliPipeline",
+    "DaliSettings",
+    "FolderPlan",
+    "NotTranslated",
+    "check_folder",
+    "default_hw_decoder_load",
+    "plan_folder",
+    "rank_world",
+]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -82,8 +91,10 @@ def _interpolation(op: Any, name: str) -> str:
     mode = getattr(op, "interpolation", "bilinear")
     mode = _PIL_MODES.get(mode, str(mode)) if isinstance(mode, int) else getattr(mode, "value", str(mode))
     if mode not in INTERPOLATIONS:
-        raise NotTranslated(f"{name} uses {mode} interpolation, which the DALI translation does not have "
-                            f"({', '.join(INTERPOLATIONS)} are translated)")
+        raise NotTranslated(
+            f"{name} uses {mode} interpolation, which the DALI translation does not have "
+            f"({', '.join(INTERPOLATIONS)} are translated)"
+        )
     return INTERPOLATIONS[mode]
 
 
@@ -105,8 +116,10 @@ def _ops(transform: Any) -> list[Any]:
 
 def _random_crop(op: Any, plan: FolderPlan, normalized: bool) -> None:
     if op.pad_if_needed or op.padding_mode != "constant":
-        raise NotTranslated(f"RandomCrop pads with pad_if_needed={op.pad_if_needed}, padding_mode={op.padding_mode!r} "
-                            f"(the DALI translation pads with a constant, pad_if_needed=False)")
+        raise NotTranslated(
+            f"RandomCrop pads with pad_if_needed={op.pad_if_needed}, padding_mode={op.padding_mode!r} "
+            f"(the DALI translation pads with a constant, pad_if_needed=False)"
+        )
     if normalized and op.padding is not None:
         raise NotTranslated("RandomCrop pads after Normalize (the DALI translation pads the decoded image)")
     if not isinstance(op.fill, (int, float, tuple, list)):
@@ -129,8 +142,10 @@ def plan_folder(transform: Any) -> FolderPlan:
             plan.interp = _interpolation(op, name)
         if name == "RandomResizedCrop":
             if plan.resize_shorter or plan.resize_hw:
-                raise NotTranslated("the transform holds Resize before RandomResizedCrop (the DALI translation "
-                                    "decodes the random crop straight from the file)")
+                raise NotTranslated(
+                    "the transform holds Resize before RandomResizedCrop (the DALI translation "
+                    "decodes the random crop straight from the file)"
+                )
             crop, plan.random_crop = _size(op.size), (tuple(op.scale), tuple(op.ratio))
         elif name == "Resize":
             if getattr(op, "max_size", None) is not None:
@@ -158,14 +173,18 @@ def plan_folder(transform: Any) -> FolderPlan:
             plan.mean, plan.std = tuple(float(m) for m in op.mean), tuple(float(s) for s in op.std)
             normalized = True
         else:
-            raise NotTranslated(f"the transform holds {name}, which the DALI translation does not recognise "
-                                f"(RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, ToTensor, "
-                                f"ToDtype, Normalize)")
+            raise NotTranslated(
+                f"the transform holds {name}, which the DALI translation does not recognise "
+                f"(RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, ToTensor, "
+                f"ToDtype, Normalize)"
+            )
     if crop is None and plan.resize_hw is not None:
         crop = plan.resize_hw
     if crop is None:
-        raise NotTranslated("the transform neither crops nor resizes to a fixed size "
-                            "(RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w)))")
+        raise NotTranslated(
+            "the transform neither crops nor resizes to a fixed size "
+            "(RandomResizedCrop, CenterCrop, RandomCrop or Resize((h, w)))"
+        )
     if not plan.to_float:
         raise NotTranslated("the transform does not end in a float tensor (ToTensor, or ToImage + ToDtype)")
     plan.crop = crop
@@ -196,8 +215,10 @@ def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
 
     reads = getattr(ds, "loader", folder.default_loader)
     if reads not in (folder.default_loader, folder.pil_loader):  # DALI decodes to RGB as PIL's convert("RGB")
-        raise NotTranslated(f"the dataset reads its files with {getattr(reads, '__name__', type(reads).__name__)}, "
-                            f"not torchvision's default loader (DALI decodes each file to RGB itself)")
+        raise NotTranslated(
+            f"the dataset reads its files with {getattr(reads, '__name__', type(reads).__name__)}, "
+            f"not torchvision's default loader (DALI decodes each file to RGB itself)"
+        )
     if loader.collate_fn is not default_collate:
         raise NotTranslated(f"the loader has a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')})")
     if loader.batch_size is None:
@@ -273,8 +294,8 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
     size (the shorter side to ``size``, the longer ``int(size * long / short)``), ``Resize((h, w))``
     to that size, and RandomCrop's place drawn per image as torchvision draws it (an integer
     offset uniform over the padded image's places; the padding filled with ``fill``)."""
-    from nvidia.dali import fn, types
     import nvidia.dali.math as dmath
+    from nvidia.dali import fn, types
 
     shape = fn.peek_image_shape(data, dtype=types.FLOAT)  # from the encoded file: H, W, C
     h, w = fn.slice(shape, 0, 1, axes=[0]), fn.slice(shape, 1, 1, axes=[0])
@@ -285,8 +306,12 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
         h, w = wide * size + (1.0 - wide) * long, wide * long + (1.0 - wide) * size
         images = fn.resize(images, size=fn.cat(h, w), antialias=antialias, interp_type=getattr(types, plan.interp))
     elif plan.resize_hw:
-        images = fn.resize(images, size=[float(v) for v in plan.resize_hw], antialias=antialias,
-                           interp_type=getattr(types, plan.interp))
+        images = fn.resize(
+            images,
+            size=[float(v) for v in plan.resize_hw],
+            antialias=antialias,
+            interp_type=getattr(types, plan.interp),
+        )
         h, w = float(plan.resize_hw[0]), float(plan.resize_hw[1])
     if plan.pad_crop is None:
         return images
@@ -296,8 +321,14 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
         last = extent + float(before + after - crop)  # the last place in the padded image
         draw = dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (last + 1.0))
         place.append(fn.reshape(dmath.min(draw, last) - float(before), shape=[1]))
-    return fn.slice(images, start=fn.cast(fn.cat(*place), dtype=types.INT32), shape=[ch, cw], axis_names="HW",
-                    out_of_bounds_policy="pad", fill_values=list(plan.fill))
+    return fn.slice(
+        images,
+        start=fn.cast(fn.cat(*place), dtype=types.INT32),
+        shape=[ch, cw],
+        axis_names="HW",
+        out_of_bounds_policy="pad",
+        fill_values=list(plan.fill),
+    )
 
 
 class DaliPipeline:
@@ -307,9 +338,19 @@ class DaliPipeline:
     ``[images, labels]`` batches. The one builder behind the ``dali`` speedup
     (:class:`DaliFolderLoader`) and the ImageNet recipe's loader."""
 
-    def __init__(self, files: list[str], labels: list[int], plan: FolderPlan, batch_size: int, *,
-                 device_id: int | None, shuffle: bool, drop_last: bool, seed: int = 0,
-                 settings: DaliSettings | None = None) -> None:
+    def __init__(
+        self,
+        files: list[str],
+        labels: list[int],
+        plan: FolderPlan,
+        batch_size: int,
+        *,
+        device_id: int | None,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int = 0,
+        settings: DaliSettings | None = None,
+    ) -> None:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -327,9 +368,20 @@ class DaliPipeline:
         load = st.hw_decoder_load if st.hw_decoder_load is not None else default_hw_decoder_load(device_id)
         # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a
         # large image does not trigger a reallocation mid-epoch, and size the hardware decoder's
-        dec = dict(device="mixed", hw_decoder_load=load, affine=st.affine, device_memory_padding=211025920,
-                   host_memory_padding=140544512, preallocate_width_hint=5980, preallocate_height_hint=6430,
-                   output_type=types.RGB) if gpu else dict(device="cpu", output_type=types.RGB)
+        dec = (
+            dict(
+                device="mixed",
+                hw_decoder_load=load,
+                affine=st.affine,
+                device_memory_padding=211025920,
+                host_memory_padding=140544512,
+                preallocate_width_hint=5980,
+                preallocate_height_hint=6430,
+                output_type=types.RGB,
+            )
+            if gpu
+            else dict(device="cpu", output_type=types.RGB)
+        )
         layout = "HWC" if st.channels_last else "CHW"
         out_type = types.FLOAT if st.dtype == torch.float32 else types.FLOAT16
         shard, shards = self.shard, self.num_shards
@@ -337,28 +389,58 @@ class DaliPipeline:
 
         @pipeline_def
         def pipe():
-            data, lab = fn.readers.file(files=files, labels=labels, shuffle_after_epoch=shuffle, seed=seed,
-                                        shard_id=shard, num_shards=shards, pad_last_batch=not drop_last, name="Reader")
+            data, lab = fn.readers.file(
+                files=files,
+                labels=labels,
+                shuffle_after_epoch=shuffle,
+                seed=seed,
+                shard_id=shard,
+                num_shards=shards,
+                pad_last_batch=not drop_last,
+                name="Reader",
+            )
             if plan.random_crop is not None:
                 scale, ratio = plan.random_crop
-                images = fn.decoders.image_random_crop(data, random_area=list(scale), random_aspect_ratio=list(ratio),
-                                                       num_attempts=10, **dec)  # torchvision's RandomResizedCrop tries 10
-                images = fn.resize(images, resize_x=plan.crop[1], resize_y=plan.crop[0], antialias=antialias,
-                                   interp_type=getattr(types, plan.interp))
+                images = fn.decoders.image_random_crop(
+                    data, random_area=list(scale), random_aspect_ratio=list(ratio), num_attempts=10, **dec
+                )  # torchvision's RandomResizedCrop tries 10
+                images = fn.resize(
+                    images,
+                    resize_x=plan.crop[1],
+                    resize_y=plan.crop[0],
+                    antialias=antialias,
+                    interp_type=getattr(types, plan.interp),
+                )
             else:
                 images = _fixed_geometry(data, fn.decoders.image(data, **dec), plan, antialias)
             mirror = fn.random.coin_flip(probability=plan.flip) if plan.flip > 0 else 0
-            images = fn.crop_mirror_normalize(images, dtype=out_type, output_layout=layout, crop=plan.crop,
-                                              mean=[m / plan.scale for m in plan.mean],
-                                              std=[s / plan.scale for s in plan.std], mirror=mirror)
+            images = fn.crop_mirror_normalize(
+                images,
+                dtype=out_type,
+                output_layout=layout,
+                crop=plan.crop,
+                mean=[m / plan.scale for m in plan.mean],
+                std=[s / plan.scale for s in plan.std],
+                mirror=mirror,
+            )
             return images, (lab.gpu() if gpu and st.gpu_labels else lab)
 
-        self.pipe = pipe(batch_size=batch_size, num_threads=st.num_threads or min(8, os.cpu_count() or 1),
-                         device_id=device_id, seed=seed, prefetch_queue_depth=st.prefetch_queue_depth,
-                         exec_dynamic=st.exec_dynamic)
+        self.pipe = pipe(
+            batch_size=batch_size,
+            num_threads=st.num_threads or min(8, os.cpu_count() or 1),
+            device_id=device_id,
+            seed=seed,
+            prefetch_queue_depth=st.prefetch_queue_depth,
+            exec_dynamic=st.exec_dynamic,
+        )
         self.pipe.build()
-        self.it = DALIGenericIterator([self.pipe], ["images", "labels"], reader_name="Reader", auto_reset=True,
-                                      last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL)
+        self.it = DALIGenericIterator(
+            [self.pipe],
+            ["images", "labels"],
+            reader_name="Reader",
+            auto_reset=True,
+            last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL,
+        )
 
     def __len__(self) -> int:
         # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k)
@@ -379,10 +461,19 @@ class DaliPipeline:
 class DaliFolderLoader(DaliPipeline):
     """``loader`` (a folder dataset with a recognised transform) served by one DALI pipeline."""
 
-    def __init__(self, loader: DataLoader, *, device_id: int | None, seed: int = 0,
-                 settings: DaliSettings | None = None) -> None:
+    def __init__(
+        self, loader: DataLoader, *, device_id: int | None, seed: int = 0, settings: DaliSettings | None = None
+    ) -> None:
         ds, samples, shuffle = _check_loader(loader)
         self.dataset = loader.dataset
-        super().__init__([p for p, _ in samples], [int(c) for _, c in samples], plan_folder(ds.transform),
-                         int(loader.batch_size), device_id=device_id, shuffle=shuffle, drop_last=loader.drop_last,
-                         seed=seed, settings=settings)
+        super().__init__(
+            [p for p, _ in samples],
+            [int(c) for _, c in samples],
+            plan_folder(ds.transform),
+            int(loader.batch_size),
+            device_id=device_id,
+            shuffle=shuffle,
+            drop_last=loader.drop_last,
+            seed=seed,
+            settings=settings,
+        )

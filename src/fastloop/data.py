@@ -25,8 +25,19 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from fastloop._torch_private import loader_auto_collation
 from fastloop.errors import FastloopError
 
-__all__ = ["WHOLE_BATCHES", "first_tensor", "fixed_samples", "map_tensors", "materialize", "sample_keys", "rebuild_loader",
-           "tensor_dataset_parts", "to_channels_last", "to_device", "yields_whole_batches"]
+__all__ = [
+    "WHOLE_BATCHES",
+    "first_tensor",
+    "fixed_samples",
+    "map_tensors",
+    "materialize",
+    "sample_keys",
+    "rebuild_loader",
+    "tensor_dataset_parts",
+    "to_channels_last",
+    "to_device",
+    "yields_whole_batches",
+]
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
@@ -43,8 +54,9 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Any) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(map_tensors(fn, v) for v in batch)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: map_tensors(fn, getattr(batch, f.name))
-                                             for f in dataclasses.fields(batch) if f.init})
+        return dataclasses.replace(
+            batch, **{f.name: map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init}
+        )
     return batch
 
 
@@ -77,8 +89,21 @@ FIXED_MAX_S = 30.0
 _RNG_TYPES: tuple[type, ...] = (torch.Generator, random.Random, np.random.Generator, np.random.RandomState)
 
 
-FIXED_TRANSFORMS = frozenset({"ToTensor", "PILToTensor", "ToImage", "ToDtype", "ToPureTensor", "ConvertImageDtype",
-                              "Normalize", "Resize", "CenterCrop", "Grayscale", "Pad"})
+FIXED_TRANSFORMS = frozenset(
+    {
+        "ToTensor",
+        "PILToTensor",
+        "ToImage",
+        "ToDtype",
+        "ToPureTensor",
+        "ConvertImageDtype",
+        "Normalize",
+        "Resize",
+        "CenterCrop",
+        "Grayscale",
+        "Pad",
+    }
+)
 """torchvision transforms giving the same output for the same input (a Compose of them too)."""
 
 
@@ -106,8 +131,13 @@ class FixedSamples:
 
 def same_value(a: Any, b: Any) -> bool:
     if torch.is_tensor(a) or torch.is_tensor(b):
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape \
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
             and bool(torch.equal(a, b))
+        )
     if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
         return type(a) is type(b) and a.dtype == b.dtype and bool(np.array_equal(a, b))
     if isinstance(a, (list, tuple)):
@@ -127,8 +157,9 @@ def _leaves_ok(item: Any) -> bool:
     if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
         return len(item) > 0 and all(_leaves_ok(x) and not isinstance(x, (list, tuple, dict)) for x in item)
     if type(item) is dict:
-        return len(item) > 0 and all(isinstance(k, str) and _leaves_ok(v) and not isinstance(v, (list, tuple, dict))
-                                     for k, v in item.items())
+        return len(item) > 0 and all(
+            isinstance(k, str) and _leaves_ok(v) and not isinstance(v, (list, tuple, dict)) for k, v in item.items()
+        )
     return False
 
 
@@ -154,8 +185,9 @@ def _holds_samples(value: Any, n: int) -> bool:
     if isinstance(value, (list, tuple)) and len(value) == n:
         first = value[0]
         if isinstance(first, (list, tuple)) and first:
-            return all(torch.is_tensor(x) or isinstance(x, np.ndarray) for x in first) or \
-                all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in first)
+            return all(torch.is_tensor(x) or isinstance(x, np.ndarray) for x in first) or all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in first
+            )
         return torch.is_tensor(first) or isinstance(first, np.ndarray)
     return False
 
@@ -170,16 +202,23 @@ def _why_not_held(dataset: Any, name: str, n: int) -> str | None:
         return None
     attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
     if not any(_holds_samples(v, n) for v in attrs.values()):
-        return (f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
-                f"are not in memory")
+        return (
+            f"the dataset ({name}) holds no tensor, array or list of tensors of its length ({n}): its samples "
+            f"are not in memory"
+        )
     rngs = [k for k, v in attrs.items() if isinstance(v, _RNG_TYPES)]
     if rngs:
         return f"the dataset ({name}) owns a random generator ({', '.join(rngs)}): its samples may be drawn anew"
-    transforms = [f"{k} ({_random_part(v)})" for k, v in attrs.items()
-                  if "transform" in k.lower() and v is not None and _random_part(v)]
+    transforms = [
+        f"{k} ({_random_part(v)})"
+        for k, v in attrs.items()
+        if "transform" in k.lower() and v is not None and _random_part(v)
+    ]
     if transforms:
-        return (f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random "
-                f"(fixed: torchvision's {', '.join(sorted(FIXED_TRANSFORMS))} and a Compose of them)")
+        return (
+            f"the dataset ({name}) passes its samples through {', '.join(transforms)}, which may be random "
+            f"(fixed: torchvision's {', '.join(sorted(FIXED_TRANSFORMS))} and a Compose of them)"
+        )
     return None
 
 
@@ -232,9 +271,11 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
         for i in probes:
             first = dataset[i]
             if not _leaves_ok(first):
-                return (f"{name}[{i}] is a {type(first).__name__} that default_collate does not stack into tensors "
-                        f"alone; gpu_resident serves a tensor, a list or a dict of tensors (from samples of tensors "
-                        f"and numbers, nothing nested)")
+                return (
+                    f"{name}[{i}] is a {type(first).__name__} that default_collate does not stack into tensors "
+                    f"alone; gpu_resident serves a tensor, a list or a dict of tensors (from samples of tensors "
+                    f"and numbers, nothing nested)"
+                )
             if not (same_value(first, dataset[i]) and same_value(first, dataset[i])):
                 return f"{name}[i] gave different values when read again (random per-sample work)"
             if i == probes[0] and (time.perf_counter() - t0) / 3 * n > FIXED_MAX_S:
@@ -247,8 +288,10 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
         random.setstate(states[2])
     read_s = (time.perf_counter() - t0) / (3 * (probes.index(i) + 1))
     if read_s * n > FIXED_MAX_S:
-        return (f"reading the {n:,} samples of {name} once would take about {read_s * n:.0f} s "
-                f"(more than {FIXED_MAX_S:.0f} s)")
+        return (
+            f"reading the {n:,} samples of {name} once would take about {read_s * n:.0f} s "
+            f"(more than {FIXED_MAX_S:.0f} s)"
+        )
     return FixedSamples(n=n, item_bytes=_item_bytes(dataset[0]), read_s=read_s)
 
 
@@ -277,13 +320,30 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
 
 def to_channels_last(batch: Any) -> Any:
     """Every 4-D floating tensor of ``batch`` in channels_last memory format (images, NCHW)."""
-    return map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
-                       if t.dim() == 4 and t.is_floating_point() else t, batch)
+    return map_tensors(
+        lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t,
+        batch,
+    )
 
 
-_LOADER_KEYS = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
-                "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context",
-                "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+_LOADER_KEYS = (
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 def _resized_batch_sampler(batch_sampler: Any, size: int) -> Any:
@@ -291,15 +351,19 @@ def _resized_batch_sampler(batch_sampler: Any, size: int) -> Any:
     (as Lightning re-instantiates one: same class, its sampler and drop_last)."""
     sampler, drop_last = getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "drop_last", None)
     if sampler is None or drop_last is None or not hasattr(batch_sampler, "batch_size"):
-        raise FastloopError(f"the loader's batch_sampler ({type(batch_sampler).__name__}) has no sampler, batch_size "
-                            f"and drop_last to rebuild it at another batch size; give it those attributes (as "
-                            f"torch's BatchSampler has) or build the DataLoader from batch_size")
+        raise FastloopError(
+            f"the loader's batch_sampler ({type(batch_sampler).__name__}) has no sampler, batch_size "
+            f"and drop_last to rebuild it at another batch size; give it those attributes (as "
+            f"torch's BatchSampler has) or build the DataLoader from batch_size"
+        )
     try:
         return type(batch_sampler)(sampler, batch_size=size, drop_last=drop_last)
     except TypeError as err:
-        raise FastloopError(f"the loader's batch_sampler ({type(batch_sampler).__name__}) cannot be rebuilt at "
-                            f"batch size {size}: {type(batch_sampler).__name__}(sampler, batch_size=, drop_last=) "
-                            f"raised {err}") from None
+        raise FastloopError(
+            f"the loader's batch_sampler ({type(batch_sampler).__name__}) cannot be rebuilt at "
+            f"batch size {size}: {type(batch_sampler).__name__}(sampler, batch_size=, drop_last=) "
+            f"raised {err}"
+        ) from None
 
 
 WHOLE_BATCHES = "the loader does not batch (batch_size=None: its dataset yields whole batches)"
@@ -333,8 +397,10 @@ def rebuild_loader(loader: DataLoader, **overrides: Any) -> DataLoader:
         kw.pop("batch_sampler", None)
         kw.pop("drop_last", None)
         if "batch_size" in overrides:
-            raise FastloopError(f"{WHOLE_BATCHES}, so fastloop cannot set its batch size; make the batches in the "
-                                f"DataLoader (batch_size=N) or leave batch_size out")
+            raise FastloopError(
+                f"{WHOLE_BATCHES}, so fastloop cannot set its batch size; make the batches in the "
+                f"DataLoader (batch_size=N) or leave batch_size out"
+            )
     elif loader.batch_sampler is not None and loader_auto_collation(loader) and kw.get("batch_size") is not None:
         # a default BatchSampler: pass its parts, not the object (keeps batch_size editable)
         kw.pop("batch_sampler")

@@ -21,8 +21,15 @@ import sysconfig
 import traceback
 from types import TracebackType
 
-__all__ = ["ConfigurationFailed", "FastloopError", "GraphIneligible", "UserCodeError", "format_user_error", "shorten",
-           "user_frames"]
+__all__ = [
+    "ConfigurationFailed",
+    "FastloopError",
+    "GraphIneligible",
+    "UserCodeError",
+    "format_user_error",
+    "shorten",
+    "user_frames",
+]
 
 
 def shorten(text: object, limit: int = 60) -> str:
@@ -48,7 +55,6 @@ class FastloopError(ValueError):
     """
 
 
-
 class ConfigurationFailed(FastloopError):
     """A configuration's process ended without a result. ``returncode`` 1 means the user's code
     raised there (``detail`` holds the child's message), 2 bad input, anything else a crash."""
@@ -68,14 +74,29 @@ class UserCodeError(RuntimeError):
 
 
 _FASTLOOP_DIR = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY_DIRS = tuple({p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"),
-                                   sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")) if p})
+_LIBRARY_DIRS = tuple(
+    {
+        p
+        for p in (
+            sysconfig.get_paths().get("stdlib"),
+            sysconfig.get_paths().get("platstdlib"),
+            sysconfig.get_paths().get("purelib"),
+            sysconfig.get_paths().get("platlib"),
+        )
+        if p
+    }
+)
 
 
 def _is_library(filename: str) -> bool:
     path = os.path.abspath(filename)
-    return (path.startswith(_FASTLOOP_DIR + os.sep) or path.startswith(_LIBRARY_DIRS)
-            or "site-packages" in path or "dist-packages" in path or filename.startswith("<"))
+    return (
+        path.startswith(_FASTLOOP_DIR + os.sep)
+        or path.startswith(_LIBRARY_DIRS)
+        or "site-packages" in path
+        or "dist-packages" in path
+        or filename.startswith("<")
+    )
 
 
 def user_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
@@ -98,12 +119,12 @@ def format_user_error(err: BaseException) -> str:
         body = "".join(traceback.format_list(frames))
         last = frames[-1]
         lead = f" {err}" if isinstance(err, UserCodeError) else ""
-        return (f"Traceback (your code only; fastloop, Lightning and torch frames elided):\n{body}"
-                f"fastloop: error in your code{lead}: {last.name}() at {os.path.basename(last.filename)}:{last.lineno} "
-                f"raised {what}\n")
+        return (
+            f"Traceback (your code only; fastloop, Lightning and torch frames elided):\n{body}"
+            f"fastloop: error in your code{lead}: {last.name}() at {os.path.basename(last.filename)}:{last.lineno} "
+            f"raised {what}\n"
+        )
     if isinstance(err, UserCodeError):
         return f"fastloop: error in your code {err}: {what}\n"
     body = "".join(traceback.format_exception(type(original), original, original.__traceback__))
     return f"{body}fastloop: internal error (a bug in fastloop, please report it): {what}\n"
-
-

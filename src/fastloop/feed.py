@@ -127,8 +127,9 @@ class BackgroundFeed:
             ahead on the side stream).
     """
 
-    def __init__(self, loader: Iterable, device: torch.device | str = "cuda", *, depth: int = DEPTH,
-                 threaded: bool = True) -> None:
+    def __init__(
+        self, loader: Iterable, device: torch.device | str = "cuda", *, depth: int = DEPTH, threaded: bool = True
+    ) -> None:
         self.loader = loader
         self.device = torch.device(device)
         self.depth = depth
@@ -192,9 +193,11 @@ class BackgroundFeed:
                 self._checked = True
                 moved = host_rng_changed(before)
                 if moved and self.threaded:
-                    self.why_not_threaded = (f"the loader's batches draw random numbers on the host in this process "
-                                             f"({moved}): on a thread its draws and the step's would interleave "
-                                             f"differently, so they are fetched here, when the step asks")
+                    self.why_not_threaded = (
+                        f"the loader's batches draw random numbers on the host in this process "
+                        f"({moved}): on a thread its draws and the step's would interleave "
+                        f"differently, so they are fetched here, when the step asks"
+                    )
             yield self._hand_out(self._ready(host, stream))
         if self.why_not_threaded is None:
             yield from self._threaded(it, stream)

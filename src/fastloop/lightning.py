@@ -31,15 +31,19 @@ def callbacks(spec: str | list[str | Speedup] | None, *, step_rate: float | None
     waiting for data, if you measured it (``workers`` then sizes the loader to the step's demand).
     """
     if spec is not None and not isinstance(spec, (str, list, tuple)):
-        raise TypeError(f"callbacks() takes a comma-separated string, a list of speedup names or objects, or None, "
-                        f"got {type(spec).__name__}")
+        raise TypeError(
+            f"callbacks() takes a comma-separated string, a list of speedup names or objects, or None, "
+            f"got {type(spec).__name__}"
+        )
     chosen = resolve(spec)
     if step_rate is not None and not valid_step_rate(step_rate):
         raise ValueError(f"step_rate must be steps per second, a number > 0, got {step_rate!r}")
     in_training = [s for s in chosen if not s.prepares_run]
     inputs = RunInputs(step_rate=step_rate)
-    return [BatchSizeSearch(speedups=in_training or None) if s.prepares_run
-            else SpeedupCallback(s, inputs=inputs) for s in chosen]
+    return [
+        BatchSizeSearch(speedups=in_training or None) if s.prepares_run else SpeedupCallback(s, inputs=inputs)
+        for s in chosen
+    ]
 
 
 def records_of(trainer: Trainer) -> list[Record]:

@@ -8,13 +8,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.data import same_value, rebuild_loader
+from fastloop.data import rebuild_loader, same_value
 
 __all__ = ["splits_between_workers"]
 
 
 def _calls_get_worker_info(cls: type) -> bool:
     """Whether a method of ``cls`` (or a base class outside torch) names ``get_worker_info``."""
+
     def names(code: Any) -> set:
         out = set(code.co_names)
         for const in code.co_consts:
@@ -51,8 +52,11 @@ def splits_between_workers(loader: DataLoader) -> str | None:
         True
     """
     dataset = loader.dataset
-    if not isinstance(dataset, torch.utils.data.IterableDataset) or loader.worker_init_fn is not None \
-            or _calls_get_worker_info(type(dataset)):
+    if (
+        not isinstance(dataset, torch.utils.data.IterableDataset)
+        or loader.worker_init_fn is not None
+        or _calls_get_worker_info(type(dataset))
+    ):
         return None
     probe = rebuild_loader(loader, num_workers=2, persistent_workers=False, prefetch_factor=1)
     batches = iter(probe)
@@ -65,8 +69,10 @@ def splits_between_workers(loader: DataLoader) -> str | None:
     if not same_value(first, second):
         return None
     name = type(dataset).__name__
-    return (f"the dataset is an IterableDataset ({name}) that does not split its stream between workers "
-            f"(two workers gave the same first batch; its class never calls torch.utils.data.get_worker_info "
-            f"and the loader has no worker_init_fn): each of N workers would yield the whole stream, every "
-            f"sample N times. Split the stream by worker in {name}.__iter__ (torch.utils.data.IterableDataset's "
-            f"docs show how) to use workers")
+    return (
+        f"the dataset is an IterableDataset ({name}) that does not split its stream between workers "
+        f"(two workers gave the same first batch; its class never calls torch.utils.data.get_worker_info "
+        f"and the loader has no worker_init_fn): each of N workers would yield the whole stream, every "
+        f"sample N times. Split the stream by worker in {name}.__iter__ (torch.utils.data.IterableDataset's "
+        f"docs show how) to use workers"
+    )

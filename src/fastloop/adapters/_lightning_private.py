@@ -11,8 +11,16 @@ from typing import Any
 
 from fastloop._compat import Trainer
 
-__all__ = ["closure_result", "current_hook", "ddp_kwargs", "on_a_failed_rank", "peek_closure_result", "set_current_hook",
-           "set_train_source", "train_source"]
+__all__ = [
+    "closure_result",
+    "current_hook",
+    "ddp_kwargs",
+    "on_a_failed_rank",
+    "peek_closure_result",
+    "set_current_hook",
+    "set_train_source",
+    "train_source",
+]
 
 
 def train_source(trainer: Trainer) -> Any:

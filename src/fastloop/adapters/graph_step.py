@@ -33,10 +33,16 @@ class GraphedStep:
         on_fallback: called once with the reason when the whole step stops replaying.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 step_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                 autocast_dtype: torch.dtype | None = None, *, schedulers: Iterable[Any] = (),
-                 on_fallback: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        step_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        autocast_dtype: torch.dtype | None = None,
+        *,
+        schedulers: Iterable[Any] = (),
+        on_fallback: Callable[[str], None] | None = None,
+    ) -> None:
         self.model, self.optimizer, self.step_fn = model, optimizer, step_fn
         self.autocast_dtype = autocast_dtype
         self.engine = CapturedStep(on_fallback=on_fallback)

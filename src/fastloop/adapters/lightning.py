@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from fastloop._compat import Callback, LightningModule, Trainer
-from fastloop.adapters._lightning_private import ddp_kwargs
 from fastloop._torch_private import scaler_scale, shutdown_workers
+from fastloop.adapters._lightning_private import ddp_kwargs
 from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
@@ -87,14 +87,18 @@ class SpeedupCallback(Callback):
 
     def __init__(self, speedup: str | Speedup, inputs: RunInputs | None = None) -> None:
         if not isinstance(speedup, (str, Speedup)):
-            raise TypeError(f"SpeedupCallback takes one speedup name (e.g. 'bf16') or a Speedup object, "
-                            f"got {type(speedup).__name__}")
+            raise TypeError(
+                f"SpeedupCallback takes one speedup name (e.g. 'bf16') or a Speedup object, "
+                f"got {type(speedup).__name__}"
+            )
         found = resolve([speedup])
         if len(found) != 1:
             raise ValueError(f"SpeedupCallback takes one speedup, got {speedup!r}")
         if found[0].prepares_run:
-            raise ValueError(f"{found[0].name!r} runs before training: use fastloop.lightning.BatchSizeSearch() "
-                             f"(callbacks('{found[0].name}') returns it)")
+            raise ValueError(
+                f"{found[0].name!r} runs before training: use fastloop.lightning.BatchSizeSearch() "
+                f"(callbacks('{found[0].name}') returns it)"
+            )
         self.speedup = found[0]
         self.inputs = inputs if inputs is not None else RunInputs()
         self.ctx: Context | None = None
@@ -177,7 +181,9 @@ class SpeedupCallback(Callback):
             else:  # the scale is created lazily at the first step: its initial value
                 self._scale_before = torch.tensor(float(scaler.get_scale()))
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scale = scaler_scale(scaler) if scaler is not None else None
         if self._scale_before is not None and scale is not None:

@@ -33,8 +33,13 @@ class BatchSizeSearch(Callback):
         speedups: the speedups the run trains with (the search steps use their precision).
     """
 
-    def __init__(self, objective: str = "throughput", margin: float = 0.9, max_size: int = 4096,
-                 speedups: str | list[str | Speedup] | None = None) -> None:
+    def __init__(
+        self,
+        objective: str = "throughput",
+        margin: float = 0.9,
+        max_size: int = 4096,
+        speedups: str | list[str | Speedup] | None = None,
+    ) -> None:
         if objective not in ("max", "throughput"):
             raise ValueError(f"objective must be 'max' or 'throughput', got {objective!r}")
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
@@ -58,17 +63,28 @@ class BatchSizeSearch(Callback):
         if data is pl_module:
             data = None  # the module's own train_dataloader()
         try:
-            self.result = search_batch_size(pl_module, data, speedups=self.speedups,
-                                            device=str(trainer.strategy.root_device), max_size=self.max_size,
-                                            objective=self.objective, margin=self.margin,
-                                            trainer_optimizers=trainer.optimizers, attached=True,
-                                            trainer_precision=str(trainer.precision))
+            self.result = search_batch_size(
+                pl_module,
+                data,
+                speedups=self.speedups,
+                device=str(trainer.strategy.root_device),
+                max_size=self.max_size,
+                objective=self.objective,
+                margin=self.margin,
+                trainer_optimizers=trainer.optimizers,
+                attached=True,
+                trainer_precision=str(trainer.precision),
+            )
         except FastloopError as err:
             self._record = Record(BatchSize.name, "skipped", str(err))
             return
         r = self.result
         if isinstance(src, DataLoader) and src.batch_size != r["batch_size"]:
             set_train_source(trainer, rebuild_loader(src, batch_size=r["batch_size"]))
-        self._record = Record(BatchSize.name, "applied", detail=f"batch size {r['batch_size']} (largest fitting "
-                                                              f"{r['max_fitting']}, written to {r['written_to']}, "
-                                                              f"search {r['search_s']:.1f} s)")
+        self._record = Record(
+            BatchSize.name,
+            "applied",
+            detail=f"batch size {r['batch_size']} (largest fitting "
+            f"{r['max_fitting']}, written to {r['written_to']}, "
+            f"search {r['search_s']:.1f} s)",
+        )

@@ -40,7 +40,6 @@ def patch_attr(obj: Any, attr: str, value: Any, undo: list) -> None:
     undo.append(restore)
 
 
-
 def trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) -> str | None:
     """Why an autocast speedup must leave the Trainer's precision alone (None: it may set it)."""
     want = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
@@ -48,11 +47,15 @@ def trainer_precision_conflict(trainer: Trainer, dtype: torch.dtype, name: str) 
     if chosen == want:
         return f"the Trainer already trains in {chosen}: nothing to change"
     if chosen not in ("32-true", "32"):
-        return (f"the Trainer's precision is {chosen!r}, which you set; {name} would replace it with {want}. "
-                f"Remove precision= from the Trainer to let {name} apply")
+        return (
+            f"the Trainer's precision is {chosen!r}, which you set; {name} would replace it with {want}. "
+            f"Remove precision= from the Trainer to let {name} apply"
+        )
     if type(trainer.strategy.precision_plugin).__name__ != "Precision":
-        return (f"the strategy uses its own precision plugin ({type(trainer.strategy.precision_plugin).__name__}); "
-                f"{name} would replace it")
+        return (
+            f"the strategy uses its own precision plugin ({type(trainer.strategy.precision_plugin).__name__}); "
+            f"{name} would replace it"
+        )
     return None
 
 
@@ -97,6 +100,8 @@ def describe_children(children: list[tuple[str, torch.nn.Module]]) -> str:
             groups.append((parent, kind, [last] if parent and last.isdigit() else [name]))
     out = []
     for parent, kind, names in groups:
-        label = f"{parent}.{names[0]}-{names[-1]}" if len(names) > 1 else (f"{parent}.{names[0]}" if parent else names[0])
+        label = (
+            f"{parent}.{names[0]}-{names[-1]}" if len(names) > 1 else (f"{parent}.{names[0]}" if parent else names[0])
+        )
         out.append(f"{label} ({kind})")
     return ", ".join(out)

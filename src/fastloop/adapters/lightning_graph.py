@@ -38,8 +38,12 @@ __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
 HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 """Callback and module hooks that Lightning calls inside the optimizer step."""
 
-MODULE_STEP_METHODS = HOOKS_IN_STEP + ("backward", "optimizer_step", "optimizer_zero_grad",
-                                       "configure_gradient_clipping")
+MODULE_STEP_METHODS = HOOKS_IN_STEP + (
+    "backward",
+    "optimizer_step",
+    "optimizer_zero_grad",
+    "configure_gradient_clipping",
+)
 
 
 def _overridden(name: str, obj: Any, parent: type) -> bool:
@@ -69,7 +73,9 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     if not pl_module.automatic_optimization:
         return "manual optimization: the training step calls the optimizer itself"
     if trainer.accumulate_grad_batches != 1:
-        return f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the graph would step the optimizer every batch"
+        return (
+            f"accumulate_grad_batches={trainer.accumulate_grad_batches}: the graph would step the optimizer every batch"
+        )
     plugin = trainer.strategy.precision_plugin
     if getattr(plugin, "scaler", None) is not None:
         return SCALER_BLOCKS
@@ -77,18 +83,29 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
         return f"the precision plugin {type(plugin).__name__} is not one the graph knows"
     own = [m for m in MODULE_STEP_METHODS if _overridden(m, pl_module, LightningModule)]
     if own:
-        return (f"{type(pl_module).__name__} overrides {', '.join(own)}, which Lightning runs inside the step: "
-                f"in a graph its Python would run once")
-    foreign = [f"{type(cb).__name__}.{h}" for cb in trainer.callbacks for h in HOOKS_IN_STEP
-               if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))]
+        return (
+            f"{type(pl_module).__name__} overrides {', '.join(own)}, which Lightning runs inside the step: "
+            f"in a graph its Python would run once"
+        )
+    foreign = [
+        f"{type(cb).__name__}.{h}"
+        for cb in trainer.callbacks
+        for h in HOOKS_IN_STEP
+        if _overridden(h, cb, Callback) and not _ours(getattr(type(cb), h))
+    ]
     if foreign:
         return f"callback hooks run inside the step ({', '.join(foreign)}): in a graph their Python would run once"
     what = step_reads_counters(pl_module)
     if what:
         explained = "(a " in what
-        return f"training_step uses {what}" + ("" if explained else (
-            ": the graph would replay the step with the value it had at capture (a warm-up or an annealed "
-            "weight would stop changing)"))
+        return f"training_step uses {what}" + (
+            ""
+            if explained
+            else (
+                ": the graph would replay the step with the value it had at capture (a warm-up or an annealed "
+                "weight would stop changing)"
+            )
+        )
     return None
 
 
@@ -158,15 +175,18 @@ class WholeStepGraph:
         def kept(_: Any) -> tuple[Any, str | None]:
             bad = [(n, type(v).__name__) for n, v, _, _, _ in logs if not torch.is_tensor(v)]
             if bad:
-                return None, (f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays "
-                              f"tensor work only, so a Python value would freeze at its first value")
+                return None, (
+                    f"training_step logs {', '.join(f'{n!r} as {t}' for n, t in bad)}: a graph replays "
+                    f"tensor work only, so a Python value would freeze at its first value"
+                )
             result = peek_closure_result(closure)
             if result is None or result.closure_loss is None:
                 return None, "training_step returned no loss"
             return (result, logs), None
 
-        return self.engine.step(eager, recorded=recorded, kept=kept,
-                                replayed=lambda entry: self._replayed(closure, entry))
+        return self.engine.step(
+            eager, recorded=recorded, kept=kept, replayed=lambda entry: self._replayed(closure, entry)
+        )
 
     def _replayed(self, closure: Any, entry: Entry) -> None:
         result, logs = entry.kept

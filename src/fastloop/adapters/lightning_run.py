@@ -26,10 +26,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningModule, Trainer
-from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop._torch_private import compiled_call, set_compiled_call
-from fastloop.adapters.lightning_changes import (compilable_children, describe_children, patch_attr,
-                                                 trainer_precision_conflict)
+from fastloop.adapters._lightning_private import set_train_source, train_source
+from fastloop.adapters.lightning_changes import (
+    compilable_children,
+    describe_children,
+    patch_attr,
+    trainer_precision_conflict,
+)
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
@@ -98,8 +102,9 @@ class LightningRun(Run):
             start, or while the fit runs) against the callback's speedup.
     """
 
-    def __init__(self, trainer: Trainer, module: LightningModule, ctx: Context,
-                 fail: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, trainer: Trainer, module: LightningModule, ctx: Context, fail: Callable[[str, str], None]
+    ) -> None:
         self.trainer, self.model, self.ctx, self._fail = trainer, module, ctx, fail
         self.loaders: list = []
         """Loaders this run built (their persistent workers end with the fit)."""
@@ -124,24 +129,32 @@ class LightningRun(Run):
             return
         children = [(n, c) for n, c in self.model.named_children() if any(True for _ in c.parameters())]
         if not children:
-            raise Skip(f"the speedup returns a new model ({type(out).__name__}), and Lightning keeps its "
-                       f"{type(self.model).__name__}, which has no child module with parameters to change instead")
+            raise Skip(
+                f"the speedup returns a new model ({type(out).__name__}), and Lightning keeps its "
+                f"{type(self.model).__name__}, which has no child module with parameters to change instead"
+            )
         for name, child in children:
             new = fn(child)
             if new is not None and new is not child:
                 setattr(self.model, name, new)
                 self.undo.append(lambda name=name, child=child: setattr(self.model, name, child))
         assert self.speedup is not None
-        self.ctx.describe(self.speedup.name, "applied to " + ", ".join(n for n, _ in children)
-                          + f" (Lightning keeps {type(self.model).__name__}; its children were changed)")
+        self.ctx.describe(
+            self.speedup.name,
+            "applied to "
+            + ", ".join(n for n, _ in children)
+            + f" (Lightning keeps {type(self.model).__name__}; its children were changed)",
+        )
 
     def compile_step(self, mode: str, shapes: str = "auto") -> None:
         # Lightning calls training_step, not the module's __call__: compile the children it calls
         module = self.model
         children = compilable_children(module)
         if not children:
-            raise Skip(f"{type(module).__name__} has no child module with parameters to compile (its parameters "
-                       f"are used directly in training_step, which Lightning calls outside any compiled region)")
+            raise Skip(
+                f"{type(module).__name__} has no child module with parameters to compile (its parameters "
+                f"are used directly in training_step, which Lightning calls outside any compiled region)"
+            )
         theirs = [n for n, c in children if compiled_by_user(c)]
         children = [(n, c) for n, c in children if not compiled_by_user(c)]
         if not children:
@@ -151,10 +164,14 @@ class LightningRun(Run):
         _COMPILE_MODE[module] = mode
         self.undo.append(lambda: _COMPILE_MODE.pop(module, None))
         assert self.speedup is not None
-        self.ctx.describe(self.speedup.name, "compiled " + describe_children(children)
-                          + (f" in mode {mode}" if mode != "default" else "")
-                          + (f", shapes {shapes}" if shapes != "auto" else "")
-                          + (f"; {', '.join(theirs)} left as your code compiled it" if theirs else ""))
+        self.ctx.describe(
+            self.speedup.name,
+            "compiled "
+            + describe_children(children)
+            + (f" in mode {mode}" if mode != "default" else "")
+            + (f", shapes {shapes}" if shapes != "auto" else "")
+            + (f"; {', '.join(theirs)} left as your code compiled it" if theirs else ""),
+        )
 
     def _compile(self, child: torch.nn.Module, mode: str, shapes: str = "auto") -> None:
         before = compiled_call(child)
@@ -168,6 +185,7 @@ class LightningRun(Run):
                     fn(opt)
                 except Skip as why:
                     self._fail(why.status, why.reason)
+
         self.fit_start.append(each)
 
     def change_loader(self, fn: Callable[[Iterable], Iterable]) -> None:
@@ -252,12 +270,18 @@ class LightningRun(Run):
         instead: one compilation (compile is lazy: nothing was compiled yet)."""
         assert self.speedup is not None
         already = _COMPILE_MODE.get(self.model)
-        blocker = (common_blocker(cuda=self.ctx.cuda, scale_loss=self.scale_loss)
-                   or whole_step_blocker(self.trainer, self.model)
-                   or ("compile's CUDA graphs were asked for" if already in CUDAGRAPH_MODES else None))
+        blocker = (
+            common_blocker(cuda=self.ctx.cuda, scale_loss=self.scale_loss)
+            or whole_step_blocker(self.trainer, self.model)
+            or ("compile's CUDA graphs were asked for" if already in CUDAGRAPH_MODES else None)
+        )
         if blocker is None:
-            self.graph = WholeStepGraph(self.trainer, self.model, lambda obj, attr, value: patch_attr(obj, attr, value, self.undo),
-                                        on_fallback=self._graph_fallback)
+            self.graph = WholeStepGraph(
+                self.trainer,
+                self.model,
+                lambda obj, attr, value: patch_attr(obj, attr, value, self.undo),
+                on_fallback=self._graph_fallback,
+            )
             self.ctx.describe(self.speedup.name, self.graph.engine.detail())
             self.fit_start.append(lambda: self.graph.prepare(self.undo) if self.graph is not None else None)
             return
@@ -266,9 +290,11 @@ class LightningRun(Run):
     def graph_tier_facts(self) -> TierFacts:
         already = _COMPILE_MODE.get(self.model)
         children = compilable_children(self.model)
-        return TierFacts(compiled_mode=already,
-                         graphs_unsafe=graphs_unsafe(self.trainer, self.model) if already not in CUDAGRAPH_MODES else None,
-                         can_compile=bool(children) or already is not None)
+        return TierFacts(
+            compiled_mode=already,
+            graphs_unsafe=graphs_unsafe(self.trainer, self.model) if already not in CUDAGRAPH_MODES else None,
+            can_compile=bool(children) or already is not None,
+        )
 
     def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:
         """The children compiled in ``mode`` (or the compile speedup's mode raised to it: compile is

@@ -27,14 +27,21 @@ from typing import Any
 import torch
 
 from fastloop._torch_private import found_inf
+from fastloop.adapters.graph_step import GraphedStep
+from fastloop.adapters.step_source import host_draws
 from fastloop.data import to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
-from fastloop.adapters.step_source import host_draws
-from fastloop.adapters.graph_step import GraphedStep
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
-from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, check_compiled, compiled_by_user, compiles, graphs_so_far
+from fastloop.speedups.compile import (
+    CUDAGRAPH_MODES,
+    apply_compile,
+    check_compiled,
+    compiled_by_user,
+    compiles,
+    graphs_so_far,
+)
 from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.precision import held_on_skipped_steps
 from fastloop.speedups.run import Run, eval_loss
@@ -57,8 +64,14 @@ class LoopRun(Run):
         (torch.bfloat16, 1, True)
     """
 
-    def __init__(self, ctx: Context, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
-                 loader: Iterable | None, step_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        loader: Iterable | None,
+        step_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+    ) -> None:
         self.ctx, self.model, self.optimizer, self.loader = ctx, model, optimizer, loader
         self.step_fn = step_fn
         """The loop's loss of a batch, ``step_fn(model, batch)`` (for :meth:`batch_loss`)."""
@@ -117,8 +130,12 @@ class LoopRun(Run):
 
     def graph_tier_facts(self) -> TierFacts:
         model = self._need(self.model, "model")
-        return TierFacts(compiled_mode=self.compile_mode, graphs_unsafe=None,  # the loop holds no gradients over
-                         can_compile=next(model.parameters(), None) is not None, user_compiled=compiled_by_user(model))
+        return TierFacts(
+            compiled_mode=self.compile_mode,
+            graphs_unsafe=None,  # the loop holds no gradients over
+            can_compile=next(model.parameters(), None) is not None,
+            user_compiled=compiled_by_user(model),
+        )
 
     def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:
         self.graph_owner = None  # the step runs below the whole-step graph from here on
@@ -166,25 +183,37 @@ class FastLoop:
             step the scaler skipped).
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable,
-                 loss_fn: Callable | None = None, *, step_fn: Callable | None = None,
-                 speedups: str | list | None = None, device: str | torch.device = "auto",
-                 scheduler: Any = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: Iterable,
+        loss_fn: Callable | None = None,
+        *,
+        step_fn: Callable | None = None,
+        speedups: str | list | None = None,
+        device: str | torch.device = "auto",
+        scheduler: Any = None,
+    ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if loader is None or isinstance(loader, (str, bytes)) or not hasattr(loader, "__iter__"):
-            raise TypeError(f"loader must be an iterable of batches (a DataLoader, for example), got {type(loader).__name__}")
+            raise TypeError(
+                f"loader must be an iterable of batches (a DataLoader, for example), got {type(loader).__name__}"
+            )
         for name, fn in (("loss_fn", loss_fn), ("step_fn", step_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         if (loss_fn is None) == (step_fn is None):
             raise ValueError("give exactly one of loss_fn (for (inputs, targets) batches) or step_fn(model, batch)")
         if step_fn is None:
+
             def step_fn(m: torch.nn.Module, batch: Any) -> torch.Tensor:
                 inputs, targets = batch
                 return loss_fn(m(inputs), targets)
+
         self.step_fn = step_fn
         self.device = resolve_device(device)
         self.ctx = Context(self.device)
@@ -192,7 +221,9 @@ class FastLoop:
         self.speedups = resolve(speedups)
         model = model.to(self.device)
         if any(p.device != self.device for g in optimizer.param_groups for p in g["params"]):
-            raise ValueError("the optimizer's parameters are not the model's (build the optimizer after moving the model?)")
+            raise ValueError(
+                "the optimizer's parameters are not the model's (build the optimizer after moving the model?)"
+            )
         self.run = LoopRun(self.ctx, model, optimizer, loader, step_fn)
         apply_all(self.speedups, self.run)
         self.model, self.optimizer, self.loader = self.run.model, self.run.optimizer, self.run.loader
@@ -208,14 +239,20 @@ class FastLoop:
         self.graph_owner = owner = self.run.graph_owner
         if owner:  # what keeps the whole step out of one graph, known before the first step
             drawn = host_draws(step_fn, model)
-            why = (common_blocker(cuda=self.device.type == "cuda", scale_loss=self.run.scale_loss)
-                   or (f"the step function uses {drawn}" if drawn else None))
+            why = common_blocker(cuda=self.device.type == "cuda", scale_loss=self.run.scale_loss) or (
+                f"the step function uses {drawn}" if drawn else None
+            )
             if why:
                 below_whole(self.run, owner, why)
             else:
-                self.graphed = GraphedStep(self.model, self.optimizer, self.step_fn, self.run.autocast_dtype,
-                                           schedulers=[scheduler] if scheduler is not None else [],
-                                           on_fallback=lambda reason: below_whole(self.run, owner, reason))
+                self.graphed = GraphedStep(
+                    self.model,
+                    self.optimizer,
+                    self.step_fn,
+                    self.run.autocast_dtype,
+                    schedulers=[scheduler] if scheduler is not None else [],
+                    on_fallback=lambda reason: below_whole(self.run, owner, reason),
+                )
         self.model = self.run.model  # a tier below the whole step compiled it (in place)
 
     @property
@@ -311,5 +348,6 @@ class FastLoop:
         extra = dict(self.ctx.stats)
         if self.scaler is not None:
             extra["fp16_skipped_steps"] = self.skipped_steps
-        return LoopResult(losses=torch.stack(losses).float().cpu().tolist(), stats=stats,
-                          records=self.records, extra=extra)
+        return LoopResult(
+            losses=torch.stack(losses).float().cpu().tolist(), stats=stats, records=self.records, extra=extra
+        )

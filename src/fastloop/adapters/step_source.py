@@ -25,8 +25,11 @@ COUNTERS = ("global_step", "current_epoch")
 
 def _own_classes(cls: type) -> list[type]:
     """The user's classes in ``cls``'s MRO (not Lightning's, torch's or fastloop's), most derived first."""
-    return [k for k in cls.__mro__
-            if k.__module__.split(".")[0] not in ("lightning", "pytorch_lightning", "torch", "builtins", "fastloop")]
+    return [
+        k
+        for k in cls.__mro__
+        if k.__module__.split(".")[0] not in ("lightning", "pytorch_lightning", "torch", "builtins", "fastloop")
+    ]
 
 
 def _method(classes: list[type], name: str, after: type | None = None) -> tuple[Any, type] | None:
@@ -131,19 +134,32 @@ def _reads(node: Any, klass: type, classes: list[type], index: str | None, depth
             f = sub.func
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
                 calls.append((f.attr, False, at))
-            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and \
-                    isinstance(f.value.func, ast.Name) and f.value.func.id == "super":
+            elif (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Call)
+                and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super"
+            ):
                 calls.append((f.attr, True, at))
     for sub in ast.walk(node):
         if isinstance(sub, ast.Attribute) and sub.attr in COUNTERS:
             base = sub.value
             if isinstance(base, ast.Name) and base.id == "self":
                 return f"self.{sub.attr}"
-            if isinstance(base, ast.Attribute) and base.attr == "trainer" and isinstance(base.value, ast.Name) \
-                    and base.value.id == "self":
+            if (
+                isinstance(base, ast.Attribute)
+                and base.attr == "trainer"
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "self"
+            ):
                 return f"self.trainer.{sub.attr}"
-        if index and isinstance(sub, ast.Name) and sub.id == index and isinstance(sub.ctx, ast.Load) \
-                and id(sub) not in passed:
+        if (
+            index
+            and isinstance(sub, ast.Name)
+            and sub.id == index
+            and isinstance(sub.ctx, ast.Load)
+            and id(sub) not in passed
+        ):
             return index
         if isinstance(sub, ast.Call):
             drawn = _host_draw(sub)
@@ -201,8 +217,6 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     if node is None:
         return None
     params = [a.arg for a in node.args.args]
-    return _reads(node, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module)  # (self, batch, batch_idx)
-
-
-
-
+    return _reads(
+        node, owner, classes, params[2] if len(params) > 2 else None, 2, pl_module
+    )  # (self, batch, batch_idx)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, step_rate_of, unsteady_note
+from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import resolve
-from fastloop.drivers.subproc import run_in_subprocess
 
 __all__ = ["DEFAULT_REPEATS", "run_ab"]
 
@@ -44,22 +44,42 @@ def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int, order: list[str] |
     if items:  # a batch-size change: compared per item, and the steps see different batches
         ia, ib = (", ".join(map(str, items[side])) for side in ("a", "b"))
         verdict += f"; per item (throughput): B trains on {ib} items per step, A on {ia}"
-        agreement = {"comparable": False,
-                     "note": f"not compared: B's steps hold {ib} items and A's {ia}, so their losses are over different batches"}
+        agreement = {
+            "comparable": False,
+            "note": f"not compared: B's steps hold {ib} items and A's {ia}, so their losses are over different batches",
+        }
     verdict += unsteady_note(ra, rb)
-    return {"kind": "ab", "a_spec": a, "b_spec": b, "a": sides["a"], "b": sides["b"], "repeats": repeats,
-            "speedup": speedup, "verdict": verdict, "loss_agreement": agreement,
-            "losses": {"a": first[0], "b": first[1]},
-            "run_order": [key.split(":", 1)[0].upper() for key in (order or [])],
-            "method": "run-level paired t-interval on the log of mean-step-time ratios (per item when the sides' batch "
-                      "sizes differ; counterbalanced pairs A B, B A, A B, ... (run_order), "
-                      "each run a fresh process); fewer than 3 runs per side: too few runs to tell"}
+    return {
+        "kind": "ab",
+        "a_spec": a,
+        "b_spec": b,
+        "a": sides["a"],
+        "b": sides["b"],
+        "repeats": repeats,
+        "speedup": speedup,
+        "verdict": verdict,
+        "loss_agreement": agreement,
+        "losses": {"a": first[0], "b": first[1]},
+        "run_order": [key.split(":", 1)[0].upper() for key in (order or [])],
+        "method": "run-level paired t-interval on the log of mean-step-time ratios (per item when the sides' batch "
+        "sizes differ; counterbalanced pairs A B, B A, A B, ... (run_order), "
+        "each run a fresh process); fewer than 3 runs per side: too few runs to tell",
+    }
 
 
-def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps: int = 30, warmup: int = 5,
-           device: str = "cpu", measure: Callable[..., dict] | None = None,
-           progress: Callable[[str], None] | None = None,
-           on_update: Callable[[dict], None] | None = None) -> dict:
+def run_ab(
+    target: str,
+    a: str,
+    b: str,
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    steps: int = 30,
+    warmup: int = 5,
+    device: str = "cpu",
+    measure: Callable[..., dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_update: Callable[[dict], None] | None = None,
+) -> dict:
     """Measure A and B interleaved ``repeats`` times; ``on_update(doc)`` after every run.
 
     On Ctrl-C the document of the finished runs is returned with ``"interrupted": True``."""
@@ -85,8 +105,19 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     update = (lambda: on_update(_doc(a, b, runs, repeats, order))) if on_update else None
     shown = (lambda text: progress(text.replace("of a:", "of A = ").replace("of b:", "of B = "))) if progress else None
     try:
-        measure_interleaved(target, [f"a:{a}", f"b:{b}"], repeats, measure=by_side, steps=steps, warmup=warmup,
-                            device=device, runs=runs, progress=shown, on_run=update, order=order)
+        measure_interleaved(
+            target,
+            [f"a:{a}", f"b:{b}"],
+            repeats,
+            measure=by_side,
+            steps=steps,
+            warmup=warmup,
+            device=device,
+            runs=runs,
+            progress=shown,
+            on_run=update,
+            order=order,
+        )
     except KeyboardInterrupt:
         doc = _doc(a, b, runs, repeats, order)
         doc["interrupted"] = True
@@ -96,8 +127,9 @@ def run_ab(target: str, a: str, b: str, *, repeats: int = DEFAULT_REPEATS, steps
     return doc
 
 
-def _raise_side_failure(doc: dict, runs: dict[str, Runs], a: str, b: str,
-                        on_update: Callable[[dict], None] | None) -> None:
+def _raise_side_failure(
+    doc: dict, runs: dict[str, Runs], a: str, b: str, on_update: Callable[[dict], None] | None
+) -> None:
     """The error policy, as ``run`` and ``ladder`` follow it: when the user's code raised on a side
     (exit 1 in its process) or fastloop refused its input (exit 2), the partial report says which
     side failed and the same error is raised here (the CLI exits 1 with the user's frames, or 2)."""

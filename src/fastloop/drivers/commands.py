@@ -25,8 +25,13 @@ def _stamp(doc: dict, args: argparse.Namespace, device: str) -> dict:
     from fastloop import __version__
     from fastloop.measure.env import env_stamp
 
-    return {"fastloop_version": __version__, "env": env_stamp(), "target": getattr(args, "target", None),
-            "device": device, **doc}
+    return {
+        "fastloop_version": __version__,
+        "env": env_stamp(),
+        "target": getattr(args, "target", None),
+        "device": device,
+        **doc,
+    }
 
 
 def _progress(args: argparse.Namespace):
@@ -62,14 +67,20 @@ def _scaling_run(args: argparse.Namespace, device: str) -> dict:
     one = run_in_subprocess(args.target, args.speedups, **kw)
     many = run_in_subprocess(args.target, args.speedups, **kw, devices=args.devices, strategy=args.strategy or "ddp")
     t1, tn = one["throughput"]["value"], many["throughput"]["value"]
-    many["scaling"] = {"devices": args.devices, "throughput_1": t1, "throughput_n": tn,
-                       "speedup": tn / t1 if t1 and tn else None,
-                       "efficiency": tn / (args.devices * t1) if t1 and tn else None,
-                       "basis": "the same per-device batch; each side one fresh process (the N ranks started by "
-                                "Lightning); throughput summed over ranks at the slowest rank's pace",
-                       "one_device": {k: one[k] for k in ("step_s", "throughput", "data_wait_frac", "speedups")}}
+    many["scaling"] = {
+        "devices": args.devices,
+        "throughput_1": t1,
+        "throughput_n": tn,
+        "speedup": tn / t1 if t1 and tn else None,
+        "efficiency": tn / (args.devices * t1) if t1 and tn else None,
+        "basis": "the same per-device batch; each side one fresh process (the N ranks started by "
+        "Lightning); throughput summed over ranks at the slowest rank's pace",
+        "one_device": {k: one[k] for k in ("step_s", "throughput", "data_wait_frac", "speedups")},
+    }
     slowest = many["ranks"][many["slowest_rank"]]["step_s"]["mean"] if many.get("ranks") else None
-    many["scaling"]["step_time_growth"] = slowest / one["step_s"]["mean"] - 1 if slowest and one["step_s"]["mean"] else None
+    many["scaling"]["step_time_growth"] = (
+        slowest / one["step_s"]["mean"] - 1 if slowest and one["step_s"]["mean"] else None
+    )
     many["diagnosis"] = diagnose(many)
     return many
 
@@ -79,8 +90,7 @@ def run_command(args: argparse.Namespace) -> dict:
     from fastloop.device import resolve_device
 
     device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
-    commands = {"run": _run, "ladder": _ladder_or_ab, "ab": _ladder_or_ab, "batch-size": _batch_size,
-                "doctor": _doctor}
+    commands = {"run": _run, "ladder": _ladder_or_ab, "ab": _ladder_or_ab, "batch-size": _batch_size, "doctor": _doctor}
     if args.cmd not in commands:
         raise FastloopError(f"unknown command {args.cmd!r}")
     return commands[args.cmd](args, device)
@@ -91,11 +101,24 @@ def _run(args: argparse.Namespace, device: str) -> dict:
 
     if args.devices > 1 and not args.no_scaling:
         return _stamp({"kind": "run", **_scaling_run(args, device)}, args, device)
-    return _stamp({"kind": "run", **run_configuration(args.target, args.speedups, steps=args.steps,
-                                                     warmup=args.warmup, device=device, devices=args.devices,
-                                                     strategy=args.strategy, measure_s=args.measure_s,
-                                                     step_rate=args.step_rate)},
-                  args, device)
+    return _stamp(
+        {
+            "kind": "run",
+            **run_configuration(
+                args.target,
+                args.speedups,
+                steps=args.steps,
+                warmup=args.warmup,
+                device=device,
+                devices=args.devices,
+                strategy=args.strategy,
+                measure_s=args.measure_s,
+                step_rate=args.step_rate,
+            ),
+        },
+        args,
+        device,
+    )
 
 
 def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
@@ -112,9 +135,16 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
         """Every finished run lands in report.json and report.md at once; report.html (its
         plots cost ~0.5 s) at most every HTML_EVERY_S seconds, and always at the end."""
         if lines is not None:  # on the command's clock and the user's budget
-            lines({**doc, "budget_s": clock.get("budget", doc.get("budget_s")),
-                   "run_log": [{**e, "elapsed_s": e.get("elapsed_s", 0) + clock.get("started", 0.0)}
-                               for e in doc.get("run_log") or []]})
+            lines(
+                {
+                    **doc,
+                    "budget_s": clock.get("budget", doc.get("budget_s")),
+                    "run_log": [
+                        {**e, "elapsed_s": e.get("elapsed_s", 0) + clock.get("started", 0.0)}
+                        for e in doc.get("run_log") or []
+                    ],
+                }
+            )
         now = time.monotonic()
         html = now - last_html[0] >= HTML_EVERY_S
         write_reports(_stamp({**doc, "partial": True}, args, device), args.out, args.json, html=html)
@@ -137,20 +167,38 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
             budget = args.budget if args.budget is not None else default_budget(device)
             started_s = time.perf_counter() - STARTED  # imports and checks before the ladder's clock
             clock.update(budget=budget, started=started_s)
-            doc = run_ladder(args.target, rungs, steps=args.steps, warmup=args.warmup, max_repeats=args.max_repeats,
-                             budget=max(budget - started_s - TEARDOWN_S, 1.0),
-                             mode="cumulative" if args.cumulative else "sequential" if args.sequential else "select",
-                             device=device, progress=update, on_update=partial, measure=_measure_on(args),
-                             base=args.base)
+            doc = run_ladder(
+                args.target,
+                rungs,
+                steps=args.steps,
+                warmup=args.warmup,
+                max_repeats=args.max_repeats,
+                budget=max(budget - started_s - TEARDOWN_S, 1.0),
+                mode="cumulative" if args.cumulative else "sequential" if args.sequential else "select",
+                device=device,
+                progress=update,
+                on_update=partial,
+                measure=_measure_on(args),
+                base=args.base,
+            )
             doc.update(budget_s=budget, started_s=round(started_s, 2), teardown_reserve_s=TEARDOWN_S)
             if doc["rungs"]:
                 doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
         else:
             from fastloop.drivers.ab import run_ab
 
-            doc = run_ab(args.target, args.a, args.b, repeats=args.repeats, steps=args.steps,
-                         warmup=args.warmup, device=device, progress=update, on_update=partial,
-                         measure=_measure_on(args))
+            doc = run_ab(
+                args.target,
+                args.a,
+                args.b,
+                repeats=args.repeats,
+                steps=args.steps,
+                warmup=args.warmup,
+                device=device,
+                progress=update,
+                on_update=partial,
+                measure=_measure_on(args),
+            )
     finally:
         if prog:
             prog.stop()
@@ -162,9 +210,16 @@ def _batch_size(args: argparse.Namespace, device: str) -> dict:
     from fastloop.drivers.targets import build_target
 
     module, data, settings = build_target(args.target)  # no Trainer: of its settings, the precision applies
-    doc = search_batch_size(module, data, speedups=args.speedups, device=device, max_size=args.max_size,
-                            trainer_precision=(settings or {}).get("precision"),
-                            objective=args.objective, margin=args.margin)
+    doc = search_batch_size(
+        module,
+        data,
+        speedups=args.speedups,
+        device=device,
+        max_size=args.max_size,
+        trainer_precision=(settings or {}).get("precision"),
+        objective=args.objective,
+        margin=args.margin,
+    )
     return _stamp({"kind": "batch-size", **doc}, args, device)
 
 

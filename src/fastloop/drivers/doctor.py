@@ -31,8 +31,17 @@ from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import advice_pattern
 from fastloop.speedups.cuda_graph import TIERS
 
-__all__ = ["COMM_BOUND_EFFICIENCY", "DATA_BOUND_WAIT", "GRAPHED_DATA_WAIT", "HOST_BOUND_BUSY", "data_advice",
-           "diagnose", "join_advice", "machine_ceilings", "without_measured"]
+__all__ = [
+    "COMM_BOUND_EFFICIENCY",
+    "DATA_BOUND_WAIT",
+    "GRAPHED_DATA_WAIT",
+    "HOST_BOUND_BUSY",
+    "data_advice",
+    "diagnose",
+    "join_advice",
+    "machine_ceilings",
+    "without_measured",
+]
 
 DATA_BOUND_WAIT = 0.2
 """A step that waits for its batch this share of the time or more is called data-bound."""
@@ -74,33 +83,45 @@ def machine_ceilings(quick: bool = False) -> dict:
     m = out["measured"]
     if not torch.cuda.is_available():
         n = 1024 if quick else 2048
-        m["cpu_matmul_fp32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=3, device="cpu"),
-                                       "how": f"{n}^3 fp32 matmul on CPU, {torch.get_num_threads()} threads"}
+        m["cpu_matmul_fp32_tflops"] = {
+            "value": measure_matmul_tflops(torch.float32, n=n, iters=3, device="cpu"),
+            "how": f"{n}^3 fp32 matmul on CPU, {torch.get_num_threads()} threads",
+        }
         for k in ("gpu_matmul", "device_copy", "host_to_device", "launch_overhead"):
             out["not_measured"][k] = "no CUDA device on this machine"
         return out
     n = 4096 if quick else 8192
     for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
-        m[f"matmul_{name}_tflops"] = {"value": measure_matmul_tflops(dt, n=n, iters=10 if quick else 20),
-                                      "how": f"{n}^3 {name} matmul, random data, median of CUDA-event timings"}
+        m[f"matmul_{name}_tflops"] = {
+            "value": measure_matmul_tflops(dt, n=n, iters=10 if quick else 20),
+            "how": f"{n}^3 {name} matmul, random data, median of CUDA-event timings",
+        }
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
-    m["matmul_tf32_tflops"] = {"value": measure_matmul_tflops(torch.float32, n=n, iters=10 if quick else 20),
-                               "how": f"{n}^3 fp32 matmul with TF32 allowed"}
+    m["matmul_tf32_tflops"] = {
+        "value": measure_matmul_tflops(torch.float32, n=n, iters=10 if quick else 20),
+        "how": f"{n}^3 fp32 matmul with TF32 allowed",
+    }
     torch.backends.cuda.matmul.allow_tf32 = prev
 
-    save_measured_ceilings(torch.cuda.get_device_name(0), {d: m[f"matmul_{d}_tflops"]["value"]
-                                                            for d in ("bf16", "fp16", "fp32", "tf32")})
+    save_measured_ceilings(
+        torch.cuda.get_device_name(0), {d: m[f"matmul_{d}_tflops"]["value"] for d in ("bf16", "fp16", "fp32", "tf32")}
+    )
     nbytes = (1 if quick else 4) * 2**30
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     t = _events_time(functools.partial(dst.copy_, src), 10)
-    m["device_copy_tbs"] = {"value": 2 * nbytes / t / 1e12, "how": f"{nbytes >> 20} MiB device copy, bytes read + written"}
+    m["device_copy_tbs"] = {
+        "value": 2 * nbytes / t / 1e12,
+        "how": f"{nbytes >> 20} MiB device copy, bytes read + written",
+    }
     del src, dst  # free 2 x nbytes before the next measurement
     size = 256 * 2**20
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-    for label, host in (("pageable", torch.empty(size, dtype=torch.uint8)),
-                        ("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True))):
+    for label, host in (
+        ("pageable", torch.empty(size, dtype=torch.uint8)),
+        ("pinned", torch.empty(size, dtype=torch.uint8, pin_memory=True)),
+    ):
         host.fill_(1)
         t = _events_time(functools.partial(dev.copy_, host, non_blocking=True), 10)
         m[f"h2d_{label}_gbs"] = {"value": size / t / 1e9, "how": f"256 MiB host->device copy from {label} memory"}
@@ -112,8 +133,10 @@ def machine_ceilings(quick: bool = False) -> dict:
     for _ in range(iters):
         x.add_(1)
     torch.cuda.synchronize()
-    m["launch_overhead_us"] = {"value": (time.perf_counter() - t0) / iters * 1e6,
-                               "how": f"{iters} back-to-back tiny kernels (x.add_(1)), host wall time per launch"}
+    m["launch_overhead_us"] = {
+        "value": (time.perf_counter() - t0) / iters * 1e6,
+        "how": f"{iters} back-to-back tiny kernels (x.add_(1)), host wall time per launch",
+    }
     return out
 
 
@@ -127,12 +150,16 @@ def join_advice(clauses: list[tuple[str | None, str]]) -> str:
     return "; ".join(text for _, text in clauses) + "."
 
 
-_FEED_CLAUSES = (("workers", "workers (more loader processes)"), ("pin_memory", "pin_memory (pinned host batches)"),
-                 ("prefetch", "prefetch (the next batches built on a background thread while the step runs)"))
+_FEED_CLAUSES = (
+    ("workers", "workers (more loader processes)"),
+    ("pin_memory", "pin_memory (pinned host batches)"),
+    ("prefetch", "prefetch (the next batches built on a background thread while the step runs)"),
+)
 
 
-def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
-                checks: dict | None = None) -> list[tuple[str | None, str]]:
+def data_advice(
+    applied: set[str], cuda: bool = True, stamp: dict | None = None, checks: dict | None = None
+) -> list[tuple[str | None, str]]:
     """The next data-pipeline fixes as clauses, each the speedup it advises (None: prose that
     names none), so a ladder that measured one of them drops that clause and keeps the rest.
     ``stamp``: the run's environment stamp, when it has one (what CUDA_DEVICE_MAX_CONNECTIONS was).
@@ -148,9 +175,14 @@ def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
     """
     if not cuda:
         if "workers" in applied:
-            return [(None, "the loader's workers are the limit: more of them (workers:N, when the loader waits on "
-                           "storage rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the "
-                           "transform)")]
+            return [
+                (
+                    None,
+                    "the loader's workers are the limit: more of them (workers:N, when the loader waits on "
+                    "storage rather than the CPU), or cheaper per-sample work (cache parsed samples, batch the "
+                    "transform)",
+                )
+            ]
         return [("workers", "workers (several loader processes prepare batches while the step runs)")]
     if "dali" in applied and stamp is not None and "cuda_device_max_connections" in stamp:
         from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note
@@ -160,23 +192,42 @@ def data_advice(applied: set[str], cuda: bool = True, stamp: dict | None = None,
         if note:
             return [(None, f"first, CUDA's hardware queues: {note}")]
     if "dali" in applied:
-        return [(None, "DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
-                       "disk, lighter augmentation, or a larger batch (fewer steps per image)")]
+        return [
+            (
+                None,
+                "DALI itself is the limit (its reader threads and the GPU's JPEG decoders): smaller images on "
+                "disk, lighter augmentation, or a larger batch (fewer steps per image)",
+            )
+        ]
     checks = checks or {}
     todo = [(n, text) for n, text in _FEED_CLAUSES if n not in applied]
     paths = [(n, text) for n, text in _GPU_FEEDS if n not in checks]
     limit = [] if todo else [(None, "the CPU pipeline is at its limit with workers, pinned memory and prefetch")]
     if not paths:  # neither GPU path reads this loader's data: said without naming them
         why = checks.get("gpu_augment") or checks.get("dali")
-        return todo + limit + [(None, f"this loader's data cannot be decoded or augmented on the GPU by fastloop "
-                                      f"({why}); cache decoded data, or make per-sample work cheaper (one transform on "
-                                      "the whole batch instead of each sample in __getitem__)")]
+        return (
+            todo
+            + limit
+            + [
+                (
+                    None,
+                    f"this loader's data cannot be decoded or augmented on the GPU by fastloop "
+                    f"({why}); cache decoded data, or make per-sample work cheaper (one transform on "
+                    "the whole batch instead of each sample in __getitem__)",
+                )
+            ]
+        )
     return todo + limit + paths + ([] if todo else [(None, "cache decoded data, or make per-sample work cheaper")])
 
 
-_GPU_FEEDS = (("dali", "for JPEG data in an ImageFolder, decode and augment on the GPU (dali)"),
-              ("gpu_augment", "for in-memory images with a torchvision crop/resized-crop/flip/normalize pipeline, "
-                              "augment each batch on the GPU (gpu_augment)"))
+_GPU_FEEDS = (
+    ("dali", "for JPEG data in an ImageFolder, decode and augment on the GPU (dali)"),
+    (
+        "gpu_augment",
+        "for in-memory images with a torchvision crop/resized-crop/flip/normalize pipeline, "
+        "augment each batch on the GPU (gpu_augment)",
+    ),
+)
 """The GPU feed paths the doctor advises, each where the loader's data check does not rule it out."""
 
 
@@ -186,8 +237,14 @@ def _sync_clause(cfg: dict) -> list[tuple[str | None, str]]:
     syncs = (cfg.get("gpu_profile") or {}).get("host_syncs_per_step") or 0.0
     then = ", so the host builds the next batch only once the GPU is done"
     if pbar:  # Lightning's .item() on each
-        return [(None, f"log {', '.join(pbar)} without prog_bar=True: Lightning reads them to the host every step{then}")]
-    return [(None, f"remove the step's {syncs:.1f} host syncs a step (.item(), .cpu(), print){then}")] if syncs >= 0.5 else []
+        return [
+            (None, f"log {', '.join(pbar)} without prog_bar=True: Lightning reads them to the host every step{then}")
+        ]
+    return (
+        [(None, f"remove the step's {syncs:.1f} host syncs a step (.item(), .cpu(), print){then}")]
+        if syncs >= 0.5
+        else []
+    )
 
 
 def _feed_rates(cfg: dict, wait: float) -> str:
@@ -199,8 +256,10 @@ def _feed_rates(cfg: dict, wait: float) -> str:
     demand = items / (mean * (1 - wait))
     fetch = cfg.get("host_fetch_s")
     host = f" (getting a batch takes {1e3 * fetch:.2f} ms of the host's time)" if fetch else ""
-    return (f"; the feed delivers {items / mean:,.0f} items/s{host} and the step alone would consume {demand:,.0f}/s: "
-            f"the feed must reach {demand:,.0f}/s")
+    return (
+        f"; the feed delivers {items / mean:,.0f} items/s{host} and the step alone would consume {demand:,.0f}/s: "
+        f"the feed must reach {demand:,.0f}/s"
+    )
 
 
 def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
@@ -214,68 +273,122 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     scaling = cfg.get("scaling") or {}
     if wait < 0.2 and scaling.get("efficiency") is not None and scaling["efficiency"] < COMM_BOUND_EFFICIENCY:
         growth = scaling.get("step_time_growth")
-        return {"bottleneck": "communication-bound",
-                "evidence": (f"on {scaling['devices']} devices each step takes "
-                             f"{'?' if growth is None else f'{100 * growth:.0f}%'} longer than on one (same per-device "
-                             f"batch, data wait {100 * wait:.0f}%): scaling efficiency {100 * scaling['efficiency']:.0f}%; "
-                             f"the gradient all-reduce is not hidden behind the backward pass."),
-                "recommendation": ("ddp_comm (gradient_as_bucket_view; try ddp_comm:50 or :100 for larger buckets), a "
-                                   "larger batch per device (more compute to overlap), compile (shorter backward, but "
-                                   "measure: it also shrinks the window the all-reduce hides in)." )}
+        return {
+            "bottleneck": "communication-bound",
+            "evidence": (
+                f"on {scaling['devices']} devices each step takes "
+                f"{'?' if growth is None else f'{100 * growth:.0f}%'} longer than on one (same per-device "
+                f"batch, data wait {100 * wait:.0f}%): scaling efficiency {100 * scaling['efficiency']:.0f}%; "
+                f"the gradient all-reduce is not hidden behind the backward pass."
+            ),
+            "recommendation": (
+                "ddp_comm (gradient_as_bucket_view; try ddp_comm:50 or :100 for larger buckets), a "
+                "larger batch per device (more compute to overlap), compile (shorter backward, but "
+                "measure: it also shrinks the window the all-reduce hides in)."
+            ),
+        }
     whole = "cuda_graph" in applied and (cfg.get("extra") or {}).get("cuda_graph_tier") == TIERS[0]
     if wait >= DATA_BOUND_WAIT or (whole and wait >= GRAPHED_DATA_WAIT):
         cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
         data = (cfg.get("extra") or {}).get("dataset") or {}
-        checks, refused = cfg.get("model_checks") or {}, {x["name"] for x in cfg.get("speedups", []) if x.get("status") in ("skipped", "fallback")}
+        checks, refused = (
+            cfg.get("model_checks") or {},
+            {x["name"] for x in cfg.get("speedups", []) if x.get("status") in ("skipped", "fallback")},
+        )
         advice = data_advice(applied, cuda=cuda, stamp=cfg.get("env"), checks=checks)
         if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied | refused | set(checks):
-            advice = [("gpu_resident", f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory "
-                                       f"tensors ({data['type']}); keep it on the GPU and serve batches there (no "
-                                       "loader, no copies)")]
+            advice = [
+                (
+                    "gpu_resident",
+                    f"gpu_resident: the dataset is {data['bytes'] / 2**20:,.0f} MiB of in-memory "
+                    f"tensors ({data['type']}); keep it on the GPU and serve batches there (no "
+                    "loader, no copies)",
+                )
+            ]
         advice = [(n, t) for n, t in advice if n not in refused] + _sync_clause(cfg)  # never what this run refused
-        return {"bottleneck": "data-bound",
-                "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
-                "recommendation": join_advice(advice), "advice": advice}
+        return {
+            "bottleneck": "data-bound",
+            "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
+            "recommendation": join_advice(advice),
+            "advice": advice,
+        }
     if mem and total and mem > 0.9 * total:
-        return {"bottleneck": "memory-bound", "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
-                "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search)."}
+        return {
+            "bottleneck": "memory-bound",
+            "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
+            "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search).",
+        }
     prof = cfg.get("gpu_profile") or {}
     busy = prof.get("gpu_busy_frac")
     if busy is not None and busy + wait < HOST_BOUND_BUSY:
         syncs = prof.get("host_syncs_per_step") or 0.0
-        sync_note = (f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
-                     f".item(), .cpu(), print of a tensor, a copy from pageable memory)") if syncs >= 0.5 else ""
+        sync_note = (
+            (
+                f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
+                f".item(), .cpu(), print of a tensor, a copy from pageable memory)"
+            )
+            if syncs >= 0.5
+            else ""
+        )
         sites = [s for s in prof.get("sync_sites") or [] if s.get("site") != "outside your code"]
         if sync_note and sites:
             sync_note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
         pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
         on_device = any(getattr(REGISTRY.get(n), "replaces_loader", False) for n in applied)
-        fix = (("remove the per-step host syncs first (" + (f"self.log of {', '.join(pbar)} with prog_bar=True is one: "
-                                                              "Lightning calls .item() on it every step; " if pbar else "")
-                + "keep losses on the GPU" + ("" if on_device else ", pin_memory for batches") + "), then ")
-               if syncs >= 0.5 else "")
-        return {"bottleneck": "host-bound",
-                "evidence": (f"the GPU is busy {100 * busy:.0f}% of the step and idle "
-                             f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
-                             f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
-                             f"{prof.get('profiled_steps')} steps)."),
-                "recommendation": (fix.removesuffix(", then ") + "; " if fix and whole else fix) + _launch_fix(cfg, applied)
-                + "; a larger batch (more GPU work per host step)."}
+        fix = (
+            (
+                "remove the per-step host syncs first ("
+                + (
+                    f"self.log of {', '.join(pbar)} with prog_bar=True is one: "
+                    "Lightning calls .item() on it every step; "
+                    if pbar
+                    else ""
+                )
+                + "keep losses on the GPU"
+                + ("" if on_device else ", pin_memory for batches")
+                + "), then "
+            )
+            if syncs >= 0.5
+            else ""
+        )
+        return {
+            "bottleneck": "host-bound",
+            "evidence": (
+                f"the GPU is busy {100 * busy:.0f}% of the step and idle "
+                f"{100 * max(0.0, 1 - busy - wait):.0f}% while the host works (Python, framework hooks, "
+                f"kernel launches){sync_note}; data wait {100 * wait:.0f}% (profile of "
+                f"{prof.get('profiled_steps')} steps)."
+            ),
+            "recommendation": (fix.removesuffix(", then ") + "; " if fix and whole else fix)
+            + _launch_fix(cfg, applied)
+            + "; a larger batch (more GPU work per host step).",
+        }
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1) and not whole:
         # a whole step replayed as one CUDA graph launches no kernels one by one: not this
-        return {"bottleneck": "launch-bound",
-                "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
-                "recommendation": _launch_fix(cfg, applied) + "; a larger batch."}
+        return {
+            "bottleneck": "launch-bound",
+            "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
+            "recommendation": _launch_fix(cfg, applied) + "; a larger batch.",
+        }
     user_half = _user_half_precision(cfg)
-    if torch.cuda.is_available() and not user_half and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY):
-        return {"bottleneck": "compute-bound (fp32)",
-                "evidence": f"data wait {100 * wait:.0f}%; matmuls run in plain fp32, the slowest path on this GPU.",
-                "recommendation": "tf32, then bf16 autocast: tensor cores run bf16 ~15x faster than fp32 on Hopper."}
+    if (
+        torch.cuda.is_available()
+        and not user_half
+        and not any(REGISTRY[n].math_dtype for n in applied if n in REGISTRY)
+    ):
+        return {
+            "bottleneck": "compute-bound (fp32)",
+            "evidence": f"data wait {100 * wait:.0f}%; matmuls run in plain fp32, the slowest path on this GPU.",
+            "recommendation": "tf32, then bf16 autocast: tensor cores run bf16 ~15x faster than fp32 on Hopper.",
+        }
     ev = f"data wait {100 * wait:.0f}%" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
-    return {"bottleneck": "compute-bound", "evidence": ev + ": the step is busy computing.",
-            "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), cfg.get("model_checks") or {})
-            if (mfu or 0) < 0.4
-            else "already near the ceiling: only algorithmic changes will help much."}
+    return {
+        "bottleneck": "compute-bound",
+        "evidence": ev + ": the step is busy computing.",
+        "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), cfg.get("model_checks") or {})
+        if (mfu or 0) < 0.4
+        else "already near the ceiling: only algorithmic changes will help much.",
+    }
 
 
 def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> str:
@@ -296,16 +409,21 @@ def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> 
     graphed = "cuda_graph" in applied
     if graphed and extra.get("cuda_graph_tier") == TIERS[0]:
         # no speedup's name in the text: advice filtering reads them (without_measured)
-        return ("the whole step already replays as one CUDA graph: the host time left is outside it (the loader, the "
-                "framework's hooks and logging between steps)")
+        return (
+            "the whole step already replays as one CUDA graph: the host time left is outside it (the loader, the "
+            "framework's hooks and logging between steps)"
+        )
     part = _graph_in_part(cfg, applied)
     if part:
         return part
     why = (cfg.get("model_checks") or {}).get("cuda_graph")
     # no "cuda_graph" in the text: advice filtering reads speedup names (without_measured)
     if why:
-        return f"compile (fewer launches; a CUDA graph cannot help here: {why})" if "compile" not in applied else \
-            f"fewer, larger kernels (a larger batch; a CUDA graph cannot help here: {why})"
+        return (
+            f"compile (fewer launches; a CUDA graph cannot help here: {why})"
+            if "compile" not in applied
+            else f"fewer, larger kernels (a larger batch; a CUDA graph cannot help here: {why})"
+        )
     return "cuda_graph (whole-step capture) or compile (fewer launches)"
 
 
@@ -341,8 +459,12 @@ def _user_half_precision(cfg: dict) -> bool:
     return "16" in str(used.get("precision", ""))
 
 
-_COMPUTE_FIXES = (("bf16", "bf16 autocast"), ("fused_optimizer", "fused optimizer"), ("channels_last", "channels_last"),
-                  ("compile", "compile"))
+_COMPUTE_FIXES = (
+    ("bf16", "bf16 autocast"),
+    ("fused_optimizer", "fused optimizer"),
+    ("channels_last", "channels_last"),
+    ("compile", "compile"),
+)
 
 
 def _compute_fixes(applied: set[str], model_checks: dict[str, str]) -> str:
@@ -354,15 +476,25 @@ def _compute_fixes(applied: set[str], model_checks: dict[str, str]) -> str:
         'fused optimizer, compile.'
     """
     low_precision = any(REGISTRY[n].math_dtype in ("bf16", "fp16") for n in applied if n in REGISTRY)
-    todo = [text for name, text in _COMPUTE_FIXES
-            if name not in applied and name not in model_checks and not (name == "bf16" and low_precision)]
+    todo = [
+        text
+        for name, text in _COMPUTE_FIXES
+        if name not in applied and name not in model_checks and not (name == "bf16" and low_precision)
+    ]
     if todo:
         return ", ".join(todo) + "."
     have = [name for name, _ in _COMPUTE_FIXES if name in applied or (name == "bf16" and low_precision)]
     cannot = [f"{name}: {model_checks[name]}" for name, _ in _COMPUTE_FIXES if name in model_checks]
-    return ("the usual compute fixes are " + (f"applied ({', '.join(have)})" if have else "not for this model")
-            + (f" or do not apply ({'; '.join(cannot)})" if cannot and have else (f" ({'; '.join(cannot)})" if cannot else ""))
-            + ": profile the step (fastloop run --out DIR shows its GPU profile), or a larger batch (batch_size).")
+    return (
+        "the usual compute fixes are "
+        + (f"applied ({', '.join(have)})" if have else "not for this model")
+        + (
+            f" or do not apply ({'; '.join(cannot)})"
+            if cannot and have
+            else (f" ({'; '.join(cannot)})" if cannot else "")
+        )
+        + ": profile the step (fastloop run --out DIR shows its GPU profile), or a larger batch (batch_size)."
+    )
 
 
 def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
@@ -383,10 +515,15 @@ def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
             return diagnosis
         kept = [(n, t) for n, t in clauses if n not in measured]
         said = "; ".join(f"{n} ({measured[n]})" for n in dropped)
-        text = (join_advice(kept)[:-1] + "; " if kept else "") + f"measured here and not faster, so not advised again: {said}."
+        text = (
+            join_advice(kept)[:-1] + "; " if kept else ""
+        ) + f"measured here and not faster, so not advised again: {said}."
         return {**diagnosis, "recommendation": text, "advice": kept, "advice_filtered": dropped}
-    named = [cls.name for cls in sorted(REGISTRY.values(), key=lambda c: c.order)
-             if re.search(advice_pattern(cls), rec, re.IGNORECASE)]
+    named = [
+        cls.name
+        for cls in sorted(REGISTRY.values(), key=lambda c: c.order)
+        if re.search(advice_pattern(cls), rec, re.IGNORECASE)
+    ]
     dropped = [n for n in named if n in measured]
     if not dropped:
         return diagnosis
@@ -395,6 +532,8 @@ def without_measured(diagnosis: dict, measured: dict[str, str]) -> dict:
     if rest:
         text = f"{', '.join(rest)}; measured here and not faster, so not advised again: {said}."
     else:
-        text = (f"the usual fixes for this bottleneck were measured here and were not faster: {said}; "
-                "profile the step (fastloop run --out DIR shows its GPU profile) to find what holds it.")
+        text = (
+            f"the usual fixes for this bottleneck were measured here and were not faster: {said}; "
+            "profile the step (fastloop run --out DIR shows its GPU profile) to find what holds it."
+        )
     return {**diagnosis, "recommendation": text, "advice_filtered": dropped}

@@ -26,6 +26,7 @@ def arm_interrupt_deadline() -> None:
     """On the first Ctrl-C, a timer ends the process (status 130, its loader workers and other
     children killed) if the orderly path (Lightning's shutdown, writing the reports) has not
     finished within :data:`INTERRUPT_DEADLINE_S`; the orderly path runs meanwhile as usual."""
+
     def deadline() -> None:
         time.sleep(INTERRUPT_DEADLINE_S)
         sys.stderr.write("fastloop: interrupted\n")
@@ -45,8 +46,10 @@ def arm_interrupt_deadline() -> None:
     def unraisable(args: object) -> None:
         # Ctrl-C that landed in a weakref callback or __del__ (matplotlib's, while a report is drawn)
         # is swallowed there with a traceback: raise it again in the main thread's code instead
-        if isinstance(getattr(args, "exc_value", None), KeyboardInterrupt) and \
-                threading.current_thread() is threading.main_thread():
+        if (
+            isinstance(getattr(args, "exc_value", None), KeyboardInterrupt)
+            and threading.current_thread() is threading.main_thread()
+        ):
             signal.signal(signal.SIGINT, again)
             import _thread
 
@@ -58,8 +61,14 @@ def arm_interrupt_deadline() -> None:
     signal.signal(signal.SIGINT, on_sigint)
 
 
-_PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "remote worker", "distbackenderror",
-                 "communicator was aborted", "broken pipe")
+_PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote worker",
+    "distbackenderror",
+    "communicator was aborted",
+    "broken pipe",
+)
 
 
 def peer_failed(err: BaseException) -> bool:

@@ -54,9 +54,13 @@ def _child(req: dict) -> int:
     return _ENTRY[0](req["argv"])
 
 
-
-COMPILER_MODULES = ("torch._inductor.compile_fx", "torch._inductor.codegen.cpp", "torch._inductor.codegen.triton",
-                    "torch._inductor.codegen.wrapper", "torch._functorch.partitioners")
+COMPILER_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.codegen.cpp",
+    "torch._inductor.codegen.triton",
+    "torch._inductor.codegen.wrapper",
+    "torch._functorch.partitioners",
+)
 """What a first ``torch.compile`` imports that importing torch does not (the slow part of it)."""
 
 
@@ -121,8 +125,9 @@ def serve() -> None:
     # before fork() is unusable in the child); each child initializes its own
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     _ENTRY.append(entry_point())  # the command line's imports, which every run needs, paid once
-    import fastloop.drivers.runner  # noqa: F401
     import torch
+
+    import fastloop.drivers.runner  # noqa: F401
 
     if torch.cuda.is_initialized():
         _send({"error": "CUDA was initialized while importing; forked runs could not use it"})

@@ -28,14 +28,14 @@ from collections.abc import Callable
 
 import torch
 
-from fastloop.errors import FastloopError
 from fastloop.drivers.ladder_report import join_specs
-from fastloop.drivers.ladder_state import MIN_REPEATS, LadderState
 from fastloop.drivers.ladder_search import StagedSearch
 from fastloop.drivers.ladder_sequential import run_sequential, select_order
-from fastloop.speedups.base import Context, default_ladder, resolve
+from fastloop.drivers.ladder_state import MIN_REPEATS, LadderState
 from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.drivers.targets import recipe_rungs
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Context, default_ladder, resolve
 
 __all__ = ["DEFAULT_RUNGS", "default_budget", "default_measure_s", "default_rungs", "run_ladder", "select_order"]
 
@@ -68,11 +68,22 @@ def default_rungs(device: str, target: str | None = None) -> list[str]:
     return [s.name for s in resolve(names) if s.why_not(ctx) is None]
 
 
-def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, warmup: int = 5,
-               max_repeats: int = 6, budget: float | None = None, mode: str = "select", device: str = "cpu",
-               measure: Callable[..., dict] | None = None, progress: Callable[[str], None] | None = None,
-               on_update: Callable[[dict], None] | None = None, base: str | list[str] | None = None,
-               measure_s: float | None | str = "auto") -> dict:
+def run_ladder(
+    target: str,
+    rungs: list[str] | None = None,
+    *,
+    steps: int = 30,
+    warmup: int = 5,
+    max_repeats: int = 6,
+    budget: float | None = None,
+    mode: str = "select",
+    device: str = "cpu",
+    measure: Callable[..., dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_update: Callable[[dict], None] | None = None,
+    base: str | list[str] | None = None,
+    measure_s: float | None | str = "auto",
+) -> dict:
     """Run the ladder; returns its document (without the env stamp).
 
     ``mode``: ``"select"`` (the default) is the staged search of :mod:`fastloop.drivers.ladder_search`;
@@ -103,8 +114,10 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         chosen = [s for s in chosen if s.name not in taken]
     clash = [s.name for s in chosen if s.name in taken]
     if clash:
-        raise FastloopError(f"rung(s) {', '.join(clash)} are already in --base {join_specs(base_names)}: "
-                            "a rung is tried on top of the base, so list each speedup in one of them")
+        raise FastloopError(
+            f"rung(s) {', '.join(clash)} are already in --base {join_specs(base_names)}: "
+            "a rung is tried on top of the base, so list each speedup in one of them"
+        )
     resolve(base_names + [s.spec for s in chosen])  # conflicting pairs across base and rungs fail here
     if measure_s == "auto":
         measure_s = default_measure_s(device)
@@ -112,9 +125,19 @@ def run_ladder(target: str, rungs: list[str] | None = None, *, steps: int = 30, 
         measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
     if budget is None:
         budget = default_budget(device)
-    ladder = LadderState(target, steps=steps, warmup=warmup, device=device, measure=measure,
-                     progress=progress, on_update=on_update, max_repeats=max_repeats, budget=budget, mode=mode,
-                     base=base_names)
+    ladder = LadderState(
+        target,
+        steps=steps,
+        warmup=warmup,
+        device=device,
+        measure=measure,
+        progress=progress,
+        on_update=on_update,
+        max_repeats=max_repeats,
+        budget=budget,
+        mode=mode,
+        base=base_names,
+    )
     ladder.measure_s = measure_s if isinstance(measure_s, (int, float)) else None
     try:
         if mode != "select":

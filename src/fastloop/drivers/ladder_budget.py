@@ -62,7 +62,8 @@ class BudgetPlan:
                 self.process_s.append(max(0.0, wall - startup))
                 self.spec_s.setdefault(str(spec), []).append(self.process_s[-1])
                 self.spec_warm.setdefault(str(spec), []).append(
-                    doc.get("warmup_overhead_s") if isinstance(doc, dict) else None)
+                    doc.get("warmup_overhead_s") if isinstance(doc, dict) else None
+                )
                 entry: dict = {"spec": spec, "s": round(wall, 3)}
                 if startup:
                     entry["startup_s"] = round(startup, 3)
@@ -150,8 +151,11 @@ class BudgetPlan:
         if queued:
             reserve += sum(n * self.per_run_s(spec) for n, spec in self.queued)
         left = None if self.budget is None else self.budget - self.elapsed()
-        out = {"predicted_s": round(per_run * runs, 1), "reserve_s": round(reserve, 1),
-               "left_s": None if left is None else round(left, 1)}
+        out = {
+            "predicted_s": round(per_run * runs, 1),
+            "reserve_s": round(reserve, 1),
+            "left_s": None if left is None else round(left, 1),
+        }
         if self.cold_compile_s(spec):
             out["cold_compile_s"] = round(self.cold_compile_s(spec), 1)
         return out
@@ -171,6 +175,9 @@ class BudgetPlan:
             return True
         if self.finalizing and len(fresh[spec].docs) < self.final_first:
             return True
-        reserve = 0.0 if self.finalizing or not self.selected or self.final_ready() \
+        reserve = (
+            0.0
+            if self.finalizing or not self.selected or self.final_ready()
             else self.final_runs() * self.final_run_s()
+        )
         return self.elapsed() + self.per_run_s(spec) + reserve <= self.budget

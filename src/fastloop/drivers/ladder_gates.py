@@ -11,8 +11,17 @@ from fastloop.speedups.base import REGISTRY, name_of
 if TYPE_CHECKING:
     from fastloop.drivers.ladder_state import LadderState
 
-__all__ = ["ABLATION_LOSS", "FEED_BUSY", "FEED_WAIT", "ablation_order", "feed_cannot_help", "model_says_no", "replaces_loader",
-           "spec_names", "split_groups"]
+__all__ = [
+    "ABLATION_LOSS",
+    "FEED_BUSY",
+    "FEED_WAIT",
+    "ablation_order",
+    "feed_cannot_help",
+    "model_says_no",
+    "replaces_loader",
+    "spec_names",
+    "split_groups",
+]
 
 FEED_BUSY = 0.95
 FEED_WAIT = 0.02
@@ -63,15 +72,19 @@ def feed_cannot_help(ladder: LadderState, s: Any) -> str | None:
         host, part = host * min(1.0, copy / fetch), "copying batches to the device"
     if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
         bound = 1 / max(1e-9, 1 - max(wait, 1 - busy))
-        return (f"not measured: the best configuration so far ({ladder.spec_with()}) keeps the GPU busy {100 * busy:.0f}% "
-                f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x")
+        return (
+            f"not measured: the best configuration so far ({ladder.spec_with()}) keeps the GPU busy {100 * busy:.0f}% "
+            f"of its step and waits for data {100 * wait:.1f}%; a faster feed could gain at most {bound:.3f}x"
+        )
     if host is not None and max(wait, host) <= FEED_WAIT:
         # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
         # host-bound one at most the host's time getting it (host): the larger bounds both
         bound = 1 / max(1e-9, 1 - max(wait, host))
-        return (f"not measured: the best configuration so far ({ladder.spec_with()}) spends {100 * host:.1f}% of its "
-                f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
-                f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x")
+        return (
+            f"not measured: the best configuration so far ({ladder.spec_with()}) spends {100 * host:.1f}% of its "
+            f"step's host time {part} and the step waits for them {100 * wait:.1f}%; "
+            f"{'a faster copy' if s.feeds_copy_only else 'a faster feed'} could gain at most {bound:.3f}x"
+        )
     return None
 
 
@@ -96,11 +109,15 @@ def compute_feed_note(best: Any, selected: list[str], feed_first_wait: float) ->
     if feeds and wait < feed_first_wait:
         return f"; measured on the feed fixed first ({','.join(feeds)}; the step waits {wait:.0%} for data)"
     if feeds:
-        return (f"; measured on the feed chosen first ({','.join(feeds)}), which still leaves the step waiting "
-                f"{wait:.0%} for data, so a faster step may not show")
+        return (
+            f"; measured on the feed chosen first ({','.join(feeds)}), which still leaves the step waiting "
+            f"{wait:.0%} for data, so a faster step may not show"
+        )
     if wait >= feed_first_wait:
-        return (f"; measured on the user's feed, which no feed rung improved: the step waits {wait:.0%} for data, "
-                f"so a faster step may not show")
+        return (
+            f"; measured on the user's feed, which no feed rung improved: the step waits {wait:.0%} for data, "
+            f"so a faster step may not show"
+        )
     return ""
 
 

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, merge_runs, unsteady_note
 from fastloop.drivers.doctor import diagnose, without_measured
-from fastloop.errors import ConfigurationFailed
-from fastloop.errors import FastloopError, UserCodeError
+from fastloop.errors import ConfigurationFailed, FastloopError, UserCodeError
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups.base import name_of
 
-__all__ = ["_breakdown", "_feed_line", "filter_advice", "join_specs", "_measured_not_faster", "own_record", "baseline_failed",
-           "note_run_order", "rung_doc"]
+__all__ = [
+    "_breakdown",
+    "_feed_line",
+    "filter_advice",
+    "join_specs",
+    "_measured_not_faster",
+    "own_record",
+    "baseline_failed",
+    "note_run_order",
+    "rung_doc",
+]
 
 
 def own_record(doc: dict, spec: str) -> dict | None:
@@ -63,8 +71,8 @@ def _fetch_clause(doc: dict) -> str:
     if not fetch:
         return ""
     return f"; getting a batch takes {1e3 * fetch:.2f} ms of the host's time" + (
-        f" (the copy to the device {1e3 * copy:.2f} ms of it)" if copy else "")
-
+        f" (the copy to the device {1e3 * copy:.2f} ms of it)" if copy else ""
+    )
 
 
 def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
@@ -74,16 +82,27 @@ def _measured_not_faster(rungs: list[dict]) -> dict[str, str]:
     for r in rungs:
         ci = r.get("speedup_vs_prev")
         names = r.get("measured_not_faster")
-        if names is None and str(r.get("rung", "")).startswith("+") and str(r.get("decision", "")).startswith("dropped"):
+        if (
+            names is None
+            and str(r.get("rung", "")).startswith("+")
+            and str(r.get("decision", "")).startswith("dropped")
+        ):
             names = [name_of(r["rung"][1:].partition(" (")[0])] if "," not in r["rung"] else []
         if not names or not ci or ci.get("ratio") is None:
             continue
-        span = (f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci.get("ci_low") is not None
-                and ci.get("ci_high") is not None else "")
+        span = (
+            f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]"
+            if ci.get("ci_low") is not None and ci.get("ci_high") is not None
+            else ""
+        )
         what = "without it " if r.get("ablation") else ""
-        sig = (("slower" if ci["ratio"] < 1 else "faster") if ci.get("significant") else
-               f"less than {100 * MIN_EFFECT:g}%, no meaningful difference" if ci.get("negligible") else
-               "no significant difference")
+        sig = (
+            ("slower" if ci["ratio"] < 1 else "faster")
+            if ci.get("significant")
+            else f"less than {100 * MIN_EFFECT:g}%, no meaningful difference"
+            if ci.get("negligible")
+            else "no significant difference"
+        )
         for name in names:
             out[name] = f"{what}{ci['ratio']:.2f}x{span}, {sig}"
     return out
@@ -98,13 +117,17 @@ def answer_lines(spec: str, selected: bool, measured: bool, not_tried: int) -> d
         '# no speedup helped measurably in the budget; 3'
     """
     if selected and measured:
-        return {"callbacks_line": f'Trainer(..., callbacks=fastloop.lightning.callbacks("{spec}"))',
-                "loop_line": f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{spec}")'}
+        return {
+            "callbacks_line": f'Trainer(..., callbacks=fastloop.lightning.callbacks("{spec}"))',
+            "loop_line": f'FastLoop(model, optimizer, loader, loss_fn=..., speedups="{spec}")',
+        }
     if selected:
         return {"callbacks_line": "# the selected set was not measured against the baseline (interrupted or failed)"}
     if not_tried:
-        return {"callbacks_line": f"# no speedup helped measurably in the budget; {not_tried} not tried or not finished "
-                                  f"(see 'Not tried'; a larger --budget measures them)"}
+        return {
+            "callbacks_line": f"# no speedup helped measurably in the budget; {not_tried} not tried or not finished "
+            f"(see 'Not tried'; a larger --budget measures them)"
+        }
     return {"callbacks_line": "# no speedup helped measurably on this model and machine"}
 
 
@@ -144,8 +167,10 @@ def baseline_failed(runs: Runs) -> Exception:
     if rc == 2:
         return FastloopError(message.split("failed in its process: ", 1)[-1])
     if rc == 1:
-        return UserCodeError(f"the baseline configuration failed, so there is nothing to compare against:\n"
-                             f"{runs.details[-1].strip() if runs.details else message}")
+        return UserCodeError(
+            f"the baseline configuration failed, so there is nothing to compare against:\n"
+            f"{runs.details[-1].strip() if runs.details else message}"
+        )
     return ConfigurationFailed(message, rc)
 
 
@@ -171,10 +196,16 @@ def pooled_final(ci: dict | None, base: Runs, earlier: list[Runs], fresh_base: R
     pooled = compare(pooled_base, pooled_sel, confidence=ci.get("confidence") or VERDICT_CONFIDENCE, paired=False)
     if pooled is None or pooled.get("too_few"):
         return ci
-    pooled["verdict"] += (f" (every run of both in the ladder, Welch: the interleaved final comparison was cut by the "
-                          f"budget at {ci.get('ratio', 0):.2f}x, not significant)")
-    return {**pooled, "pooled_runs": {"baseline": len(pooled_base.docs), "selected": len(pooled_sel.docs)},
-            "interleaved": ci, "budget": True}
+    pooled["verdict"] += (
+        f" (every run of both in the ladder, Welch: the interleaved final comparison was cut by the "
+        f"budget at {ci.get('ratio', 0):.2f}x, not significant)"
+    )
+    return {
+        **pooled,
+        "pooled_runs": {"baseline": len(pooled_base.docs), "selected": len(pooled_sel.docs)},
+        "interleaved": ci,
+        "budget": True,
+    }
 
 
 def note_run_order(ci: dict | None, order: list[str], base: str, reused: int, base_runs: Runs, cand_runs: Runs) -> None:

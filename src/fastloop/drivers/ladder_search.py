@@ -40,8 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_gates import (ABLATION_LOSS, ablation_order, compute_feed_note, feed_cannot_help,
-                                          model_says_no, replaces_loader, spec_names, split_groups)
+from fastloop.drivers.ladder_gates import (
+    ABLATION_LOSS,
+    ablation_order,
+    compute_feed_note,
+    feed_cannot_help,
+    model_says_no,
+    replaces_loader,
+    spec_names,
+    split_groups,
+)
 from fastloop.drivers.ladder_sizing import as_sized, retry_smaller, size_in_configuration
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups import REGISTRY
@@ -89,8 +97,15 @@ class StagedSearch:
         """A line of the story: the stage, the bottleneck of the best configuration then, what was done."""
         self.stage = stage
         b = self.bottleneck()
-        self.L.stages.append({"stage": stage, "configuration": self.L.spec_with(), "bottleneck": b.get("bottleneck"),
-                              "evidence": b.get("evidence"), "action": action})
+        self.L.stages.append(
+            {
+                "stage": stage,
+                "configuration": self.L.spec_with(),
+                "bottleneck": b.get("bottleneck"),
+                "evidence": b.get("evidence"),
+                "action": action,
+            }
+        )
         self.L.publish()
 
     def not_tried(self, names: list[str], why: str = "budget", plan: dict | None = None) -> None:
@@ -115,8 +130,11 @@ class StagedSearch:
         if L.fits(runs, spec=cand):
             return True
         # a member of a bundle that was measured and not faster was tried: only not alone
-        why = "alone: budget (measured in the compute bundle, which was not faster)" \
-            if spec_names(specs) <= self.in_bundle else "budget"
+        why = (
+            "alone: budget (measured in the compute bundle, which was not faster)"
+            if spec_names(specs) <= self.in_bundle
+            else "budget"
+        )
         self.not_tried(specs, why, plan=L.plan(runs, cand))
         return False
 
@@ -139,14 +157,20 @@ class StagedSearch:
         if not self._starts(specs):
             return False
         base_spec, cand_spec = L.spec_with(), L.spec_with(specs)
-        fresh, ci, n = L.compare_adaptive(base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None,
-                                           tell_rate=tell_rate)
+        fresh, ci, n = L.compare_adaptive(
+            base_spec, cand_spec, own=specs[0] if len(specs) == 1 else None, tell_rate=tell_rate
+        )
         if L.base_runs is None:
             L.set_baseline(fresh[L.base_spec])
         cand, base = fresh[cand_spec], fresh[base_spec]
         if cand.failures or base.failures or not cand.docs:
-            why = (cand.failures[-1] if cand.failures else f"its comparison base failed: {base.failures[-1]}"
-                   if base.failures else "no run finished")
+            why = (
+                cand.failures[-1]
+                if cand.failures
+                else f"its comparison base failed: {base.failures[-1]}"
+                if base.failures
+                else "no run finished"
+            )
             doc = L.rung_doc(label, cand_spec, cand, "failed", why)
             doc.update(stage=self.stage, members=specs)
             L.rungs.append(doc)
@@ -191,8 +215,10 @@ class StagedSearch:
         now = doc.get("bottleneck", {}).get("bottleneck")
         if now and before and now.split()[0] != before:
             feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
-            doc["bottleneck_moved"] = (f"after {doc['rung'].lstrip('+')}: {now}: {doc['bottleneck']['evidence']}{feed} "
-                                       f"next: {doc['bottleneck']['recommendation']}")
+            doc["bottleneck_moved"] = (
+                f"after {doc['rung'].lstrip('+')}: {now}: {doc['bottleneck']['evidence']}{feed} "
+                f"next: {doc['bottleneck']['recommendation']}"
+            )
 
     def ablate(self, members: list[str]) -> None:
         """Take each kept member that costs something out in turn (compile time, capture, precision,
@@ -207,7 +233,7 @@ class StagedSearch:
             without, first = [s for s in L.selected if s != spec], L.first_look(L.spec_with())
             base_spec, cand_spec = L.spec_with(), L.spec_without(spec)
             # the ablations after it: their first looks at their own predicted cost (a cold compile)
-            L.queued = [(first, L.spec_without(m)) for m in order[i + 1:] if m in L.selected]
+            L.queued = [(first, L.spec_without(m)) for m in order[i + 1 :] if m in L.selected]
             fresh = L.compare_adaptive(base_spec, cand_spec) if L.fits(first, spec=cand_spec) else None
             if fresh is None or not (fresh[0][cand_spec].failures or fresh[0][cand_spec].docs):
                 self.not_tried([f"ablation of {spec}"], plan=L.plan(first, cand_spec))  # the budget stopped it
@@ -227,11 +253,15 @@ class StagedSearch:
             slower = bool(ci and ((ci["significant"] and ci["ratio"] < 1) or ci["ratio"] < 1 - ABLATION_LOSS))
             if ci and ci.get("budget") and not (ci["significant"] and ci["ratio"] < 1):  # too few runs to tell
                 doc["decision"] = f"kept {spec}: the budget ended its ablation after {len(cand.docs)} run(s)" + (
-                    f" ({ci['ratio']:.2f}x without it at the point estimate)" if ci.get("ratio") else "")
+                    f" ({ci['ratio']:.2f}x without it at the point estimate)" if ci.get("ratio") else ""
+                )
                 self.cut_short(f"ablation of {spec}", len(cand.docs))
             elif slower:
-                why = "" if ci["significant"] and ci["ratio"] < 1 else \
-                    f"; kept as more than {100 * ABLATION_LOSS:.0f}% slower without it at the point estimate"
+                why = (
+                    ""
+                    if ci["significant"] and ci["ratio"] < 1
+                    else f"; kept as more than {100 * ABLATION_LOSS:.0f}% slower without it at the point estimate"
+                )
                 doc["decision"] = f"kept {spec}: without it {ci['ratio']:.2f}x ({ci['verdict']}{why})"
             else:
                 verdict = ci["verdict"] if ci else "no comparison"
@@ -251,9 +281,17 @@ class StagedSearch:
         report says they tie."""
         if not ci or ci.get("significant") or ci.get("budget") or ci.get("ratio") is None:
             return
-        self.L.ties.append({"kept": kept, "other": other, "ratio": ci["ratio"], "ci_low": ci.get("ci_low"),
-                            "ci_high": ci.get("ci_high"), "why": "the simpler (fewer speedups, less to go wrong)",
-                            "negligible": bool(ci.get("negligible"))})
+        self.L.ties.append(
+            {
+                "kept": kept,
+                "other": other,
+                "ratio": ci["ratio"],
+                "ci_low": ci.get("ci_low"),
+                "ci_high": ci.get("ci_high"),
+                "why": "the simpler (fewer speedups, less to go wrong)",
+                "negligible": bool(ci.get("negligible")),
+            }
+        )
         how = f"are apart by less than {100 * MIN_EFFECT:g}%" if ci.get("negligible") else "tie within the noise"
         doc["decision"] += f"; {kept} and {other} {how}: the simpler, {kept}, is kept"
 
@@ -267,8 +305,13 @@ class StagedSearch:
         if replaces_loader(chosen):
             return
         now = self._kind()
-        todo = [s for s in feed if s.name not in chosen and s.name not in self.inactive
-                and (s.name not in self.dropped_under or self.dropped_under[s.name] != now)]
+        todo = [
+            s
+            for s in feed
+            if s.name not in chosen
+            and s.name not in self.inactive
+            and (s.name not in self.dropped_under or self.dropped_under[s.name] != now)
+        ]
         if not todo:
             return
         data = ((merge_runs(self.best()).get("extra") or {}).get("dataset") or {}) if self.best() else {}
@@ -277,8 +320,12 @@ class StagedSearch:
             return
         blocked = {s.name: model_says_no(L, s) or feed_cannot_help(L, s) for s in todo}
         todo = [s for s in todo if not blocked[s.name]]
-        self.note(stage, ("feed: " + ", ".join(s.spec for s in todo)) if todo else
-                  "feed not measured: " + next(v for v in blocked.values() if v))
+        self.note(
+            stage,
+            ("feed: " + ", ".join(s.spec for s in todo))
+            if todo
+            else "feed not measured: " + next(v for v in blocked.values() if v),
+        )
         if not todo:
             return
         first_time = L.base_runs is not None and self.best() is L.base_runs
@@ -289,8 +336,10 @@ class StagedSearch:
         bundle = [s for s in todo if not s.replaces_loader]
         if len(bundle) == 1:
             self.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
-        elif bundle and (self.try_adding(bundle, label := "+" + ",".join(s.spec for s in bundle) + " (feed bundle)",
-                                         tell_rate=tell) or retry_smaller(self, bundle, label, tell_rate=tell)):
+        elif bundle and (
+            self.try_adding(bundle, label := "+" + ",".join(s.spec for s in bundle) + " (feed bundle)", tell_rate=tell)
+            or retry_smaller(self, bundle, label, tell_rate=tell)
+        ):
             kept = [s for s in as_sized(L.selected, [s.spec for s in bundle]) if s in L.selected]
             if defer_ablation or self.deferred_compute:  # later: after the compute bundle, or with its ablation
                 self.deferred = kept
@@ -309,29 +358,40 @@ class StagedSearch:
         # a padding to a few shapes in the bundle (or kept), itself not ruled out by the baseline's
         # batches (one shape: nothing to pad): the baseline's shape checks of the others do not hold
         ruled_out = {s.name: model_says_no(L, s) for s in todo if s.fixes_shapes}
-        shaped = (any(s.fixes_shapes and not ruled_out[s.name] for s in todo)
-                  or any(REGISTRY[n].fixes_shapes for n in spec_names(L.selected) if n in REGISTRY))
+        shaped = any(s.fixes_shapes and not ruled_out[s.name] for s in todo) or any(
+            REGISTRY[n].fixes_shapes for n in spec_names(L.selected) if n in REGISTRY
+        )
         ruled_out.update({s.name: model_says_no(L, s, shapes_fixed=shaped) for s in todo if not s.fixes_shapes})
         shaper = next((s for s in todo if s.fixes_shapes and not ruled_out[s.name]), None)
         if shaper is not None:
-            self.note(stage, f"the batches change shape: padded to a few lengths ({shaper.spec}), so compile and "
-                             f"CUDA graphs are measured on its few shapes")
+            self.note(
+                stage,
+                f"the batches change shape: padded to a few lengths ({shaper.spec}), so compile and "
+                f"CUDA graphs are measured on its few shapes",
+            )
         for s in todo:
             if ruled_out[s.name]:
                 L.rungs.append(L.rung_doc(f"+{s.spec}", L.spec_with([s.spec]), None, "skipped", ruled_out[s.name]))
         todo = [s for s in todo if not ruled_out[s.name]]
         if not todo:
             return
-        self.note(stage, "compute bundle: " + ",".join(s.spec for s in todo)
-                  + compute_feed_note(self.best(), L.selected, FEED_FIRST_WAIT))
+        self.note(
+            stage,
+            "compute bundle: "
+            + ",".join(s.spec for s in todo)
+            + compute_feed_note(self.best(), L.selected, FEED_FIRST_WAIT),
+        )
         if len(todo) > 1:
             label = "+" + ",".join(s.spec for s in todo) + " (compute bundle)"
             if self.try_adding(todo, label, tell_rate=False):
                 kept = [s.spec for s in todo if s.spec in L.selected]
                 wait = merge_runs(self.best()).get("data_wait_frac") or 0.0
                 if feed_next and wait >= FEED_FIRST_WAIT:
-                    self.note(stage, f"its ablation waits until the feed is checked: the faster step waits {wait:.0%} "
-                                     f"for data, and a member taken out would be hidden behind the wait")
+                    self.note(
+                        stage,
+                        f"its ablation waits until the feed is checked: the faster step waits {wait:.0%} "
+                        f"for data, and a member taken out would be hidden behind the wait",
+                    )
                     self.deferred_compute = kept
                 else:
                     self.ablate(kept)
@@ -380,14 +440,22 @@ class StagedSearch:
             self.feed(feed, "feed re-checked after the compute stack")
         else:
             data = (merge_runs(self.best()).get("extra") or {}).get("dataset") or {}
-            resident = [s for s in feed if s.stored_on_device and not model_says_no(L, s)
-                        and (data.get("in_memory_tensors") or not s.needs_in_memory_tensors)]
+            resident = [
+                s
+                for s in feed
+                if s.stored_on_device
+                and not model_says_no(L, s)
+                and (data.get("in_memory_tensors") or not s.needs_in_memory_tensors)
+            ]
             # stored tensors the checks let the GPU serve (as they are, or augmented per batch) go
             # in with the compute stack: an expert's first move, and the compute rungs are then
             # measured without waiting on the CPU feed (it costs nothing when it does not help)
             self.queue(1 if feed else 0)  # the feed's first look is kept out of the bundle's extensions
-            self.compute(resident + compute, "compute stack" + (" with the data on the GPU" if resident else ""),
-                         feed_next=bool(feed))
+            self.compute(
+                resident + compute,
+                "compute stack" + (" with the data on the GPU" if resident else ""),
+                feed_next=bool(feed),
+            )
             self.queue(0)
             self.feed(feed, "feed checked for the faster step")
         size_in_configuration(self)  # the feed's sizes in the configuration, then what hid behind its wait

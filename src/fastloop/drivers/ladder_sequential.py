@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.compare import Runs
+from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.drivers.ladder_report import own_record
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
 
@@ -30,9 +30,11 @@ def select_order(speedups: list, recipe: set[str]) -> list:
         >>> [s.name for s in select_order(resolve(["workers", "bf16", "fused_loss", "compile"]), {"fused_loss"})]
         ['bf16', 'compile', 'fused_loss', 'workers']
     """
-    return ([s for s in speedups if s.changes != "data" and s.name not in recipe]
-            + [s for s in speedups if s.changes != "data" and s.name in recipe]
-            + [s for s in speedups if s.changes == "data"])
+    return (
+        [s for s in speedups if s.changes != "data" and s.name not in recipe]
+        + [s for s in speedups if s.changes != "data" and s.name in recipe]
+        + [s for s in speedups if s.changes == "data"]
+    )
 
 
 def run_sequential(ladder: LadderState, candidates: list) -> dict:
@@ -80,11 +82,15 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
             per = " per item (throughput; its batch size differs)" if ci.get("per") == "item" else ""
             doc["decision"] = f"kept: {ci['ratio']:.2f}x faster than {base_spec}{per}"
         elif ci and n == 1:
-            doc["decision"] = (f"dropped after one run: {ci['verdict']}, against the spread of "
-                               f"{len(base.docs)} runs of {base_spec} (prediction interval)")
+            doc["decision"] = (
+                f"dropped after one run: {ci['verdict']}, against the spread of "
+                f"{len(base.docs)} runs of {base_spec} (prediction interval)"
+            )
         elif ci and ci.get("futile"):
-            doc["decision"] = (f"dropped: {ci['verdict']}; at most {ci['ci_high']:.3f}x faster "
-                               f"(below {ladder.min_gain}x), so no more runs after {n} a side")
+            doc["decision"] = (
+                f"dropped: {ci['verdict']}; at most {ci['ci_high']:.3f}x faster "
+                f"(below {ladder.min_gain}x), so no more runs after {n} a side"
+            )
         else:
             doc["decision"] = "dropped: " + (ci["verdict"] if ci else "no comparison")
         if keep:
@@ -94,8 +100,10 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
             now = doc.get("bottleneck", {}).get("bottleneck")
             if now and prev_bottleneck and now.split()[0] != prev_bottleneck.split()[0]:  # "(fp32)" is no move
                 feed = f" ({doc['feed']})" if now == "data-bound" and doc.get("feed") else ""
-                doc["bottleneck_moved"] = (f"after {s.spec}: {now}: {doc['bottleneck']['evidence']}{feed} "
-                                           f"next: {doc['bottleneck']['recommendation']}")
+                doc["bottleneck_moved"] = (
+                    f"after {s.spec}: {now}: {doc['bottleneck']['evidence']}{feed} "
+                    f"next: {doc['bottleneck']['recommendation']}"
+                )
                 prev_bottleneck = now
         ladder.rungs.append(doc)
         ladder.publish()

@@ -66,19 +66,25 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
     measure the neighbouring sizes in the whole configuration and keep the one that trains fastest
     (``search``: the :class:`~fastloop.drivers.ladder_search.StagedSearch` under way)."""
     L = search.L
-    for spec in [s for s in L.selected if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat
-                 and s not in search.sized]:
+    for spec in [
+        s for s in L.selected if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized
+    ]:
         search.sized.add(spec)
         best = L.best_runs.get(L.spec_with())
         if best is None or not best.docs:
             break  # nothing measured in the configuration yet: neither loop can size
         extra = merge_runs(best).get("extra") or {}
-        chosen, around = REGISTRY[spec].sizes_around({**extra, REGISTRY[spec].sized_stat: _chosen(best, REGISTRY[spec].sized_stat)})
+        chosen, around = REGISTRY[spec].sizes_around(
+            {**extra, REGISTRY[spec].sized_stat: _chosen(best, REGISTRY[spec].sized_stat)}
+        )
         if chosen is None:
             continue
         if around:
-            search.note(stage, f"{spec} chose {chosen} measured alone; measured in the configuration: "
-                               + ", ".join(f"{spec}:{n}" for n in around))
+            search.note(
+                stage,
+                f"{spec} chose {chosen} measured alone; measured in the configuration: "
+                + ", ".join(f"{spec}:{n}" for n in around),
+            )
         for i, size in enumerate(around):
             wait = _best_wait(L)
             if size > chosen and wait < SIZING_WAIT:
@@ -89,7 +95,9 @@ def size_in_configuration(search: Any, stage: str = "sizes measured in the confi
                 break
         _pin(search, spec, chosen, stage)
 
-    for spec in sorted(s for s in search.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized):
+    for spec in sorted(
+        s for s in search.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in search.sized
+    ):
         search.sized.add(spec)
         _size_kept_alone(search, spec, stage)
 
@@ -132,20 +140,28 @@ def _size_kept_alone(search: Any, spec: str, stage: str) -> None:
     wait = merged.get("data_wait_frac") or 0.0
     if own is None or not above or wait < SIZING_WAIT:
         return
-    search.note(stage, f"{spec} kept the loader's own {own} measured alone; the step waits {wait:.0%} for data: "
-                       "measured in the configuration: " + ", ".join(f"{spec}:{n}" for n in above))
+    search.note(
+        stage,
+        f"{spec} kept the loader's own {own} measured alone; the step waits {wait:.0%} for data: "
+        "measured in the configuration: " + ", ".join(f"{spec}:{n}" for n in above),
+    )
     for i, size in enumerate(above):
         wait = _best_wait(L)
         if i and wait < SIZING_WAIT:
-            search.not_tried([f"{spec}:{n}" for n in above[i:]], f"the step waits {wait:.0%} for data: a larger size cannot help")
+            search.not_tried(
+                [f"{spec}:{n}" for n in above[i:]], f"the step waits {wait:.0%} for data: a larger size cannot help"
+            )
             return
         search.queue(len(above) - i - 1, 1)
         count = len(L.rungs)
         if i:  # in place of the size kept before it
             kept = _try_size(search, spec, above[i - 1], size, current=f"{spec}:{above[i - 1]}")
         else:
-            kept = search.try_adding(resolve(f"{spec}:{size}"), f"+{spec}:{size} (the probe alone kept the loader's own {own})",
-                                     tell_rate=False)
+            kept = search.try_adding(
+                resolve(f"{spec}:{size}"),
+                f"+{spec}:{size} (the probe alone kept the loader's own {own})",
+                tell_rate=False,
+            )
         if len(L.rungs) > count:
             L.rungs[-1]["sized"] = spec
         search.queue(0)
@@ -160,14 +176,18 @@ def _try_size(search: Any, spec: str, chosen: int, size: int, current: str | Non
     sized, current = f"{spec}:{size}", current or spec
     idx = L.selected.index(current)
     base_spec = L.spec_with()
-    cand_spec = ",".join(L.base + L.selected[:idx] + [sized] + L.selected[idx + 1:])
+    cand_spec = ",".join(L.base + L.selected[:idx] + [sized] + L.selected[idx + 1 :])
     first = L.first_look(base_spec)
     if not L.fits(first, spec=cand_spec):
         search.not_tried([sized], plan=L.plan(first, cand_spec))
         return False
     fresh, ci, n = L.compare_adaptive(base_spec, cand_spec)
     cand = fresh[cand_spec]
-    label = f"{sized} (in place of {spec}, which chose {chosen} alone)" if current == spec else f"{sized} (in place of {current})"
+    label = (
+        f"{sized} (in place of {spec}, which chose {chosen} alone)"
+        if current == spec
+        else f"{sized} (in place of {current})"
+    )
     than = f"the {chosen} chosen alone" if current == spec else current
     if not cand.docs:
         if cand.failures:
@@ -180,8 +200,13 @@ def _try_size(search: Any, spec: str, chosen: int, size: int, current: str | Non
     doc = L.rung_doc(label, cand_spec, cand, "applied", "")
     doc.update(vs_spec=base_spec, runs_per_side=n, speedup_vs_prev=ci, stage=search.stage, sized=spec)
     faster = bool(ci and ci["significant"] and ci["ratio"] > 1)
-    not_missed = bool(ci and size < chosen and not ci.get("budget") and not (ci["significant"] and ci["ratio"] < 1)
-                      and ci["ratio"] >= 1 - ABLATION_LOSS)
+    not_missed = bool(
+        ci
+        and size < chosen
+        and not ci.get("budget")
+        and not (ci["significant"] and ci["ratio"] < 1)
+        and ci["ratio"] >= 1 - ABLATION_LOSS
+    )
     if faster or not_missed:
         why = "faster" if faster else f"fewer, not missed ({ci['verdict']})"
         doc["decision"] = f"kept {sized}: {ci['ratio']:.2f}x {than}, {why}"
@@ -189,8 +214,9 @@ def _try_size(search: Any, spec: str, chosen: int, size: int, current: str | Non
         L.best_runs = {cand_spec: cand}
     else:
         kept = f"{spec} ({chosen})" if current == spec else current
-        doc["decision"] = (f"kept {kept}: {sized} {ci['ratio']:.2f}x ({ci['verdict']})" if ci
-                           else f"kept {kept}: no comparison")
+        doc["decision"] = (
+            f"kept {kept}: {sized} {ci['ratio']:.2f}x ({ci['verdict']})" if ci else f"kept {kept}: no comparison"
+        )
         if ci and ci.get("budget"):
             search.cut_short(sized, len(cand.docs))
     L.rungs.append(doc)
@@ -208,7 +234,11 @@ def retry_smaller(search: Any, bundle: list, label: str, *, tell_rate: bool) -> 
     48%. Returns whether the bundle was kept at the smaller size."""
     L = search.L
     doc = L.rungs[-1] if L.rungs else {}
-    if doc.get("rung") != label or doc.get("rung_status") != "applied" or (doc.get("data_wait_frac") or 0.0) < SIZING_WAIT:
+    if (
+        doc.get("rung") != label
+        or doc.get("rung_status") != "applied"
+        or (doc.get("data_wait_frac") or 0.0) < SIZING_WAIT
+    ):
         return False
     for member in bundle:
         if ":" in member.spec or not REGISTRY[member.name].sized_stat:
@@ -218,12 +248,17 @@ def retry_smaller(search: Any, bundle: list, label: str, *, tell_rate: bool) -> 
         if not below:
             continue
         sized = f"{member.name}:{below[0]}"
-        search.note(search.stage, f"{label.lstrip('+')} not kept with {member.name} at the {chosen} chosen alone, "
-                                  f"waiting {doc['data_wait_frac']:.0%} for data: measured again with {sized}")
+        search.note(
+            search.stage,
+            f"{label.lstrip('+')} not kept with {member.name} at the {chosen} chosen alone, "
+            f"waiting {doc['data_wait_frac']:.0%} for data: measured again with {sized}",
+        )
         again = [resolve(sized)[0] if t is member else t for t in bundle]
         count = len(L.rungs)
         doc["decision"] += f"; measured again with {sized}"
-        kept = search.try_adding(again, f"{label} with {sized} (in place of the {chosen} chosen alone)", tell_rate=tell_rate)
+        kept = search.try_adding(
+            again, f"{label} with {sized} (in place of the {chosen} chosen alone)", tell_rate=tell_rate
+        )
         if len(L.rungs) > count:
             L.rungs[-1]["sized"] = member.name
         if kept:  # the tie the first measurement reported no longer decides anything

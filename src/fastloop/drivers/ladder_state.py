@@ -9,8 +9,16 @@ from collections.abc import Callable
 
 from fastloop.compare import VERDICT_CONFIDENCE, Runs, compare, measure_interleaved, step_rate_of
 from fastloop.drivers.ladder_budget import BudgetPlan
-from fastloop.drivers.ladder_report import (answer_lines, baseline_failed, filter_advice, join_specs, note_run_order,
-                                            own_record, pooled_final, rung_doc)
+from fastloop.drivers.ladder_report import (
+    answer_lines,
+    baseline_failed,
+    filter_advice,
+    join_specs,
+    note_run_order,
+    own_record,
+    pooled_final,
+    rung_doc,
+)
 
 __all__ = ["EARLY_DROP", "LadderState", "MIN_GAIN", "MIN_REPEATS"]
 
@@ -26,9 +34,21 @@ this ratio: the candidate can be at most 1% faster, so more runs could not make 
 
 
 class LadderState(BudgetPlan):
-    def __init__(self, target: str, *, steps: int, warmup: int, device: str, measure: Callable[..., dict],
-                 progress: Callable[[str], None] | None, on_update: Callable[[dict], None] | None,
-                 max_repeats: int, budget: float | None, mode: str, base: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        steps: int,
+        warmup: int,
+        device: str,
+        measure: Callable[..., dict],
+        progress: Callable[[str], None] | None,
+        on_update: Callable[[dict], None] | None,
+        max_repeats: int,
+        budget: float | None,
+        mode: str,
+        base: list[str] | None = None,
+    ) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
         self.base = list(base or [])
         """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
@@ -89,9 +109,16 @@ class LadderState(BudgetPlan):
         return join_specs(self.base + self.selected + list(extra or []))
 
     # -- measurement -------------------------------------------------------------------------
-    def measure_runs(self, specs: list[str], repeats: int, fresh: dict[str, Runs], up_to: int | None = None,
-                     own: str | None = None, told: dict[str, float | None] | None = None,
-                     order: list[str] | None = None) -> None:
+    def measure_runs(
+        self,
+        specs: list[str],
+        repeats: int,
+        fresh: dict[str, Runs],
+        up_to: int | None = None,
+        own: str | None = None,
+        told: dict[str, float | None] | None = None,
+        order: list[str] | None = None,
+    ) -> None:
         """Interleaved runs of ``specs``; ``own``: the candidate speedup of the last spec, whose
         configuration is not run again once that speedup skipped itself or fell back in a run;
         ``told``: the step rate each spec's runs are told (a feed candidate: its base's)."""
@@ -107,9 +134,23 @@ class LadderState(BudgetPlan):
             self.cut_by_budget = True
             return True
 
-        measure_interleaved(self.target, specs, repeats, measure=self.measure, steps=self.steps, warmup=self.warmup,
-                            device=self.device, runs=fresh, progress=self.progress, on_run=self.publish, up_to=up_to,
-                            done=done, stop=stop, told=told, order=order)
+        measure_interleaved(
+            self.target,
+            specs,
+            repeats,
+            measure=self.measure,
+            steps=self.steps,
+            warmup=self.warmup,
+            device=self.device,
+            runs=fresh,
+            progress=self.progress,
+            on_run=self.publish,
+            up_to=up_to,
+            done=done,
+            stop=stop,
+            told=told,
+            order=order,
+        )
         self._pending = None
 
     def first_look(self, base: str) -> int:
@@ -122,8 +163,9 @@ class LadderState(BudgetPlan):
         looks = sorted({MIN_REPEATS, self.max_repeats}) if self.max_repeats > MIN_REPEATS else [MIN_REPEATS]
         return [1] + looks if early else looks
 
-    def compare_adaptive(self, base: str, cand: str, own: str | None = None,
-                         tell_rate: bool = False) -> tuple[dict[str, Runs], dict | None, int]:
+    def compare_adaptive(
+        self, base: str, cand: str, own: str | None = None, tell_rate: bool = False
+    ) -> tuple[dict[str, Runs], dict | None, int]:
         """Interleaved runs of base and candidate until the answer is clear or the budget is spent.
 
         When the base's runs are already measured (the best configuration so far), the selecting
@@ -145,8 +187,15 @@ class LadderState(BudgetPlan):
             if i > 0 and ci is not None and not self.fits(needed, queued=True):
                 ci["budget"] = True  # the next look's runs and the final comparison would not fit
                 break
-            self.measure_runs([base, cand], n, fresh, up_to=n, own=own, order=order,
-                              told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None)
+            self.measure_runs(
+                [base, cand],
+                n,
+                fresh,
+                up_to=n,
+                own=own,
+                order=order,
+                told={cand: step_rate_of(self.best_runs.get(base))} if tell_rate else None,
+            )
             self.best_runs[base] = fresh[base]
             if self.cut_by_budget:  # the budget ended this look early: decide on what ran
                 ci = compare(fresh[base], fresh[cand], confidence=confidence) if fresh[cand].docs else None
@@ -177,33 +226,58 @@ class LadderState(BudgetPlan):
     def document(self) -> dict:
         rungs = [dict(r) for r in self.rungs]
         base = getattr(self, "base_runs", None)
-        if base is not None and rungs and str(rungs[0].get("rung", "")).startswith("baseline") \
-                and rungs[0].get("repeats") != len(base.docs):  # topped up by later comparisons
+        if (
+            base is not None
+            and rungs
+            and str(rungs[0].get("rung", "")).startswith("baseline")
+            and rungs[0].get("repeats") != len(base.docs)
+        ):  # topped up by later comparisons
             rungs[0] = self.rung_doc(rungs[0]["rung"], self.base_spec, base, "applied", "")
         if self.final is not None:
             rungs.append(self.final)
         for spec, runs in (self._pending or {}).items():  # the comparison under way
             if runs.docs:
                 state = "interrupted" if self.interrupted else "in progress"
-                rungs.append(self.rung_doc(f"{state}: {spec}", spec, runs, state,
-                                           f"{len(runs.docs)} run(s) finished before the comparison ended"))
-        out = {"kind": "ladder", "mode": self.mode, "rungs": rungs, "selected": list(self.selected),
-               "selected_spec": self.spec_with(), "base": list(self.base), "wall_s": time.perf_counter() - self.t0,
-               "max_repeats": self.max_repeats, "budget_s": self.budget, "measure_s": self.measure_s,
-               "runs": len(self.process_s),
-               "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
-               "run_log": list(self.run_log), "stages": list(self.stages), "not_tried": list(self.not_tried),
-               "cut_short": list(self.cut_short), "ties": list(self.ties),
-               "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
-                         f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
-                         "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
-                         f"a look too, and one {100 * (1 - EARLY_DROP):g}% or more slower than the best configuration, "
-                         "outside the prediction interval of that configuration's runs, is dropped there; a comparison "
-                         f"whose interval's upper end falls below {MIN_GAIN}x stops (at most {100 * (MIN_GAIN - 1):g}% "
-                         "faster: not worth keeping)"}
+                rungs.append(
+                    self.rung_doc(
+                        f"{state}: {spec}",
+                        spec,
+                        runs,
+                        state,
+                        f"{len(runs.docs)} run(s) finished before the comparison ended",
+                    )
+                )
+        out = {
+            "kind": "ladder",
+            "mode": self.mode,
+            "rungs": rungs,
+            "selected": list(self.selected),
+            "selected_spec": self.spec_with(),
+            "base": list(self.base),
+            "wall_s": time.perf_counter() - self.t0,
+            "max_repeats": self.max_repeats,
+            "budget_s": self.budget,
+            "measure_s": self.measure_s,
+            "runs": len(self.process_s),
+            "run_s_mean": sum(self.process_s) / len(self.process_s) if self.process_s else None,
+            "run_log": list(self.run_log),
+            "stages": list(self.stages),
+            "not_tried": list(self.not_tried),
+            "cut_short": list(self.cut_short),
+            "ties": list(self.ties),
+            "method": f"each comparison: interleaved fresh-process runs, {MIN_REPEATS} to {self.max_repeats} a side; "
+            f"paired t-interval on log mean-step-time ratios at {100 * VERDICT_CONFIDENCE:g}% overall "
+            "confidence (Bonferroni over the looks); in the selecting ladder a candidate's first run is "
+            f"a look too, and one {100 * (1 - EARLY_DROP):g}% or more slower than the best configuration, "
+            "outside the prediction interval of that configuration's runs, is dropped there; a comparison "
+            f"whose interval's upper end falls below {MIN_GAIN}x stops (at most {100 * (MIN_GAIN - 1):g}% "
+            "faster: not worth keeping)",
+        }
         out["helpful"] = list(self.selected)
         measured = self.final is not None and self.final.get("rung_status") == "applied"
-        out.update(answer_lines(self.spec_with(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short)))
+        out.update(
+            answer_lines(self.spec_with(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short))
+        )
         filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
@@ -245,8 +319,13 @@ class LadderState(BudgetPlan):
     def final_comparison(self) -> None:
         if not self.selected:
             assert self.base_runs is not None
-            self.final = self.rung_doc(f"selected: {self.base_spec}", self.base_spec, self.base_runs, "applied",
-                                       "nothing was kept: the baseline")
+            self.final = self.rung_doc(
+                f"selected: {self.base_spec}",
+                self.base_spec,
+                self.base_runs,
+                "applied",
+                "nothing was kept: the baseline",
+            )
             self.final["speedup_vs_baseline"] = None
             self.final["final"] = True
             return

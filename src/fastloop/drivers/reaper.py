@@ -64,9 +64,14 @@ def _tell(line: str) -> None:
         return
     if _WATCHDOG is None or _WATCHDOG.poll() is not None:
         try:
-            _WATCHDOG = subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG_CODE], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True, text=True)
+            _WATCHDOG = subprocess.Popen(
+                [sys.executable, "-S", "-c", _WATCHDOG_CODE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+            )
         except OSError:  # pragma: no cover - no processes left: the run itself would fail
             _WATCHDOG = None
             return

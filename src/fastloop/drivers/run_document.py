@@ -13,15 +13,23 @@ from typing import Any
 import torch
 
 from fastloop.data import fixed_samples, tensor_dataset_parts
+from fastloop.errors import FastloopError
 from fastloop.measure.callback import WINDOW_OVERRUN, MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
 from fastloop.measure.shapes import graph_shape_check
 from fastloop.measure.stats import half_ratio, is_steady
-from fastloop.errors import FastloopError
 from fastloop.speedups.base import REGISTRY
 
-__all__ = ["data_checks", "describe_dataset", "loader_checks", "measured_configuration", "model_checks_of", "steadiness_warning", "weights_digest"]
+__all__ = [
+    "data_checks",
+    "describe_dataset",
+    "loader_checks",
+    "measured_configuration",
+    "model_checks_of",
+    "steadiness_warning",
+    "weights_digest",
+]
 
 
 def model_checks_of(module: Any) -> dict[str, str]:
@@ -81,9 +89,11 @@ def prog_bar_warning(keys: list[str]) -> str:
     step (``.item()``, in its logger connector's ``on_batch_end``), whether or not a progress bar
     is shown: on CUDA each is a host-device sync, and the GPU idles while the host then runs the
     next step's Python. Measured on the H200 (GPT-2 124M, B16): 1 sync per step, 4% of the step."""
-    return (f"self.log(..., prog_bar=True) of {', '.join(keys)}: Lightning reads these to the host (.item()) after "
-            f"every step, a sync that leaves the GPU idle while the host prepares the next step; log them without "
-            f"prog_bar (the logger still receives them) to let the host run ahead")
+    return (
+        f"self.log(..., prog_bar=True) of {', '.join(keys)}: Lightning reads these to the host (.item()) after "
+        f"every step, a sync that leaves the GPU idle while the host prepares the next step; log them without "
+        f"prog_bar (the logger still receives them) to let the host run ahead"
+    )
 
 
 def _dtype_name(applied: set[str], conv_tf32: bool = False) -> str:
@@ -110,12 +120,19 @@ def describe_dataset(loader: Any) -> dict | None:
         found = fixed_samples(dataset)
         if isinstance(found, str):
             return {"type": type(dataset).__name__, "in_memory_tensors": False, "bytes": None, "why_not": found}
-        return {"type": type(dataset).__name__, "in_memory_tensors": True, "bytes": found.n * found.item_bytes,
-                "read_once": True}
+        return {
+            "type": type(dataset).__name__,
+            "in_memory_tensors": True,
+            "bytes": found.n * found.item_bytes,
+            "read_once": True,
+        }
     tensors, indices = parts
     n = len(indices) if indices is not None else len(tensors[0])
-    return {"type": type(dataset).__name__, "in_memory_tensors": True,
-            "bytes": n * sum(t[0].numel() * t.element_size() for t in tensors)}
+    return {
+        "type": type(dataset).__name__,
+        "in_memory_tensors": True,
+        "bytes": n * sum(t[0].numel() * t.element_size() for t in tensors),
+    }
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -150,7 +167,7 @@ def weights_digest(module: torch.nn.Module) -> str:
         bits = flat.view(_INT_OF_SIZE[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
         acc = torch.zeros(3, dtype=torch.int64, device=p.device)
         for start in range(0, bits.numel(), _CHUNK):
-            x = bits[start:start + _CHUNK].to(torch.int64)
+            x = bits[start : start + _CHUNK].to(torch.int64)
             pos = torch.arange(start + 1, start + 1 + x.numel(), dtype=torch.int64, device=p.device)
             acc += torch.stack([x.sum(), (x * (pos * _MIX[0])).sum(), ((x + pos) * (x ^ _MIX[1])).sum()])
         sums.append(acc)
@@ -173,12 +190,16 @@ def steadiness_warning(step_s: list[float], reached: bool | None = None, measure
     if reached is True or ratio is None or is_steady(ratio):
         return None
     if reached is False:
-        return (f"not steady: after measuring on for {measured_on} more steps, the second half of the steps still "
-                f"averaged {ratio:.2f}x the first (the rate kept changing: a loader falling behind, clocks "
-                f"ramping); its figures are the mean over that window, and a comparison built on it says so")
-    return (f"not steady: the second half of the steps averaged {ratio:.2f}x the first (a loader buffer filled "
-            f"during warm-up draining); this run does not measure on (several ranks stop together, or the steady "
-            f"warm-up is off), so its figures are the mean over a changing rate")
+        return (
+            f"not steady: after measuring on for {measured_on} more steps, the second half of the steps still "
+            f"averaged {ratio:.2f}x the first (the rate kept changing: a loader falling behind, clocks "
+            f"ramping); its figures are the mean over that window, and a comparison built on it says so"
+        )
+    return (
+        f"not steady: the second half of the steps averaged {ratio:.2f}x the first (a loader buffer filled "
+        f"during warm-up draining); this run does not measure on (several ranks stop together, or the steady "
+        f"warm-up is off), so its figures are the mean over a changing rate"
+    )
 
 
 def _window_short(measure: MeasureCallback, measured_s: float) -> str | None:
@@ -186,8 +207,10 @@ def _window_short(measure: MeasureCallback, measured_s: float) -> str | None:
     if measure.measure_s is None or measured_s >= measure.measure_s:
         return None
     if measure.window_cut:
-        return (f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x {measure.measure_s:g} s "
-                "(the step was slower than the warm-up said, or waited outside its timed span)")
+        return (
+            f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x {measure.measure_s:g} s "
+            "(the step was slower than the warm-up said, or waited outside its timed span)"
+        )
     return measure.window_short_why or "the training ended before the window was full"
 
 
@@ -195,8 +218,14 @@ def _mean(values: list[float] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def measured_configuration(measure: MeasureCallback, records: list, device: torch.device,
-                           unit: str, extra: dict | None = None, conv_tf32: bool = False) -> dict:
+def measured_configuration(
+    measure: MeasureCallback,
+    records: list,
+    device: torch.device,
+    unit: str,
+    extra: dict | None = None,
+    conv_tf32: bool = False,
+) -> dict:
     """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
     stats = measure.result()
     summary = stats.summary()
@@ -233,8 +262,11 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "step_s": summary,
         "step_s_all": stats.step_s,
         "wait_s_all": stats.wait_s,
-        "throughput": {"value": (measure.mean_items_per_step() or 0) / mean if mean else None, "unit": f"{unit}/s",
-                       "basis": "items per step (the mean over the measured steps where the module counts them) / mean step time"},
+        "throughput": {
+            "value": (measure.mean_items_per_step() or 0) / mean if mean else None,
+            "unit": f"{unit}/s",
+            "basis": "items per step (the mean over the measured steps where the module counts them) / mean step time",
+        },
         "items_per_step": measure.mean_items_per_step(),
         "data_wait_frac": stats.data_wait_frac,
         "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
@@ -247,17 +279,24 @@ def measured_configuration(measure: MeasureCallback, records: list, device: torc
         "mfu_detail": {
             "flops_per_step": flops,
             "convention": measure.flops_convention if flops else None,
-            "peak_tflops": peak, "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
-            "measured_ceiling_tflops": ceiling, "mfu_vs_measured_ceiling": mfu_measured,
-            "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device" if ceiling
+            "peak_tflops": peak,
+            "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
+            "measured_ceiling_tflops": ceiling,
+            "mfu_vs_measured_ceiling": mfu_measured,
+            "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device"
+            if ceiling
             else "none: run `fastloop doctor` once on this machine",
         },
-        "loss": {"first": next((v for v in losses if v is not None), None),
-                 "last": next((v for v in reversed(losses) if v is not None), None)},
+        "loss": {
+            "first": next((v for v in losses if v is not None), None),
+            "last": next((v for v in reversed(losses) if v is not None), None),
+        },
         "losses": losses,
         "gpu_profile": per_measured_step(measure.gpu_profile, mean),
         "extra": extra or {},
-        "warnings": [w for w in [steadiness_warning(stats.step_s, measure.steady_reached, measure.unsteady_steps)] if w],
+        "warnings": [
+            w for w in [steadiness_warning(stats.step_s, measure.steady_reached, measure.unsteady_steps)] if w
+        ],
         "steady": measure.steady_reached,  # the rate was steady (after measuring on); None: not checked
         "measured_on_steps": measure.unsteady_steps,  # steps moved into the warm-up while the rate still changed
     }

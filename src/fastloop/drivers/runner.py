@@ -27,27 +27,27 @@ from torch.utils.data import DataLoader
 from fastloop._compat import Callback, DDPStrategy, FSDPStrategy, SingleDeviceStrategy, Trainer
 from fastloop._torch_private import CONV_TYPES
 from fastloop.adapters._lightning_private import on_a_failed_rank
+from fastloop.adapters.lightning import SpeedupCallback
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
-from fastloop.errors import FastloopError, UserCodeError
 from fastloop.drivers.exits import leave_now
-from fastloop.adapters.lightning import SpeedupCallback
-from fastloop.lightning import records_of
-from fastloop.measure.callback import FeedClock, MeasureCallback
 from fastloop.drivers.run_document import (
+    data_checks,
     describe_dataset,
     loader_checks,
     measured_configuration,
-    data_checks,
     model_checks_of,
     profile_steps,
     prog_bar_warning,
     steadiness_warning,
     weights_digest,
 )
-from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
 from fastloop.drivers.silent_logger import SilentLogger
 from fastloop.drivers.targets import TrainingLength, build_target, check_trainer_kwargs
+from fastloop.errors import FastloopError, UserCodeError
+from fastloop.lightning import records_of
+from fastloop.measure.callback import FeedClock, MeasureCallback
+from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
 
 __all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
 
@@ -68,8 +68,11 @@ class _MonitoredSchedulers(Callback):
 
     def notes(self, trainer: Trainer) -> list[str]:
         missing = [m for m in self.held if m not in trainer.callback_metrics]
-        return [f"the LR scheduler monitors {m!r}, which this run never logged (fastloop measures with validation "
-                f"off): the scheduler was not stepped; the step times are unaffected" for m in missing]
+        return [
+            f"the LR scheduler monitors {m!r}, which this run never logged (fastloop measures with validation "
+            f"off): the scheduler was not stepped; the step times are unaffected"
+            for m in missing
+        ]
 
 
 class _SpeedupFailed(Exception):
@@ -85,11 +88,21 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
 
-def run_configuration(target: str, speedups: str | list | None, *, steps: int = 30, warmup: int = 5,
-                      device: str = "auto", target_kwargs: dict[str, Any] | None = None,
-                      quiet: bool = True, steady_warmup: bool = True, devices: int = 1,
-                      strategy: str | None = None, measure_s: float | None = None,
-                      step_rate: float | None = None) -> dict:
+def run_configuration(
+    target: str,
+    speedups: str | list | None,
+    *,
+    steps: int = 30,
+    warmup: int = 5,
+    device: str = "auto",
+    target_kwargs: dict[str, Any] | None = None,
+    quiet: bool = True,
+    steady_warmup: bool = True,
+    devices: int = 1,
+    strategy: str | None = None,
+    measure_s: float | None = None,
+    step_rate: float | None = None,
+) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
 
     ``step_rate``: steps/s the step reaches without data wait, when a driver measured it: declared
@@ -138,10 +151,25 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
     while True:
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
         try:
-            doc = _run_once(target, chosen, dev, steps, warmup, target_kwargs, quiet, fallbacks, steady_warmup,
-                            devices, strategy, measure_s, RunInputs(step_rate=step_rate))
+            doc = _run_once(
+                target,
+                chosen,
+                dev,
+                steps,
+                warmup,
+                target_kwargs,
+                quiet,
+                fallbacks,
+                steady_warmup,
+                devices,
+                strategy,
+                measure_s,
+                RunInputs(step_rate=step_rate),
+            )
         except _SpeedupFailed as failed:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = (
+                flags
+            )
             torch.compiler.reset()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -149,9 +177,14 @@ def run_configuration(target: str, speedups: str | list | None, *, steps: int = 
             chosen = [variant if s is failed.speedup else s for s in chosen if s is not failed.speedup or variant]
             then = f"as {variant.spec}" if variant is not None else "without it"
             fallbacks[:] = [r for r in fallbacks if r.name != failed.speedup.name]
-            fallbacks.append(Record(failed.speedup.name, "fallback",
-                                    f"{failed.speedup.spec} failed while training ({_first_line(failed.err)}); "
-                                    f"the run was repeated {then}"))
+            fallbacks.append(
+                Record(
+                    failed.speedup.name,
+                    "fallback",
+                    f"{failed.speedup.spec} failed while training ({_first_line(failed.err)}); "
+                    f"the run was repeated {then}",
+                )
+            )
             continue
         doc["speedups"].sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
         return doc
@@ -190,11 +223,18 @@ class _GatherRanks(Callback):
             return
         stats = self.measure.result()
         summary = stats.summary()
-        mine = {"rank": trainer.global_rank, "steps": stats.steps, "step_s": summary, "step_s_all": stats.step_s,
-                "wait_s_all": stats.wait_s, "data_wait_frac": stats.data_wait_frac,
-                "items_per_step": self.measure.mean_items_per_step(), "peak_mem_bytes": self.measure.peak_mem_bytes,
-                "throughput": (self.measure.mean_items_per_step() or 0) / summary["mean"] if summary["mean"] else None,
-                "speedups": [c.record.to_dict() for c in self.cbs]}
+        mine = {
+            "rank": trainer.global_rank,
+            "steps": stats.steps,
+            "step_s": summary,
+            "step_s_all": stats.step_s,
+            "wait_s_all": stats.wait_s,
+            "data_wait_frac": stats.data_wait_frac,
+            "items_per_step": self.measure.mean_items_per_step(),
+            "peak_mem_bytes": self.measure.peak_mem_bytes,
+            "throughput": (self.measure.mean_items_per_step() or 0) / summary["mean"] if summary["mean"] else None,
+            "speedups": [c.record.to_dict() for c in self.cbs],
+        }
         gathered: list = [None] * trainer.world_size
         torch.distributed.all_gather_object(gathered, mine)
         self.ranks = sorted(gathered, key=lambda r: r["rank"])
@@ -209,13 +249,16 @@ def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> N
     doc["ranks"] = ranks
     doc["slowest_rank"] = slowest["rank"]
     items = sum(r["items_per_step"] or 0 for r in ranks)
-    doc["throughput"] = {"value": items / slowest["step_s"]["mean"] if slowest["step_s"]["mean"] else None,
-                         "unit": doc["throughput"]["unit"],
-                         "basis": "items per step summed over the ranks / the slowest rank's mean step time"}
+    doc["throughput"] = {
+        "value": items / slowest["step_s"]["mean"] if slowest["step_s"]["mean"] else None,
+        "unit": doc["throughput"]["unit"],
+        "basis": "items per step summed over the ranks / the slowest rank's mean step time",
+    }
     doc["per_rank_throughput"] = [r["throughput"] for r in ranks]
     first = [(s["name"], s["status"], s["reason"]) for s in ranks[0]["speedups"]]
-    doc["speedups_agree_across_ranks"] = all([(s["name"], s["status"], s["reason"]) for s in r["speedups"]] == first
-                                             for r in ranks)
+    doc["speedups_agree_across_ranks"] = all(
+        [(s["name"], s["status"], s["reason"]) for s in r["speedups"]] == first for r in ranks
+    )
 
 
 def _leave_after_a_failed_rank() -> None:
@@ -224,24 +267,39 @@ def _leave_after_a_failed_rank() -> None:
     leave_now(1)
 
 
-def _trainer(user_trainer: dict, callbacks: list, dev: torch.device, devices: int, strategy: str | None,
-             distributed: bool) -> Trainer:
+def _trainer(
+    user_trainer: dict, callbacks: list, dev: torch.device, devices: int, strategy: str | None, distributed: bool
+) -> Trainer:
     """The run's Trainer: the user's own settings (gradient clipping, accumulation, precision, ...)
     and fastloop's measurement: no end of its own (the measurement stops the fit), no validation,
     logs, checkpoints or progress bar."""
     return Trainer(
         **user_trainer,
-        accelerator="gpu" if dev.type == "cuda" else "cpu", devices=devices, max_steps=-1,
-        max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0, logger=SilentLogger(),
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=callbacks, profiler=FeedClock(),
-        **({"strategy": _strategy(strategy, dev)} if distributed
-           else {"strategy": _RunStrategy(device=dev)} if dev.type == "cuda" else {}),
+        accelerator="gpu" if dev.type == "cuda" else "cpu",
+        devices=devices,
+        max_steps=-1,
+        max_epochs=-1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=SilentLogger(),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        profiler=FeedClock(),
+        **(
+            {"strategy": _strategy(strategy, dev)}
+            if distributed
+            else {"strategy": _RunStrategy(device=dev)}
+            if dev.type == "cuda"
+            else {}
+        ),
     )
 
 
-def _fit(trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool, *,
-         distributed: bool = False) -> None:
+def _fit(
+    trainer: Trainer, module: Any, data: Any, target: str, chosen: list, quiet: bool, *, distributed: bool = False
+) -> None:
     """``trainer.fit``, its failures sorted: Ctrl-C, fastloop's own errors, a speedup that claims the
     error (it falls back), or the user's code. ``distributed``: rank 0 ends with status 1 when a
     rank it started fails (:func:`~fastloop.adapters._lightning_private.on_a_failed_rank`)."""
@@ -276,15 +334,18 @@ def _warn(doc: dict, measure: MeasureCallback, scheduler_notes: list[str], pbar:
     if measure.manual:
         doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:
-        doc["warnings"].append(f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
-                               f"(Lightning skipped their optimizer step; their loss is null)")
+        doc["warnings"].append(
+            f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
+            f"(Lightning skipped their optimizer step; their loss is null)"
+        )
     doc["warnings"] += scheduler_notes
     if pbar:
         doc["warnings"].append(prog_bar_warning(pbar))
 
 
-def _records(trainer: Trainer, cbs: list[SpeedupCallback], fallbacks: list[Record], prepared: list[Record],
-             extra: dict) -> list[Record]:
+def _records(
+    trainer: Trainer, cbs: list[SpeedupCallback], fallbacks: list[Record], prepared: list[Record], extra: dict
+) -> list[Record]:
     """Every requested speedup's record (a variant that ran instead keeps its fallback record);
     the counters the speedups reported go into ``extra``."""
     fell_back = {r.name for r in fallbacks}
@@ -297,10 +358,21 @@ def _records(trainer: Trainer, cbs: list[SpeedupCallback], fallbacks: list[Recor
     return records
 
 
-def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: int,
-              target_kwargs: dict[str, Any] | None, quiet: bool, fallbacks: list[Record], steady_warmup: bool,
-              devices: int = 1, strategy: str | None = None, measure_s: float | None = None,
-              inputs: RunInputs | None = None) -> dict:
+def _run_once(
+    target: str,
+    chosen: list,
+    dev: torch.device,
+    steps: int,
+    warmup: int,
+    target_kwargs: dict[str, Any] | None,
+    quiet: bool,
+    fallbacks: list[Record],
+    steady_warmup: bool,
+    devices: int = 1,
+    strategy: str | None = None,
+    measure_s: float | None = None,
+    inputs: RunInputs | None = None,
+) -> dict:
 
     t_build = time.perf_counter()
     module, data, user_trainer = build_target(target, **(target_kwargs or {}))
@@ -313,22 +385,28 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     in_training = [s for s in chosen if not s.prepares_run]
     for s in chosen:
         if s.prepares_run:
-            data, record, stats = s.prepare_run(module, data, in_training, dev,
-                                                precision=user_trainer.get("precision"))
+            data, record, stats = s.prepare_run(module, data, in_training, dev, precision=user_trainer.get("precision"))
             prepared.append(record)
             extra.update(stats)
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     inputs = inputs or RunInputs()
     cbs = [SpeedupCallback(s, inputs=inputs) for s in in_training]
-    measure = MeasureCallback(warmup=warmup, count_flops=True, steady=steady_warmup, steps=steps, measure_s=measure_s,
-                              profile_steps=profile_steps() if dev.type == "cuda" else 0)
+    measure = MeasureCallback(
+        warmup=warmup,
+        count_flops=True,
+        steady=steady_warmup,
+        steps=steps,
+        measure_s=measure_s,
+        profile_steps=profile_steps() if dev.type == "cuda" else 0,
+    )
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None
     user_callbacks = list(user_trainer.pop("callbacks", None) or [])
-    trainer = _trainer(user_trainer, [length, *user_callbacks, *cbs, measure, monitored, gather], dev, devices,
-                       strategy, distributed)
+    trainer = _trainer(
+        user_trainer, [length, *user_callbacks, *cbs, measure, monitored, gather], dev, devices, strategy, distributed
+    )
     t_fit = time.perf_counter()
     _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
     fit_s = time.perf_counter() - t_fit
@@ -336,33 +414,46 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     if pbar:
         extra["prog_bar_keys"] = pbar
     if not measure.measured_steps:
-        raise (UserCodeError(f"no step was measured: {length.notes()[0]}; the warm-up alone needs more") if length.stopped
-               else UserCodeError(f"no step was trained: the training loader of {target} yielded no batches "
-                                  f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)"))
+        raise (
+            UserCodeError(f"no step was measured: {length.notes()[0]}; the warm-up alone needs more")
+            if length.stopped
+            else UserCodeError(
+                f"no step was trained: the training loader of {target} yielded no batches "
+                f"(an empty dataset, or batch_size larger than the dataset with drop_last=True?)"
+            )
+        )
     described = describe_dataset(getattr(trainer, "train_dataloader", None))
     if described:
         extra["dataset"] = described
     records = _records(trainer, cbs, fallbacks, prepared, extra)
     unit = getattr(module, "throughput_unit", "samples")
-    conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES)
-                                                              for m in module.modules())
+    conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES) for m in module.modules())
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     t_digest = time.perf_counter()
     doc["weights_digest"] = weights_digest(module)
     digest_s = time.perf_counter() - t_digest
     # where a run's wall time goes (a ladder pays it per process): building the target, and the
     # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
-    doc["timings"] = {"build_s": build_s, "fit_s": fit_s, "pid": os.getpid(), "digest_s": digest_s,
-                      "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
-                      "train_s": (measure.train_end_t - measure.train_start_t)
-                      if measure.train_end_t and measure.train_start_t else None,
-                      "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None}
+    doc["timings"] = {
+        "build_s": build_s,
+        "fit_s": fit_s,
+        "pid": os.getpid(),
+        "digest_s": digest_s,
+        "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
+        "train_s": (measure.train_end_t - measure.train_start_t)
+        if measure.train_end_t and measure.train_start_t
+        else None,
+        "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None,
+    }
     doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
     doc["built_checks"] = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
     doc["model_checks"] = {**doc["data_checks"], **doc["built_checks"]}
     doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
-    doc["trainer_settings"] = {"used": {k: repr(v) for k, v in user_trainer.items()},
-                               "callbacks": [type(c).__name__ for c in user_callbacks], "left_out": left_out}
+    doc["trainer_settings"] = {
+        "used": {k: repr(v) for k, v in user_trainer.items()},
+        "callbacks": [type(c).__name__ for c in user_callbacks],
+        "left_out": left_out,
+    }
     _warn(doc, measure, monitored.notes(trainer) + length.notes(), pbar)
     doc["global_rank"] = trainer.global_rank
     doc["world_size"] = trainer.world_size
@@ -371,6 +462,8 @@ def _run_once(target: str, chosen: list, dev: torch.device, steps: int, warmup: 
     bad = next((i for i, v in enumerate(doc["losses"]) if v is not None and not math.isfinite(v)), None)
     if bad is not None:
         doc["loss_finite"] = False
-        doc["warnings"].append(f"the loss was not finite ({doc['losses'][bad]}) from step {bad}: "
-                               f"the timings of a diverged run say nothing about a real one")
+        doc["warnings"].append(
+            f"the loss was not finite ({doc['losses'][bad]}) from step {bad}: "
+            f"the timings of a diverged run say nothing about a real one"
+        )
     return doc

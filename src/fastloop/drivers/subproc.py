@@ -54,9 +54,14 @@ class _ForkServer:
     def __init__(self, env: dict, wait: bool = True) -> None:
         self.env = _import_env(env)  # torch and Lightning read some variables at import: a new env, a new server
         server_env = {**env, "FASTLOOP_FORKSERVER_ENTRY": "fastloop.cli:main"}  # the run's entry, handed down
-        self.proc = subprocess.Popen([sys.executable, "-m", "fastloop.drivers.forkserver"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=server_env,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fastloop.drivers.forkserver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=server_env,
+            preexec_fn=die_with_parent,
+        )
         watch_group(self.proc.pid)
         self._buf = b""
         self.ready = False
@@ -92,7 +97,9 @@ class _ForkServer:
     def run(self, argv: list[str], err_path: str, env: dict, timeout: float) -> int | None:
         """Run ``fastloop <argv>`` in a forked child; its exit status (None: the server died)."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"argv": argv, "stderr": err_path, "env": env, "cwd": os.getcwd()}) + "\n").encode())
+        self.proc.stdin.write(
+            (json.dumps({"argv": argv, "stderr": err_path, "env": env, "cwd": os.getcwd()}) + "\n").encode()
+        )
         self.proc.stdin.flush()
         started = self._read(60)
         if started is None or "pid" not in started:  # the server died, or gave up ({"error"}): no fork
@@ -200,14 +207,29 @@ def _stop_fork_server() -> None:
     _SERVER, _SERVER_OFF = None, True
 
 
-_FORK_TROUBLE = ("forked subprocess", "Cannot re-initialize CUDA", "CUDA driver initialization failed",
-                 "CUDA error: initialization error")
+_FORK_TROUBLE = (
+    "forked subprocess",
+    "Cannot re-initialize CUDA",
+    "CUDA driver initialization failed",
+    "CUDA error: initialization error",
+)
 """A forked child that failed with one of these is run again the plain way, without the server."""
 
 
-def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, device: str,
-                      timeout: float = 3600, devices: int = 1, strategy: str | None = None,
-                      profile: bool = True, measure_s: float | None = None, step_rate: float | None = None) -> dict:
+def run_in_subprocess(
+    target: str,
+    speedups: str,
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    timeout: float = 3600,
+    devices: int = 1,
+    strategy: str | None = None,
+    profile: bool = True,
+    measure_s: float | None = None,
+    step_rate: float | None = None,
+) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
 
     ``step_rate``: the step rate (steps/s) the driver declares to the run (``--step-rate``).
@@ -220,8 +242,24 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
     """
     with run_folder() as tmp:
         path = os.path.join(tmp, "run.json")
-        cmd = [sys.executable, "-m", "fastloop.cli", "run", target, "--speedups", speedups or "none",
-               "--steps", str(steps), "--warmup", str(warmup), "--device", device, "--json", path, "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastloop.cli",
+            "run",
+            target,
+            "--speedups",
+            speedups or "none",
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--device",
+            device,
+            "--json",
+            path,
+            "--quiet",
+        ]
         if measure_s is not None:
             cmd += ["--measure-s", repr(float(measure_s))]
         if step_rate is not None:
@@ -240,7 +278,9 @@ def run_in_subprocess(target: str, speedups: str, *, steps: int, warmup: int, de
                 rc = server.run(cmd[3:], err_path, env, timeout)
             except subprocess.TimeoutExpired:
                 _stop_fork_server()
-                raise ConfigurationFailed(f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None) from None
+                raise ConfigurationFailed(
+                    f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None
+                ) from None
             stderr = _read(err_path)
             if rc is None or (rc != 0 and any(t in stderr for t in _FORK_TROUBLE)):
                 # the server died, or CUDA cannot start in a fork: this and later runs the plain way
@@ -271,14 +311,15 @@ def _read(path: str) -> str:
 def _plain_run(cmd: list[str], env: dict, err_path: str, timeout: float, speedups: str) -> int:
     """``python -m fastloop.cli run ...`` as a new interpreter; its exit status."""
     with open(err_path, "w") as err_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env,
-                                preexec_fn=die_with_parent)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, env=env, preexec_fn=die_with_parent)
         watch_group(proc.pid)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise ConfigurationFailed(f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None) from None
+            raise ConfigurationFailed(
+                f"configuration {speedups!r} ran past {timeout:.0f} s and was stopped", None
+            ) from None
         except BaseException:  # Ctrl-C or any error in the leader: the group ends with it
             _kill_group(proc)
             raise

@@ -29,22 +29,46 @@ from torch.utils.data import DataLoader
 from fastloop._compat import LIGHTNING_DEFAULT_MAX_EPOCHS, Callback, LightningDataModule, LightningModule
 from fastloop.errors import FastloopError, UserCodeError, shorten
 
-__all__ = ["OWNED_CALLBACKS", "OWNED_TRAINER_KWARGS", "RECIPES", "TrainingLength", "build_target",
-           "check_trainer_kwargs",
-           "load_target", "recipe_rungs"]
+__all__ = [
+    "OWNED_CALLBACKS",
+    "OWNED_TRAINER_KWARGS",
+    "RECIPES",
+    "TrainingLength",
+    "build_target",
+    "check_trainer_kwargs",
+    "load_target",
+    "recipe_rungs",
+]
 
 OWNED_TRAINER_KWARGS: dict[str, str] = {
-    **{k: "fastloop sets how long a measured run trains (configure_optimizers still sees this length: "
-          "trainer.estimated_stepping_batches, trainer.max_epochs)" for k in ("max_steps", "max_epochs")},
-    **{k: "fastloop sets how long a measured run trains" for k in
-       ("min_steps", "min_epochs", "max_time", "limit_train_batches")},
-    **{k: "fastloop's runs do not validate" for k in
-       ("limit_val_batches", "num_sanity_val_steps", "val_check_interval", "check_val_every_n_epoch")},
-    **{k: "fastloop chooses the device (--device) and the number of devices (--devices, --strategy)" for k in
-       ("accelerator", "devices", "strategy", "num_nodes")},
-    **{k: "fastloop's runs write no logs, checkpoints or progress bars (their cost is not the training's)" for k in
-       ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "default_root_dir",
-        "log_every_n_steps")},
+    **{
+        k: "fastloop sets how long a measured run trains (configure_optimizers still sees this length: "
+        "trainer.estimated_stepping_batches, trainer.max_epochs)"
+        for k in ("max_steps", "max_epochs")
+    },
+    **{
+        k: "fastloop sets how long a measured run trains"
+        for k in ("min_steps", "min_epochs", "max_time", "limit_train_batches")
+    },
+    **{
+        k: "fastloop's runs do not validate"
+        for k in ("limit_val_batches", "num_sanity_val_steps", "val_check_interval", "check_val_every_n_epoch")
+    },
+    **{
+        k: "fastloop chooses the device (--device) and the number of devices (--devices, --strategy)"
+        for k in ("accelerator", "devices", "strategy", "num_nodes")
+    },
+    **{
+        k: "fastloop's runs write no logs, checkpoints or progress bars (their cost is not the training's)"
+        for k in (
+            "logger",
+            "enable_checkpointing",
+            "enable_progress_bar",
+            "enable_model_summary",
+            "default_root_dir",
+            "log_every_n_steps",
+        )
+    },
     "profiler": "fastloop's feed clock is the run's profiler",
 }
 """Trainer settings a target may not carry, and why: fastloop's measurement owns them (they are
@@ -79,9 +103,14 @@ def split_callbacks(callbacks: list) -> tuple[list, dict[str, str]]:
     """
     kept, left = [], {}
     for cb in callbacks:
-        why = next((OWNED_CALLBACKS[k.__name__] for k in type(cb).__mro__
-                    if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning") and k.__name__ in OWNED_CALLBACKS),
-                   None)
+        why = next(
+            (
+                OWNED_CALLBACKS[k.__name__]
+                for k in type(cb).__mro__
+                if k.__module__.split(".")[0] in ("lightning", "pytorch_lightning") and k.__name__ in OWNED_CALLBACKS
+            ),
+            None,
+        )
         if why is None:
             kept.append(cb)
         else:
@@ -94,6 +123,7 @@ RECIPES: dict[str, str] = {
     "demo": "fastloop.recipes.demo.target:make",
     "imagenet": "fastloop.recipes.imagenet.target:make",
 }
+
 
 def recipe_rungs(name: str | None) -> tuple[list[str] | None, list[str]]:
     """A built-in recipe's ladder: its own list of rungs (``LADDER`` in its target module) or
@@ -110,8 +140,10 @@ def load_target(spec: str) -> Callable[..., Any]:
     """The target's factory function; raises FastloopError with a one-line reason."""
     spec = RECIPES.get(spec, spec)
     if spec.count(":") != 1 or not all(spec.split(":")):
-        raise FastloopError(f"malformed target {shorten(spec)!r}: use FILE.py:FUNCTION, package.module:FUNCTION, "
-                            f"or a recipe name ({', '.join(RECIPES)})")
+        raise FastloopError(
+            f"malformed target {shorten(spec)!r}: use FILE.py:FUNCTION, package.module:FUNCTION, "
+            f"or a recipe name ({', '.join(RECIPES)})"
+        )
     where, func = spec.split(":")
     if where.endswith(".py"):
         path = Path(where)
@@ -127,7 +159,9 @@ def load_target(spec: str) -> Callable[..., Any]:
         try:
             mspec.loader.exec_module(module)  # type: ignore[union-attr]
         except SystemExit as err:
-            raise UserCodeError(f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained") from None
+            raise UserCodeError(
+                f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained"
+            ) from None
         except Exception as err:
             raise UserCodeError(f"while importing {shorten(where)}") from err
         finally:
@@ -142,7 +176,9 @@ def load_target(spec: str) -> Callable[..., Any]:
                 raise FastloopError(f"target module {shorten(where)!r} not found ({err})") from None
             raise UserCodeError(f"while importing {shorten(where)}") from err
         except SystemExit as err:
-            raise UserCodeError(f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained") from None
+            raise UserCodeError(
+                f"importing {shorten(where)} called sys.exit({err.code}); nothing was trained"
+            ) from None
         except Exception as err:
             raise UserCodeError(f"while importing {shorten(where)}") from err
     fn = getattr(module, func, None)
@@ -218,11 +254,14 @@ class TrainingLength(Callback):
         """What the run reports when the user's length ended it before the measurement did."""
         if not self.stopped:
             return []
-        said = ", ".join(f"{k}={v}" for k, v in (("max_epochs", self.max_epochs), ("max_steps", self.max_steps))
-                         if v is not None)
-        return [f"the target's Trainer settings ({said}) train {self.batch_limit} batches: the run stopped there, as "
-                f"the training would (its schedule ends there), before the measurement's planned end; give a longer "
-                f"training for a longer measurement"]
+        said = ", ".join(
+            f"{k}={v}" for k, v in (("max_epochs", self.max_epochs), ("max_steps", self.max_steps)) if v is not None
+        )
+        return [
+            f"the target's Trainer settings ({said}) train {self.batch_limit} batches: the run stopped there, as "
+            f"the training would (its schedule ends there), before the measurement's planned end; give a longer "
+            f"training for a longer measurement"
+        ]
 
 
 def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dict[str, str]]:
@@ -239,13 +278,17 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
     from fastloop._compat import Trainer
 
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise FastloopError(f"target {shorten(spec)} returned {type(kwargs).__name__} as its third element, where a "
-                            "dict of Trainer keyword arguments was expected (e.g. {'gradient_clip_val': 1.0})")
+        raise FastloopError(
+            f"target {shorten(spec)} returned {type(kwargs).__name__} as its third element, where a "
+            "dict of Trainer keyword arguments was expected (e.g. {'gradient_clip_val': 1.0})"
+        )
     accepted = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
     unknown = sorted(k for k in kwargs if k not in accepted)
     if unknown:
-        raise FastloopError(f"target {shorten(spec)} returned Trainer settings that Trainer does not take: "
-                            f"{shorten(', '.join(unknown))}")
+        raise FastloopError(
+            f"target {shorten(spec)} returned Trainer settings that Trainer does not take: "
+            f"{shorten(', '.join(unknown))}"
+        )
     used = {k: v for k, v in kwargs.items() if k not in OWNED_TRAINER_KWARGS}
     left = {k: OWNED_TRAINER_KWARGS[k] for k in kwargs if k in OWNED_TRAINER_KWARGS}
     if used.get("callbacks"):  # those that need what a run turns off stay out too (OWNED_CALLBACKS)
@@ -256,8 +299,9 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
     return used, left
 
 
-def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDataModule | DataLoader | None,
-                                                     dict[str, Any]]:
+def build_target(
+    spec: str, **kwargs: Any
+) -> tuple[LightningModule, LightningDataModule | DataLoader | None, dict[str, Any]]:
     """Call the target and check what it returned: ``(module, data, trainer_kwargs)`` (data None:
     the module's own ``train_dataloader()``; ``trainer_kwargs`` the user's Trainer settings, ``{}``
     when the target returned two elements)."""
@@ -271,26 +315,40 @@ def build_target(spec: str, **kwargs: Any) -> tuple[LightningModule, LightningDa
     except (FastloopError, UserCodeError, KeyboardInterrupt):
         raise
     except SystemExit as err:
-        raise UserCodeError(f"target {shorten(spec)} called sys.exit({err.code}) while being built; nothing was trained") from None
+        raise UserCodeError(
+            f"target {shorten(spec)} called sys.exit({err.code}) while being built; nothing was trained"
+        ) from None
     except Exception as err:
         raise UserCodeError(f"while building target {shorten(spec)}") from err
     if not (isinstance(out, tuple) and len(out) in (2, 3)):
-        raise FastloopError(f"target {shorten(spec)} must return (LightningModule, DataModule or DataLoader) or "
-                            f"(LightningModule, data, Trainer keyword arguments), got {type(out).__name__}")
+        raise FastloopError(
+            f"target {shorten(spec)} must return (LightningModule, DataModule or DataLoader) or "
+            f"(LightningModule, data, Trainer keyword arguments), got {type(out).__name__}"
+        )
     module, data = out[0], out[1]
     trainer_kwargs = out[2] if len(out) == 3 else {}
     if not isinstance(trainer_kwargs, dict):
         check_trainer_kwargs(spec, trainer_kwargs)  # raises with the reason
     if not isinstance(module, LightningModule):
-        hint = ("; torch.compile wraps the module it is given: return the LightningModule itself and compile its "
-                "children (or use the compile speedup)") if isinstance(getattr(module, "_orig_mod", None),
-                                                                        LightningModule) else ""
-        raise FastloopError(f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was "
-                            f"expected{hint}")
+        hint = (
+            (
+                "; torch.compile wraps the module it is given: return the LightningModule itself and compile its "
+                "children (or use the compile speedup)"
+            )
+            if isinstance(getattr(module, "_orig_mod", None), LightningModule)
+            else ""
+        )
+        raise FastloopError(
+            f"target {shorten(spec)} returned {type(module).__name__} where a LightningModule was expected{hint}"
+        )
     if data is None and type(module).train_dataloader is LightningModule.train_dataloader:
-        raise FastloopError(f"target {shorten(spec)} returned (module, None) but {type(module).__name__} defines no "
-                            f"train_dataloader(): return a DataModule or a DataLoader, or define train_dataloader()")
+        raise FastloopError(
+            f"target {shorten(spec)} returned (module, None) but {type(module).__name__} defines no "
+            f"train_dataloader(): return a DataModule or a DataLoader, or define train_dataloader()"
+        )
     if data is not None and not isinstance(data, (LightningDataModule, DataLoader)):
-        raise FastloopError(f"target {shorten(spec)} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
-                            f"or None (the module's own train_dataloader()) was expected")
+        raise FastloopError(
+            f"target {shorten(spec)} returned {type(data).__name__} where a LightningDataModule, a DataLoader "
+            f"or None (the module's own train_dataloader()) was expected"
+        )
     return module, data, trainer_kwargs

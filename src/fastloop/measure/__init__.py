@@ -12,7 +12,11 @@ from fastloop.measure.stats import RatioCI, bootstrap_ratio_ci, summarize
 
 __all__ = ["RatioCI", "StepStats", "StepTimer", "bootstrap_ratio_ci", "env_stamp", "summarize"]
 
-_LAZY = {"env_stamp": "fastloop.measure.env", "StepStats": "fastloop.measure.timer", "StepTimer": "fastloop.measure.timer"}
+_LAZY = {
+    "env_stamp": "fastloop.measure.env",
+    "StepStats": "fastloop.measure.timer",
+    "StepTimer": "fastloop.measure.timer",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,13 +27,18 @@ def prefetch_buffer(loader: Any) -> int:
 def batch_items(batch: Any, trainer: Trainer) -> int:
     """Samples in a step's batch: the leading size of its first tensor, summed over the loaders
     when the Trainer combines several (``train_dataloader`` returned a dict or list of them)."""
+
     def first(b: Any) -> int:
         t = first_tensor(b)
         return int(t.shape[0]) if t is not None and t.dim() else 1
 
     loaders = getattr(trainer, "train_dataloader", None)  # the dict or list itself in Lightning 2
     several = loaders if isinstance(loaders, (dict, list, tuple)) else getattr(loaders, "iterables", None)
-    if isinstance(several, (dict, list, tuple)) and len(several) > 1 and isinstance(batch, (dict, list, tuple)) \
-            and len(batch) == len(several):
+    if (
+        isinstance(several, (dict, list, tuple))
+        and len(several) > 1
+        and isinstance(batch, (dict, list, tuple))
+        and len(batch) == len(several)
+    ):
         return sum(first(b) for b in (batch.values() if isinstance(batch, Mapping) else batch))
     return first(batch)

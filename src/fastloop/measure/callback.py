@@ -51,9 +51,17 @@ class MeasureCallback(Callback):
             module does not define ``flops_per_batch(batch)``.
     """
 
-    def __init__(self, warmup: int = 5, count_flops: bool = True, drain: bool = True,
-                 steady: bool = True, max_extra_warmup: int | None = None, steps: int | None = None,
-                 profile_steps: int = 0, measure_s: float | None = None) -> None:
+    def __init__(
+        self,
+        warmup: int = 5,
+        count_flops: bool = True,
+        drain: bool = True,
+        steady: bool = True,
+        max_extra_warmup: int | None = None,
+        steps: int | None = None,
+        profile_steps: int = 0,
+        measure_s: float | None = None,
+    ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         if measure_s is not None and not measure_s > 0:
@@ -176,11 +184,15 @@ class MeasureCallback(Callback):
             elif self.count_flops and not is_compiled(pl_module):
                 from torch.utils.flop_counter import FlopCounterMode
 
-                self.flops_convention = "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)"
+                self.flops_convention = (
+                    "torch.utils.flop_counter, forward+backward of the first step (matmul/conv, 2 per MAC)"
+                )
                 self._flop_mode = FlopCounterMode(display=False)
                 self._flop_mode.__enter__()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         assert self.timer is not None
         if self._flop_mode is not None:
             self._flop_mode.__exit__(None, None, None)
@@ -211,8 +223,11 @@ class MeasureCallback(Callback):
         if self._measured_end is None:
             if self._overran(trainer, n):
                 self.steps, self.window_cut = n - self.warmup, True
-            if n < self.warmup + (self.steps or 0) or self._measure_on_until_steady(trainer, n) \
-                    or self._window_short(trainer, n):
+            if (
+                n < self.warmup + (self.steps or 0)
+                or self._measure_on_until_steady(trainer, n)
+                or self._window_short(trainer, n)
+            ):
                 return
             self._measured_end = n
             if self.profile_steps > 0 and self.timer.cuda and trainer.world_size == 1:
@@ -317,10 +332,14 @@ class MeasureCallback(Callback):
             self.window_short_why = f"the window stopped at the cap of {MAX_MEASURED_STEPS:,} measured steps"
             return False
         if self._window_t0 is not None and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s:
-            self.window_short_why = (f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x "
-                                     f"{self.measure_s:g} s (the steps' own times sum to less)")
+            self.window_short_why = (
+                f"the window ended on the host's clock after {WINDOW_OVERRUN:g}x "
+                f"{self.measure_s:g} s (the steps' own times sum to less)"
+            )
             return False
-        extra = min(MAX_MEASURED_STEPS - self.steps, math.ceil(1.05 * (self.measure_s - measured) * len(step_s) / measured) + 1)
+        extra = min(
+            MAX_MEASURED_STEPS - self.steps, math.ceil(1.05 * (self.measure_s - measured) * len(step_s) / measured) + 1
+        )
         self.steps += extra
         self.window_extended += extra
         if trainer.fit_loop.epoch_loop.max_steps > 0:
@@ -330,9 +349,14 @@ class MeasureCallback(Callback):
     def _overran(self, trainer: Trainer, n: int) -> bool:
         """The time window has run :data:`WINDOW_OVERRUN` times longer than ``measure_s`` (one
         process only: ranks that stopped on their own clocks would stop at different steps)."""
-        return (self.measure_s is not None and self._window_t0 is not None and trainer.world_size == 1
-                and self._first_window_s is None and n - self.warmup >= MIN_MEASURED_STEPS
-                and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s)
+        return (
+            self.measure_s is not None
+            and self._window_t0 is not None
+            and trainer.world_size == 1
+            and self._first_window_s is None
+            and n - self.warmup >= MIN_MEASURED_STEPS
+            and time.perf_counter() - self._window_t0 > WINDOW_OVERRUN * self.measure_s
+        )
 
     def _fit_steps_to_time(self, step_s: float) -> None:
         """At the end of the warm-up: a window of ``measure_s`` seconds of measured steps, however
@@ -363,7 +387,7 @@ class MeasureCallback(Callback):
 
     def _kept_losses(self) -> list[torch.Tensor | None]:
         """The losses of the warm-up and measured steps (not of the profiled ones)."""
-        return self.losses[:self._measured_end] if self._measured_end is not None else self.losses
+        return self.losses[: self._measured_end] if self._measured_end is not None else self.losses
 
     @property
     def none_steps(self) -> int:
@@ -378,7 +402,7 @@ class MeasureCallback(Callback):
         return stats
 
     def _measured_mean(self, counts: list, first: float | None) -> float | None:
-        counts = counts[self.warmup:self._measured_end] if counts else []
+        counts = counts[self.warmup : self._measured_end] if counts else []
         return float(sum(float(c) for c in counts)) / len(counts) if counts else first
 
     def mean_items_per_step(self) -> float | None:

@@ -18,8 +18,13 @@ def _git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         # "-dirty" where the working tree differs from the commit: the figures are then not that commit's
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"], cwd=here,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -32,7 +37,9 @@ def _driver() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -67,5 +74,5 @@ def env_stamp() -> dict:
         "cuda_device_max_connections": __import__("os").environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "commit": _git_commit(),
         "fastloop": __version__,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }

@@ -23,8 +23,15 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["PEAK_TFLOPS", "count_train_flops", "load_measured_ceiling", "measure_matmul_tflops", "mfu", "peak_tflops",
-           "save_measured_ceilings"]
+__all__ = [
+    "PEAK_TFLOPS",
+    "count_train_flops",
+    "load_measured_ceiling",
+    "measure_matmul_tflops",
+    "mfu",
+    "peak_tflops",
+    "save_measured_ceilings",
+]
 
 # Dense datasheet rates, TFLOP/s, by device-name family and dtype. Order matters: first match wins
 # (so "H200" and "H100" are tried before a bare "H1").
@@ -103,8 +110,9 @@ def mfu(flops_per_step: float, step_s: float, peak_tflops_: float) -> float:
     return flops_per_step / step_s / (peak_tflops_ * 1e12)
 
 
-def measure_matmul_tflops(dtype: torch.dtype = torch.bfloat16, n: int = 8192, iters: int = 20,
-                          device: str = "cuda") -> float:
+def measure_matmul_tflops(
+    dtype: torch.dtype = torch.bfloat16, n: int = 8192, iters: int = 20, device: str = "cuda"
+) -> float:
     """Measured dense matmul rate (TFLOP/s) on random data: ``n``³ products timed with events."""
     if device == "cpu":
         a = torch.randn(n, n, dtype=dtype)

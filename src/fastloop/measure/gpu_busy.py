@@ -27,8 +27,15 @@ from fastloop.measure.sync_site import SYNC_WARNING, sync_sites, warnings_with_s
 
 __all__ = ["SYNC_CALLS", "GpuProfile", "busy_span", "per_measured_step", "summarize_trace"]
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaStreamWaitEvent_host", "cuStreamSynchronize", "cuCtxSynchronize")
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaStreamWaitEvent_host",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+)
 """CUDA runtime/driver calls that make the host wait for the GPU (``cudaMemcpy``: the
 synchronous copy ``.item()``/``.cpu()`` use). ``cudaMemcpyAsync`` from pageable memory also waits
 but cannot be told apart in the trace; pinned batches avoid it."""
@@ -65,8 +72,10 @@ def summarize_trace(gpu_intervals: list[tuple[float, float]], host_calls: list[s
         "span_ms_per_step": span / 1e3 / steps if steps else None,
         "host_syncs_per_step": sum(syncs.values()) / steps if steps else None,
         "sync_calls": syncs,
-        "method": (f"torch.profiler (CUDA activity) over {steps} extra steps after the measured ones: union of "
-                   "kernel/copy/memset intervals / span from the first GPU activity to the last"),
+        "method": (
+            f"torch.profiler (CUDA activity) over {steps} extra steps after the measured ones: union of "
+            "kernel/copy/memset intervals / span from the first GPU activity to the last"
+        ),
     }
 
 
@@ -90,8 +99,10 @@ def per_measured_step(profile: dict | None, mean_step_s: float | None) -> dict |
     out = dict(profile)
     out["span_busy_frac"] = profile.get("gpu_busy_frac")
     out["gpu_busy_frac"] = min(1.0, profile["gpu_busy_ms_per_step"] / (mean_step_s * 1e3))
-    out["method"] = (str(profile.get("method", "")) + "; gpu_busy_frac: GPU busy ms per profiled step / the measured "
-                     "mean step (span_busy_frac: / the profiled span)")
+    out["method"] = (
+        str(profile.get("method", "")) + "; gpu_busy_frac: GPU busy ms per profiled step / the measured "
+        "mean step (span_busy_frac: / the profiled span)"
+    )
     return out
 
 
@@ -158,7 +169,9 @@ class GpuProfile:
                     host.append(ev.name)
             out = summarize_trace(gpu, host, steps)
             out["sync_sites"] = sites  # CUDA's sync debug mode: "does not yet detect all synchronizing operations"
-            out["profile_s"] = time.perf_counter() - self._t0  # the profiled steps and reading the trace: a ladder's cost
+            out["profile_s"] = (
+                time.perf_counter() - self._t0
+            )  # the profiled steps and reading the trace: a ladder's cost
             return out
         except Exception as err:  # noqa: BLE001
             return {"error": f"{type(err).__name__}: {err}"}

@@ -80,8 +80,12 @@ class ShapeTally:
         if not steps:
             return None
         _, top = self.counts.most_common(1)[0]
-        return {"steps": steps, "distinct": len(self.counts), "most_common_share": top / steps,
-                "varying": _varying(list(self.counts))}
+        return {
+            "steps": steps,
+            "distinct": len(self.counts),
+            "most_common_share": top / steps,
+            "varying": _varying(list(self.counts)),
+        }
 
 
 def _varying(keys: list[tuple[tuple[int, ...], ...]]) -> str:
@@ -109,7 +113,9 @@ def graph_shape_check(summary: dict | None) -> str | None:
     """
     if not summary or summary["distinct"] <= GRAPH_MAX_SHAPES or summary["most_common_share"] >= GRAPH_MIN_SHARE:
         return None
-    return (f"the batches change shape ({summary['distinct']} shapes in {summary['steps']} steps: "
-            f"{summary['varying']}; the commonest in {100 * summary['most_common_share']:.0f}% of them): a CUDA "
-            f"graph replays one fixed shape, so most steps would run eagerly and each new shape costs a capture; "
-            f"pad to one fixed length (or to a few bucket lengths) to graph the step")
+    return (
+        f"the batches change shape ({summary['distinct']} shapes in {summary['steps']} steps: "
+        f"{summary['varying']}; the commonest in {100 * summary['most_common_share']:.0f}% of them): a CUDA "
+        f"graph replays one fixed shape, so most steps would run eagerly and each new shape costs a capture; "
+        f"pad to one fixed length (or to a few bucket lengths) to graph the step"
+    )

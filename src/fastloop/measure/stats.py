@@ -27,8 +27,23 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["MIN_EFFECT", "MIN_RUNS", "MIN_STEPS", "STEADY_TOLERANCE", "change_point", "half_ratio", "is_steady", "RatioCI", "bootstrap_ratio_ci", "check_times", "one_run_ci", "run_ratio_ci",
-           "summarize", "t_quantile", "verdict"]
+__all__ = [
+    "MIN_EFFECT",
+    "MIN_RUNS",
+    "MIN_STEPS",
+    "STEADY_TOLERANCE",
+    "change_point",
+    "half_ratio",
+    "is_steady",
+    "RatioCI",
+    "bootstrap_ratio_ci",
+    "check_times",
+    "one_run_ci",
+    "run_ratio_ci",
+    "summarize",
+    "t_quantile",
+    "verdict",
+]
 
 
 STEADY_TOLERANCE = 1.15
@@ -128,7 +143,9 @@ class RatioCI:
 def check_times(groups: Sequence[Sequence[float]], name: str) -> list[np.ndarray]:
     """Step times must be finite and positive: raise ValueError naming ``name`` otherwise."""
     if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
-        raise TypeError(f"{name} must be a list of runs, each a list of step times in seconds; got {type(groups).__name__}")
+        raise TypeError(
+            f"{name} must be a list of runs, each a list of step times in seconds; got {type(groups).__name__}"
+        )
     out = []
     for g in groups:
         try:
@@ -168,9 +185,16 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], *,
-                 confidence: float = 0.95, min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS,
-                 paired: bool = True, min_effect: float = MIN_EFFECT) -> RatioCI:
+def run_ratio_ci(
+    groups_a: Sequence[Sequence[float]],
+    groups_b: Sequence[Sequence[float]],
+    *,
+    confidence: float = 0.95,
+    min_runs: int = MIN_RUNS,
+    min_steps: int = MIN_STEPS,
+    paired: bool = True,
+    min_effect: float = MIN_EFFECT,
+) -> RatioCI:
     """CI for ``mean step time of A / mean step time of B`` with the run as the unit.
 
     ``groups_a``/``groups_b``: one list of step times (seconds) per run. Runs given in the same
@@ -209,7 +233,7 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
     elif len(la) >= 2 and len(lb) >= 2:
         va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
         centre, se = float(la.mean() - lb.mean()), float(math.sqrt(va + vb))
-        df = max(1, int((va + vb) ** 2 / ((va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1)) or 1e-300)))
+        df = max(1, int((va + vb) ** 2 / ((va**2 / (len(la) - 1) + vb**2 / (len(lb) - 1)) or 1e-300)))
         method = "Welch t on log run means"
     else:
         centre, se, df = float(la.mean() - lb.mean()), math.inf, 1
@@ -222,13 +246,27 @@ def run_ratio_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequenc
         lo, hi = math.exp(centre - half), math.exp(centre + half)
     apart = (not too_few) and (lo > 1.0 or hi < 1.0)
     negligible = apart and abs(centre) < math.log1p(min_effect)
-    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
-                   significant=apart and not negligible, confidence=confidence, runs=runs, too_few=too_few,
-                   method=method, negligible=negligible)
+    return RatioCI(
+        ratio=ratio,
+        ci_low=lo,
+        ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
+        significant=apart and not negligible,
+        confidence=confidence,
+        runs=runs,
+        too_few=too_few,
+        method=method,
+        negligible=negligible,
+    )
 
 
-def one_run_ci(groups_a: Sequence[Sequence[float]], run_b: Sequence[float], *, confidence: float = 0.95,
-               min_runs: int = MIN_RUNS, min_steps: int = MIN_STEPS) -> RatioCI:
+def one_run_ci(
+    groups_a: Sequence[Sequence[float]],
+    run_b: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    min_runs: int = MIN_RUNS,
+    min_steps: int = MIN_STEPS,
+) -> RatioCI:
     """CI for ``mean step time of A / mean step time of B`` from A's runs and *one* run of B.
 
     A prediction interval: B's one log run mean against the mean of A's, with the spread of A's
@@ -257,9 +295,16 @@ def one_run_ci(groups_a: Sequence[Sequence[float]], run_b: Sequence[float], *, c
         lo, hi = math.exp(centre - half), math.exp(centre + half)
     else:
         lo, hi = 0.0, math.inf
-    return RatioCI(ratio=math.exp(centre), ci_low=lo, ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
-                   significant=(not too_few) and (lo > 1.0 or hi < 1.0), confidence=confidence, runs=1,
-                   too_few=too_few, method="one run of B against A's runs (prediction interval; assumes A's run-to-run spread)")
+    return RatioCI(
+        ratio=math.exp(centre),
+        ci_low=lo,
+        ci_high=hi if math.isfinite(hi) else None,  # type: ignore[arg-type]
+        significant=(not too_few) and (lo > 1.0 or hi < 1.0),
+        confidence=confidence,
+        runs=1,
+        too_few=too_few,
+        method="one run of B against A's runs (prediction interval; assumes A's run-to-run spread)",
+    )
 
 
 def bootstrap_ratio_ci(
@@ -307,8 +352,14 @@ def bootstrap_ratio_ci(
     boots = np.array([resample(ga) / resample(gb) for _ in range(n_boot)])
     lo, hi = np.percentile(boots, [100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2])
     lo, hi = float(min(lo, ratio)), float(max(hi, ratio))
-    return RatioCI(ratio=ratio, ci_low=lo, ci_high=hi, significant=bool(not too_few and (lo > 1.0 or hi < 1.0)),
-                   confidence=confidence, too_few=too_few)
+    return RatioCI(
+        ratio=ratio,
+        ci_low=lo,
+        ci_high=hi,
+        significant=bool(not too_few and (lo > 1.0 or hi < 1.0)),
+        confidence=confidence,
+        too_few=too_few,
+    )
 
 
 def verdict(ci: RatioCI, *, label_a: str = "A", label_b: str = "B") -> str:

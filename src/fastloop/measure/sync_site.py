@@ -27,8 +27,11 @@ def _library(filename: str) -> bool:
 
     path = os.path.abspath(filename)
     roots = (os.path.dirname(os.path.abspath(fastloop.__file__)), sysconfig.get_paths()["stdlib"])
-    return (filename.startswith("<") or any(part in path for part in ("site-packages", "dist-packages"))
-            or any(path.startswith(root + os.sep) for root in roots))
+    return (
+        filename.startswith("<")
+        or any(part in path for part in ("site-packages", "dist-packages"))
+        or any(path.startswith(root + os.sep) for root in roots)
+    )
 
 
 def user_site(frames: list[traceback.FrameSummary]) -> str | None:
@@ -48,7 +51,7 @@ def user_site(frames: list[traceback.FrameSummary]) -> str | None:
             where = f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
             if inner is not None and inner is not frame:
                 lib = inner.filename.replace(os.sep, "/")
-                short = lib[lib.rfind("site-packages/") + 14:] if "site-packages/" in lib else os.path.basename(lib)
+                short = lib[lib.rfind("site-packages/") + 14 :] if "site-packages/" in lib else os.path.basename(lib)
                 where += f" (inside {short}:{inner.lineno} {inner.name})"
             return where
     return None
@@ -85,9 +88,9 @@ def warnings_with_stacks() -> Iterator[list[tuple[warnings.WarningMessage, list[
         yield seen
 
 
-
-def sync_sites(seen: list[tuple[warnings.WarningMessage, list[traceback.FrameSummary]]], steps: int,
-               top: int = 3) -> list[dict]:
+def sync_sites(
+    seen: list[tuple[warnings.WarningMessage, list[traceback.FrameSummary]]], steps: int, top: int = 3
+) -> list[dict]:
     """The sync debug mode's warnings among ``seen``, counted by the user's line they came from,
     most frequent first: ``[{"site": ..., "per_step": ...}]`` (at most ``top``).
 

@@ -225,14 +225,16 @@ class StepTimer:
         step_s, wait_s, host_step, host_wait = [], [], [], []
         one_off: list[dict] = []
         fs, fe, se = self._host
-        feed, host_copy = _timed_apart(self._feed[self.warmup:n]), _timed_apart(self._copy[self.warmup:n])
+        feed, host_copy = _timed_apart(self._feed[self.warmup : n]), _timed_apart(self._copy[self.warmup : n])
         for k, i in enumerate(range(self.warmup, n)):
             # a step runs from the end of the previous step (when it starts asking for data)
             # to its own end; its first step starts at its own fetch.
             resumed = self._resumed.get(i)
             start = resumed[0] if resumed else self._step_end[i - 1] if i > 0 else self._fetch_start[i]
             if i in self._one_off:  # timed and reported, not a step of the steady rate
-                one_off.append({"step": i, "s": round(self._elapsed(start, self._step_end[i]), 4), "why": self._one_off[i]})
+                one_off.append(
+                    {"step": i, "s": round(self._elapsed(start, self._step_end[i]), 4), "why": self._one_off[i]}
+                )
                 continue
             step_s.append(self._elapsed(start, self._step_end[i]))
             wait_s.append(max(0.0, self._elapsed(self._fetch_start[i], self._fetch_end[i])))
@@ -245,5 +247,12 @@ class StepTimer:
             host_step, host_wait = step_s, wait_s
         if one_off and host_copy is not None:  # the copies timed apart, of the steps kept
             host_copy = [host_copy[k] for k, i in enumerate(range(self.warmup, n)) if i not in self._one_off]
-        return StepStats(step_s=step_s, wait_s=wait_s, warmup_steps=min(self.warmup, n),
-                         host_wait_s=host_wait, host_step_s=host_step, host_copy_s=host_copy, one_off=one_off or None)
+        return StepStats(
+            step_s=step_s,
+            wait_s=wait_s,
+            warmup_steps=min(self.warmup, n),
+            host_wait_s=host_wait,
+            host_step_s=host_step,
+            host_copy_s=host_copy,
+            one_off=one_off or None,
+        )

@@ -20,7 +20,6 @@ def write_reports(doc: dict, out_dir: str | None, json_path: str | None, html: b
     """
     from pathlib import Path
 
-
     written = []
     text = to_json(doc)
     try:
@@ -37,5 +36,7 @@ def write_reports(doc: dict, out_dir: str | None, json_path: str | None, html: b
                 atomic_write(out / "report.html", render_html(doc))
                 written.append(str(out / "report.html"))
     except OSError as err:
-        raise FastloopError(f"cannot write the report to {err.filename or out_dir or json_path}: {err.strerror or err}") from None
+        raise FastloopError(
+            f"cannot write the report to {err.filename or out_dir or json_path}: {err.strerror or err}"
+        ) from None
     return written

@@ -47,7 +47,9 @@ def _check_name(path: str, flag: str) -> Path:
         raise FastloopError(f"{flag} {_printable(path)}: the path is too long (at most 4,000 bytes)")
     for part in p.parts:
         if len(part.encode()) > 255:
-            raise FastloopError(f"{flag}: the name {shorten(part, 40)} is {len(part.encode())} bytes long; names may be at most 255")
+            raise FastloopError(
+                f"{flag}: the name {shorten(part, 40)} is {len(part.encode())} bytes long; names may be at most 255"
+            )
     return p
 
 
@@ -89,8 +91,10 @@ def check_json_path(path: str, inputs: list[str] = ()) -> None:  # type: ignore[
         if not p.is_file():
             raise FastloopError(f"--json {shown} is not a regular file; give a new file path")
         if not _ours(p):
-            raise FastloopError(f"--json {shown} exists and was not written by fastloop; refusing to overwrite it "
-                                f"(choose a new file, or delete it)")
+            raise FastloopError(
+                f"--json {shown} exists and was not written by fastloop; refusing to overwrite it "
+                f"(choose a new file, or delete it)"
+            )
         if not os.access(p, os.W_OK) or not p.stat().st_mode & 0o222:  # root passes os.access
             raise FastloopError(f"--json {shown} is read-only; choose another file")
     _check_writable_dir(p.resolve().parent if p.parent.exists() else p.parent, "--json", shown)
@@ -108,12 +112,16 @@ def check_out_dir(path: str, inputs: list[str] = ()) -> None:  # type: ignore[as
             raise FastloopError(f"--out {shown}: {parent} is a file, so no folder can be made below it")
         _check_writable_dir(parent, "--out", shown)
         return
-    foreign = sorted(e.name for e in p.iterdir()
-                     if not (e.name in REPORT_FILES and e.is_file() and _ours(e)) and not e.name.startswith(".fastloop-"))
+    foreign = sorted(
+        e.name
+        for e in p.iterdir()
+        if not (e.name in REPORT_FILES and e.is_file() and _ours(e)) and not e.name.startswith(".fastloop-")
+    )
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise FastloopError(f"--out {shown} already holds files fastloop did not write ({listed}); "
-                            f"choose a new or empty folder")
+        raise FastloopError(
+            f"--out {shown} already holds files fastloop did not write ({listed}); choose a new or empty folder"
+        )
     for inp in inputs:
         if inp and Path(inp).exists() and Path(inp).resolve().parent == p.resolve():
             raise FastloopError(f"--out {shown} holds an input of this run ({_printable(inp)}); choose another folder")

@@ -32,7 +32,7 @@ def selected_line(doc: dict) -> str | None:
         return None
     final = next((r for r in doc.get("rungs", []) if r.get("final")), None)
     vs = fmt_ratio(final.get("speedup_vs_baseline")) if final else "not measured yet"
-    tp = ((final or {}).get("throughput") or {})
+    tp = (final or {}).get("throughput") or {}
     rate = f", {tp['value']:,.0f} {tp['unit']}" if tp.get("value") else ""
     base = f" ({','.join(doc['base'])})" if doc.get("base") else ""
     return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{base}{rate})"
@@ -58,23 +58,29 @@ def rows(doc: dict) -> list[dict]:
         status = c.get("rung_status", "")
         if c.get("failed"):
             status = "failed"
-        out.append({
-            "name": name,
-            "status": status,
-            "reason": c.get("rung_reason", ""),
-            "step": fmt_s((c.get("step_s") or {}).get("median")),
-            "spread": (f"{fmt_s((c.get('step_s') or {}).get('p25'))} - {fmt_s((c.get('step_s') or {}).get('p75'))}"
-                       if (c.get("step_s") or {}).get("p25") is not None else "-"),
-            "throughput": f"{tp['value']:,.0f} {tp['unit']}" if tp.get("value") else "-",
-            "wait": f"{100 * c['data_wait_frac']:.0f}%" if c.get("data_wait_frac") is not None else "-",
-            "mem": f"{c['peak_mem_bytes'] / 2**30:.2f} GiB" if c.get("peak_mem_bytes") else "-",
-            "compile": fmt_s(c.get("compile_s")),
-            "mfu": f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-",
-            "vs_prev": fmt_ratio(c.get("speedup_vs_prev")),
-            "vs_base": fmt_ratio(c.get("speedup_vs_baseline")),
-            "decision": c.get("decision") or (c.get("rung_reason") if status in ("skipped", "failed", "fallback") else ""),
-            "bottleneck": (c.get("bottleneck") or {}).get("bottleneck", ""),
-        })
+        out.append(
+            {
+                "name": name,
+                "status": status,
+                "reason": c.get("rung_reason", ""),
+                "step": fmt_s((c.get("step_s") or {}).get("median")),
+                "spread": (
+                    f"{fmt_s((c.get('step_s') or {}).get('p25'))} - {fmt_s((c.get('step_s') or {}).get('p75'))}"
+                    if (c.get("step_s") or {}).get("p25") is not None
+                    else "-"
+                ),
+                "throughput": f"{tp['value']:,.0f} {tp['unit']}" if tp.get("value") else "-",
+                "wait": f"{100 * c['data_wait_frac']:.0f}%" if c.get("data_wait_frac") is not None else "-",
+                "mem": f"{c['peak_mem_bytes'] / 2**30:.2f} GiB" if c.get("peak_mem_bytes") else "-",
+                "compile": fmt_s(c.get("compile_s")),
+                "mfu": f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-",
+                "vs_prev": fmt_ratio(c.get("speedup_vs_prev")),
+                "vs_base": fmt_ratio(c.get("speedup_vs_baseline")),
+                "decision": c.get("decision")
+                or (c.get("rung_reason") if status in ("skipped", "failed", "fallback") else ""),
+                "bottleneck": (c.get("bottleneck") or {}).get("bottleneck", ""),
+            }
+        )
     return out
 
 
@@ -83,16 +89,22 @@ def ranks_lines(doc: dict) -> list[str]:
     if not doc.get("ranks"):
         return []
     unit = (doc.get("throughput") or {}).get("unit", "")
-    out = [f"{doc['world_size']} ranks ({doc.get('strategy', 'ddp')}), slowest rank {doc['slowest_rank']}; "
-           f"speedups {'identical on every rank' if doc.get('speedups_agree_across_ranks') else 'DIFFER between ranks'}"]
+    out = [
+        f"{doc['world_size']} ranks ({doc.get('strategy', 'ddp')}), slowest rank {doc['slowest_rank']}; "
+        f"speedups {'identical on every rank' if doc.get('speedups_agree_across_ranks') else 'DIFFER between ranks'}"
+    ]
     for r in doc["ranks"]:
         wait = r.get("data_wait_frac")
-        out.append(f"rank {r['rank']}: median step {fmt_s(r['step_s']['median'])}, "
-                   f"{(r.get('throughput') or 0):,.0f} {unit}, data wait {'-' if wait is None else f'{100 * wait:.0f}%'}")
+        out.append(
+            f"rank {r['rank']}: median step {fmt_s(r['step_s']['median'])}, "
+            f"{(r.get('throughput') or 0):,.0f} {unit}, data wait {'-' if wait is None else f'{100 * wait:.0f}%'}"
+        )
     sc = doc.get("scaling")
     if sc and sc.get("efficiency") is not None:
-        out.append(f"scaling: 1 device {sc['throughput_1']:,.0f} {unit}, {sc['devices']} devices "
-                   f"{sc['throughput_n']:,.0f} {unit}: {sc['speedup']:.2f}x, efficiency {100 * sc['efficiency']:.0f}%")
+        out.append(
+            f"scaling: 1 device {sc['throughput_1']:,.0f} {unit}, {sc['devices']} devices "
+            f"{sc['throughput_n']:,.0f} {unit}: {sc['speedup']:.2f}x, efficiency {100 * sc['efficiency']:.0f}%"
+        )
     return out
 
 

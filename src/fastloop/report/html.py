@@ -96,8 +96,11 @@ def _plots(doc: dict) -> list[tuple[str, str]]:
             ax.plot([i for i, _ in pts], [v for _, v in pts], label=name, linewidth=1)
         ax.set_xlabel("step (warm-up included)")
         ax.set_ylabel("training loss")
-        ax.set_title("Loss per step (first run of each configuration: the same batches)" if doc.get("kind") == "ab"
-                     else "Loss per step")
+        ax.set_title(
+            "Loss per step (first run of each configuration: the same batches)"
+            if doc.get("kind") == "ab"
+            else "Loss per step"
+        )
         ax.legend(fontsize=8)
         out.append(("loss", _png(fig)))
         plt.close(fig)
@@ -117,25 +120,66 @@ def render_html(doc: dict) -> str:
     env = doc.get("env", {})
     e = html.escape
     stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
-    head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU",
-            "vs previous", "vs baseline", "bottleneck", "decision"]
-    body = "".join("<tr>" + "".join(f"<td>{e(str(r[k]))}</td>" for k in
-                   ("name", "step", "spread", "throughput", "wait", "mem", "compile", "mfu", "vs_prev", "vs_base",
-                    "bottleneck", "decision"))
-                   + "</tr>" for r in rows(doc))
+    head = [
+        "configuration",
+        "median step",
+        "IQR",
+        "throughput",
+        "data wait",
+        "peak mem",
+        "compile",
+        "MFU",
+        "vs previous",
+        "vs baseline",
+        "bottleneck",
+        "decision",
+    ]
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{e(str(r[k]))}</td>"
+            for k in (
+                "name",
+                "step",
+                "spread",
+                "throughput",
+                "wait",
+                "mem",
+                "compile",
+                "mfu",
+                "vs_prev",
+                "vs_base",
+                "bottleneck",
+                "decision",
+            )
+        )
+        + "</tr>"
+        for r in rows(doc)
+    )
     # Interrupted: answer Ctrl-C at once; the plots (the slow part) wait for a finished run
-    imgs = "" if doc.get("interrupted") else "".join(
-        f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
-        for n, b in _plots(doc))
+    imgs = (
+        ""
+        if doc.get("interrupted")
+        else "".join(
+            f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
+            for n, b in _plots(doc)
+        )
+    )
     notes = []
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
-        top += (f"<p><b>{'Interrupted' if doc.get('interrupted') else 'In progress'}:</b> the configurations "
-                f"finished so far{' (plots are drawn for finished runs only)' if doc.get('interrupted') else ''}.</p>")
+        top += (
+            f"<p><b>{'Interrupted' if doc.get('interrupted') else 'In progress'}:</b> the configurations "
+            f"finished so far{' (plots are drawn for finished runs only)' if doc.get('interrupted') else ''}.</p>"
+        )
     if selected_line(doc):
         top += f"<h2>{e(selected_line(doc))}</h2>"
         if doc.get("callbacks_line"):
-            top += f"<pre>{e(doc['callbacks_line'])}" + (f"\n{e(doc['loop_line'])}" if doc.get("loop_line") else "") + "</pre>"
+            top += (
+                f"<pre>{e(doc['callbacks_line'])}"
+                + (f"\n{e(doc['loop_line'])}" if doc.get("loop_line") else "")
+                + "</pre>"
+            )
     for move in doc.get("moves", []):
         notes.append(f"<p><b>Bottleneck moved</b> {e(move)}</p>")
     if doc.get("method"):
@@ -148,13 +192,15 @@ def render_html(doc: dict) -> str:
         notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
-        notes.append(f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>")
-    return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get('kind', 'run'))}</title>
+        notes.append(
+            f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>"
+        )
+    return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get("kind", "run"))}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
 img.plot{{max-width:100%}}</style></head><body>
-<h1>fastloop {e(doc.get('kind', 'run'))}: <code>{e(str(doc.get('target')))}</code></h1>
+<h1>fastloop {e(doc.get("kind", "run"))}: <code>{e(str(doc.get("target")))}</code></h1>
 <p class="stamp">{stamp}</p>
-{top}<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>
+{top}<table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{body}</table>
 <p>Throughput and ratios use mean step time (before / after); (n.s.) = not significant.</p>
-{''.join(notes)}{imgs}</body></html>"""
+{"".join(notes)}{imgs}</body></html>"""

@@ -18,8 +18,10 @@ def run_line(entry: dict, k: int, budget: float | None) -> str:
     rate = f"{tp['value']:,.0f} {tp.get('unit', '')}".strip() if tp.get("value") else "failed"
     of = f" of the {budget:.0f} s budget" if budget else ""
     window = f" (measured {entry['measured_s']:.2f} s, {entry.get('steps')} steps)" if entry.get("measured_s") else ""
-    return (f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s{window}; "
-            f"{entry.get('elapsed_s', 0):.0f} s{of}")
+    return (
+        f"ladder: run {k} ({entry.get('spec')}): {rate} in {entry.get('s', 0):.1f} s{window}; "
+        f"{entry.get('elapsed_s', 0):.0f} s{of}"
+    )
 
 
 class RunLines:

@@ -16,44 +16,74 @@ def search_story(doc: dict) -> list[str]:
     if doc.get("stages"):
         out += ["", "**The search:**"]
         for st in doc["stages"]:
-            out.append(f"1. *{st['stage']}* on `{st['configuration']}`: {st.get('bottleneck') or 'bottleneck unknown'}"
-                       f" — {st['action']}")
+            out.append(
+                f"1. *{st['stage']}* on `{st['configuration']}`: {st.get('bottleneck') or 'bottleneck unknown'}"
+                f" — {st['action']}"
+            )
     removed = [r["decision"] for r in doc.get("rungs", []) if r.get("ablation")]
     if removed:
         out += ["", "**Ablation** (each member taken out in turn):"] + [f"- {d}" for d in removed]
     if doc.get("not_tried"):
-        out += ["", "**Not tried:** " + "; ".join(f"{t['name']} ({t['why']}{_plan(t)}, at {t['stage']})"
-                                                  for t in doc["not_tried"])]
+        out += [
+            "",
+            "**Not tried:** "
+            + "; ".join(f"{t['name']} ({t['why']}{_plan(t)}, at {t['stage']})" for t in doc["not_tried"]),
+        ]
     windows = [e["measured_s"] for e in doc.get("run_log") or [] if e.get("measured_s") is not None]
     if windows:
         asked = f" (asked: {doc['measure_s']:g} s of steady steps)" if doc.get("measure_s") else ""
-        out += ["", f"**Measured windows:** {len(windows)} runs measured {min(windows):.2f}-{max(windows):.2f} s each"
-                    f"{asked}; each run's seconds are in the JSON's `run_log`."]
+        out += [
+            "",
+            f"**Measured windows:** {len(windows)} runs measured {min(windows):.2f}-{max(windows):.2f} s each"
+            f"{asked}; each run's seconds are in the JSON's `run_log`.",
+        ]
     if doc.get("cut_short"):
-        out += ["", "**Cut short by the budget** (measured, the interval still too wide to call): " + "; ".join(
-            f"{t['name']} ({t['runs']} run(s), at {t['stage']})" for t in doc["cut_short"])]
+        out += [
+            "",
+            "**Cut short by the budget** (measured, the interval still too wide to call): "
+            + "; ".join(f"{t['name']} ({t['runs']} run(s), at {t['stage']})" for t in doc["cut_short"]),
+        ]
     if doc.get("ties"):
-        out += ["", "**Ties within the noise** (the simpler kept): " + "; ".join(
-            f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
-            f"{f', apart by under {100 * MIN_EFFECT:g}%' if t.get('negligible') else ''})"
-            for t in doc["ties"] if t.get("ci_low") is not None and t.get("ci_high") is not None)]
+        out += [
+            "",
+            "**Ties within the noise** (the simpler kept): "
+            + "; ".join(
+                f"`{t['kept']}` over `{t['other']}` ({t['ratio']:.2f}x [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
+                f"{f', apart by under {100 * MIN_EFFECT:g}%' if t.get('negligible') else ''})"
+                for t in doc["ties"]
+                if t.get("ci_low") is not None and t.get("ci_high") is not None
+            ),
+        ]
     return out
 
 
 def render_markdown(doc: dict) -> str:
     env = doc.get("env", {})
-    lines = ["<!-- fastloop-report -->", f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`", "",
-             f"{env.get('gpu') or 'CPU'} | torch {env.get('torch')} | {env.get('lightning')} | "
-             f"fastloop {doc.get('fastloop_version')} ({env.get('commit') or 'no commit'}) | {env.get('date')}", ""]
+    lines = [
+        "<!-- fastloop-report -->",
+        f"# fastloop {doc.get('kind', 'run')}: `{doc.get('target')}`",
+        "",
+        f"{env.get('gpu') or 'CPU'} | torch {env.get('torch')} | {env.get('lightning')} | "
+        f"fastloop {doc.get('fastloop_version')} ({env.get('commit') or 'no commit'}) | {env.get('date')}",
+        "",
+    ]
     ladder = doc.get("kind") == "ladder"
     if doc.get("interrupted") or doc.get("partial"):
-        lines += ["**" + ("Interrupted" if doc.get("interrupted") else "In progress") +
-                  ":** this report holds the configurations finished so far.", ""]
+        lines += [
+            "**"
+            + ("Interrupted" if doc.get("interrupted") else "In progress")
+            + ":** this report holds the configurations finished so far.",
+            "",
+        ]
     sel = selected_line(doc)
     if sel:
         lines += [f"**{sel}**", ""]
         if doc.get("callbacks_line"):
-            lines += ["```python", doc["callbacks_line"]] + ([doc["loop_line"]] if doc.get("loop_line") else []) + ["```", ""]
+            lines += (
+                ["```python", doc["callbacks_line"]]
+                + ([doc["loop_line"]] if doc.get("loop_line") else [])
+                + ["```", ""]
+            )
     head = ["configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU"]
     if ladder:
         head += ["vs previous", "vs baseline", "bottleneck", "decision"]
@@ -76,24 +106,45 @@ def render_markdown(doc: dict) -> str:
     else:
         configs = [("run", doc)]
     steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
-    cut = sorted({(c["steps_planned"], c.get("measure_s")) for _, c in configs
-                  if c.get("steps") and c.get("steps_planned") and c["steps"] < c["steps_planned"]})
+    cut = sorted(
+        {
+            (c["steps_planned"], c.get("measure_s"))
+            for _, c in configs
+            if c.get("steps") and c.get("steps_planned") and c["steps"] < c["steps_planned"]
+        }
+    )
     if steps:
         by_warmup: dict = {}
         for n, w in steps:
             by_warmup.setdefault(w, []).append(n)
-        lines.append("Measured " + "; ".join(f"{min(ns)}{'-' + str(max(ns)) if len(ns) > 1 else ''} steps after {w} warm-up"
-                                             for w, ns in by_warmup.items()) + "."
-                     + "".join(f" Runs whose {planned} steps would have taken over {limit:g} s measured fewer (--measure-s)."
-                               for planned, limit in cut if limit)
-                     + "".join(f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
-                               for name, c in configs if c.get("warmup_drain_steps")))
-    lines.append("Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
-                 "ratio = before / after; (n.s.) = not significant. "
-                 + (f"Method: {doc['method']}." if doc.get("method") else "95% bootstrap CI over the steps of one run."))
+        lines.append(
+            "Measured "
+            + "; ".join(
+                f"{min(ns)}{'-' + str(max(ns)) if len(ns) > 1 else ''} steps after {w} warm-up"
+                for w, ns in by_warmup.items()
+            )
+            + "."
+            + "".join(
+                f" Runs whose {planned} steps would have taken over {limit:g} s measured fewer (--measure-s)."
+                for planned, limit in cut
+                if limit
+            )
+            + "".join(
+                f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
+                for name, c in configs
+                if c.get("warmup_drain_steps")
+            )
+        )
+    lines.append(
+        "Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
+        "ratio = before / after; (n.s.) = not significant. "
+        + (f"Method: {doc['method']}." if doc.get("method") else "95% bootstrap CI over the steps of one run.")
+    )
     if ladder and doc.get("runs"):
-        lines.append(f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
-                     f"average) in {doc.get('wall_s', 0):.0f} s.")
+        lines.append(
+            f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
+            f"average) in {doc.get('wall_s', 0):.0f} s."
+        )
     lines += search_story(doc)
     for move in doc.get("moves", []):
         lines += ["", f"**Bottleneck moved** {move}"]
@@ -109,8 +160,12 @@ def render_markdown(doc: dict) -> str:
     warns = [f"- {line}" for line in warning_lines(doc)]
     if warns:
         lines += ["", "Warnings:"] + warns
-    skipped = [s for c in ([doc] if doc.get("speedups") else doc.get("rungs", [])) for s in c.get("speedups", [])
-               if s["status"] != "applied"]
+    skipped = [
+        s
+        for c in ([doc] if doc.get("speedups") else doc.get("rungs", []))
+        for s in c.get("speedups", [])
+        if s["status"] != "applied"
+    ]
     if skipped:
         lines += ["", "Not applied:"] + sorted({f"- `{s['name']}` {s['status']}: {s['reason']}" for s in skipped})
     changed = applied_changes(doc)
@@ -136,7 +191,9 @@ def applied_changes(doc: dict) -> dict[str, str]:
     selected = [c for c in configs if str(c.get("rung", "")).startswith("selected: ")]
     changed: dict[str, str] = {}
     for c in selected[-1:] or configs:
-        changed.update({s["name"]: s["detail"] for s in c.get("speedups", []) if s["status"] == "applied" and s.get("detail")})
+        changed.update(
+            {s["name"]: s["detail"] for s in c.get("speedups", []) if s["status"] == "applied" and s.get("detail")}
+        )
     return changed
 
 
@@ -144,6 +201,12 @@ def _plan(entry: dict) -> str:
     """A budget entry's arithmetic: 'predicted 9.1 s + 18.0 s reserve > 12.3 s left'."""
     if entry.get("predicted_s") is None or entry.get("left_s") is None:
         return ""
-    cold = f" (with a new compiled graph's cold compile, {entry['cold_compile_s']:g} s)" if entry.get("cold_compile_s") else ""
-    return (f": predicted {entry['predicted_s']:g} s{cold} + {entry.get('reserve_s') or 0:g} s reserve > "
-            f"{entry['left_s']:g} s left")
+    cold = (
+        f" (with a new compiled graph's cold compile, {entry['cold_compile_s']:g} s)"
+        if entry.get("cold_compile_s")
+        else ""
+    )
+    return (
+        f": predicted {entry['predicted_s']:g} s{cold} + {entry.get('reserve_s') or 0:g} s reserve > "
+        f"{entry['left_s']:g} s left"
+    )

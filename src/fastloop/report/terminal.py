@@ -22,8 +22,10 @@ def print_document(doc: dict, console: Console | None = None) -> None:
     console = console or make_console()
     env = doc.get("env", {})
     ladder = doc.get("kind") == "ladder"
-    table = Table(title=f"fastloop {doc.get('kind', 'run')}: {doc.get('target')}  "
-                        f"[{env.get('gpu') or 'CPU'}, torch {env.get('torch')}]")
+    table = Table(
+        title=f"fastloop {doc.get('kind', 'run')}: {doc.get('target')}  "
+        f"[{env.get('gpu') or 'CPU'}, torch {env.get('torch')}]"
+    )
     for col in ("configuration", "median step", "IQR", "throughput", "data wait", "peak mem", "compile", "MFU"):
         table.add_column(col)
     if ladder:
@@ -31,8 +33,16 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         table.add_column("vs base")
         table.add_column("decision")
     for r in rows(doc):
-        cells = [r["name"] + (f" ({r['status']})" if r["status"] in ("skipped", "failed") else ""), r["step"],
-                 r["spread"], r["throughput"], r["wait"], r["mem"], r["compile"], r["mfu"]]
+        cells = [
+            r["name"] + (f" ({r['status']})" if r["status"] in ("skipped", "failed") else ""),
+            r["step"],
+            r["spread"],
+            r["throughput"],
+            r["wait"],
+            r["mem"],
+            r["compile"],
+            r["mfu"],
+        ]
         if ladder:
             cells += [r["vs_prev"], r["vs_base"], r["decision"].partition(":")[0][:24]]
         table.add_row(*cells)

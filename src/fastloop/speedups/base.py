@@ -28,13 +28,28 @@ import torch
 
 from fastloop.errors import FastloopError, shorten
 from fastloop.speedups.options import Options
-from fastloop.speedups.records import Context, Fallback, Record, RunInputs, Skip, Status, valid_step_rate
+from fastloop.speedups.records import Context, Fallback, Record, RunInputs, Skip, valid_step_rate
 
 if TYPE_CHECKING:
     from fastloop.speedups.run import Run
 
-__all__ = ["Options", "REGISTRY", "Context", "Fallback", "Record", "RunInputs", "Skip", "Speedup",
-           "register", "resolve", "speedup_names", "default_ladder", "apply_all", "name_of", "valid_step_rate"]
+__all__ = [
+    "Options",
+    "REGISTRY",
+    "Context",
+    "Fallback",
+    "Record",
+    "RunInputs",
+    "Skip",
+    "Speedup",
+    "register",
+    "resolve",
+    "speedup_names",
+    "default_ladder",
+    "apply_all",
+    "name_of",
+    "valid_step_rate",
+]
 
 Changes = Literal["model", "optimizer", "data", "step"]
 
@@ -179,8 +194,9 @@ class Speedup:
     prepares_run: ClassVar[bool] = False
     """True for a speedup the run driver applies before training (the batch-size search)."""
 
-    def prepare_run(self, module: Any, data: Any, others: list[Speedup], device: torch.device, *,
-                    precision: str | None = None) -> tuple[Any, Record, dict]:
+    def prepare_run(
+        self, module: Any, data: Any, others: list[Speedup], device: torch.device, *, precision: str | None = None
+    ) -> tuple[Any, Record, dict]:
         """Before training (only when :attr:`prepares_run`; ``precision``: the user's Trainer's):
         returns the data to train on, this speedup's record and statistics for the report."""
         raise NotImplementedError
@@ -276,14 +292,18 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
         return []
     items: list[str | Speedup]
     if not isinstance(spec, (str, list, tuple)):
-        raise TypeError(f"speedups must be a comma-separated string, a list of names or None; got {type(spec).__name__}")
+        raise TypeError(
+            f"speedups must be a comma-separated string, a list of names or None; got {type(spec).__name__}"
+        )
     if not isinstance(spec, str) and not all(isinstance(i, (str, Speedup)) for i in spec):
         bad = next(i for i in spec if not isinstance(i, (str, Speedup)))
         raise TypeError(f"each speedup must be a name or a Speedup object; got {type(bad).__name__} {bad!r}")
     if isinstance(spec, str):
         items = [s.strip() for s in spec.split(",")]
         if any(not s for s in items) and spec.strip() not in ("",):
-            raise FastloopError(f"malformed speedup list {shorten(spec)!r}: use comma-separated names, e.g. 'bf16,compile'")
+            raise FastloopError(
+                f"malformed speedup list {shorten(spec)!r}: use comma-separated names, e.g. 'bf16,compile'"
+            )
         items = [s for s in items if s]
     else:
         items = list(spec)
@@ -297,16 +317,19 @@ def resolve(spec: str | Iterable[str | Speedup] | None) -> list[Speedup]:
         key, _, opt = item.partition(":")
         key = ALIASES.get(key.strip(), key.strip())
         if key == "none":
-            raise FastloopError("'none' means the baseline and cannot be combined with other speedups "
-                                f"(got {shorten(','.join(map(str, items)))!r})")
+            raise FastloopError(
+                "'none' means the baseline and cannot be combined with other speedups "
+                f"(got {shorten(','.join(map(str, items)))!r})"
+            )
         if key not in REGISTRY:
             raise FastloopError(_unknown(item, key))
         cls = REGISTRY[key]
         if ":" in item and not opt.strip():
             raise FastloopError(f"empty option in {shorten(item)!r}: {cls.options_help()}")
         if len(opt) > 64:
-            raise FastloopError(f"the option in {shorten(item, 40)!r} is {len(opt):,} characters long: "
-                                f"{cls.options_help()}")
+            raise FastloopError(
+                f"the option in {shorten(item, 40)!r} is {len(opt):,} characters long: {cls.options_help()}"
+            )
         out.append(cls.from_text(opt.strip()) if opt else cls())
     names = [s.name for s in out]
     dupes = sorted({n for n in names if names.count(n) > 1})

@@ -47,26 +47,26 @@ from fastloop.data import WHOLE_BATCHES, first_tensor, rebuild_loader, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Skip, Speedup, register, resolve
-from fastloop.speedups.run import Run
 from fastloop.speedups.batch_size_rule import check_search, choose_batch_size, largest_fitting
 from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
-    trial_optimizer_conf,
     NOWHERE,
-    state_digest,
-    snapshot_state,
+    current_size,
+    restore_rng_state,
     restore_state,
     rng_states,
-    restore_rng_state,
-    size_holders,
-    current_size,
     set_batch_size,
+    size_holders,
+    snapshot_state,
+    state_digest,
+    trial_optimizer_conf,
 )
+from fastloop.speedups.run import Run
 
 __all__ = ["BatchSize", "is_oom", "search_batch_size", "set_batch_size"]
 
 _OOM_MARKERS = (
-    "cuda out of memory",                 # torch.cuda.OutOfMemoryError
-    "cudnn_status_alloc_failed",          # cuDNN workspace allocation
+    "cuda out of memory",  # torch.cuda.OutOfMemoryError
+    "cudnn_status_alloc_failed",  # cuDNN workspace allocation
     "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",  # cuDNN OOM in disguise
     "cublas_status_alloc_failed",
     "defaultcpuallocator: can't allocate memory",
@@ -122,15 +122,20 @@ def _trial_hooks(module: LightningModule, opts: list):
     (Lightning refuses logging from ``on_fit_start``, where the callback runs); with manual
     optimization, ``self.optimizers()`` hands out the trial optimizers, ``manual_backward`` is a
     plain backward and toggling is a no-op, so the Trainer's optimizers are never stepped."""
+
     def noop(*a: Any, **k: Any) -> None:
         return None
 
     hooks: dict[str, Any] = {"log": noop, "log_dict": noop}
     if not module.automatic_optimization:
-        hooks.update(optimizers=lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else list(opts),
-                     manual_backward=lambda loss, *a, **k: loss.backward(*a, **k),
-                     toggle_optimizer=noop, untoggle_optimizer=noop, lr_schedulers=noop,
-                     clip_gradients=noop)
+        hooks.update(
+            optimizers=lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else list(opts),
+            manual_backward=lambda loss, *a, **k: loss.backward(*a, **k),
+            toggle_optimizer=noop,
+            untoggle_optimizer=noop,
+            lr_schedulers=noop,
+            clip_gradients=noop,
+        )
     saved = {k: vars(module)[k] for k in hooks if k in vars(module)}
     for k, v in hooks.items():
         setattr(module, k, v)
@@ -155,8 +160,9 @@ def _takes_batch_idx(module: LightningModule) -> bool:
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 2
 
 
-def _trial(module: LightningModule, data: Any, size: int, device: torch.device, steps: int,
-           autocast: torch.dtype | None) -> tuple[float, int]:
+def _trial(
+    module: LightningModule, data: Any, size: int, device: torch.device, steps: int, autocast: torch.dtype | None
+) -> tuple[float, int]:
     """Run ``steps`` train steps at ``size``; returns (median step time of steps after the first,
     the largest batch the data yielded: a dataset's last partial batch is not its limit)."""
     loader = _loader_for(module, data, size)
@@ -224,10 +230,23 @@ class _Trials:
     """The search's trials: ``self(size)`` trains ``size`` for a few steps and says whether it fit
     (an out-of-memory error is a failed trial, on every rank alike); each lands in :attr:`rows`."""
 
-    def __init__(self, module: Any, data: Any, dev: torch.device, steps: int, autocast: torch.dtype | None,
-                 progress: Callable[[str], None] | None) -> None:
+    def __init__(
+        self,
+        module: Any,
+        data: Any,
+        dev: torch.device,
+        steps: int,
+        autocast: torch.dtype | None,
+        progress: Callable[[str], None] | None,
+    ) -> None:
         self.module, self.data, self.dev, self.steps, self.autocast, self.progress = (
-            module, data, dev, steps, autocast, progress)
+            module,
+            data,
+            dev,
+            steps,
+            autocast,
+            progress,
+        )
         self.rows: list[dict] = []
         self.limit: int | None = None
         """The data's own batch limit (a dataset smaller than the batch), once a trial met it."""
@@ -246,9 +265,15 @@ class _Trials:
             _free(self.dev)  # outside the except block: the traceback no longer pins the failed step's tensors
         oom, step_s = _agree(oom, step_s, self.dev)
         ok = not oom
-        self.rows.append({"batch_size": size, "ok": ok, "step_s": step_s if ok else None,
-                          "throughput": got / step_s if ok and step_s > 0 else None,
-                          "trial_s": time.perf_counter() - t0})
+        self.rows.append(
+            {
+                "batch_size": size,
+                "ok": ok,
+                "step_s": step_s if ok else None,
+                "throughput": got / step_s if ok and step_s > 0 else None,
+                "trial_s": time.perf_counter() - t0,
+            }
+        )
         if ok and got < size:
             self.rows[-1]["note"] = f"the data yields only {got} samples per batch"
             self.limit = got if self.limit is None else min(self.limit, got)
@@ -259,11 +284,23 @@ MIXED_PRECISION = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mix
 """A Trainer's mixed ``precision`` -> the dtype its steps autocast to (the search's trials do too)."""
 
 
-def search_batch_size(module: LightningModule, data: Any, *, speedups: str | list[str | Speedup] | None = None,
-                      device: str = "auto", init: int | None = None, max_size: int = 4096,
-                      objective: str = "throughput", margin: float = 0.9, trial_steps: int = 3,
-                      precision: float = 0.0625, trainer_optimizers: list | None = None, attached: bool = False,
-                      progress: Callable[[str], None] | None = None, trainer_precision: str | None = None) -> dict:
+def search_batch_size(
+    module: LightningModule,
+    data: Any,
+    *,
+    speedups: str | list[str | Speedup] | None = None,
+    device: str = "auto",
+    init: int | None = None,
+    max_size: int = 4096,
+    objective: str = "throughput",
+    margin: float = 0.9,
+    trial_steps: int = 3,
+    precision: float = 0.0625,
+    trainer_optimizers: list | None = None,
+    attached: bool = False,
+    progress: Callable[[str], None] | None = None,
+    trainer_precision: str | None = None,
+) -> dict:
     """Find the batch size; write it where the target keeps it; return the JSON document part.
 
     Args:
@@ -288,8 +325,10 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
         data.setup("fit")
     current = current_size(size_holders(module, data))
     if isinstance(data, DataLoader) and yields_whole_batches(data):
-        raise FastloopError(f"cannot change the batch size: {WHOLE_BATCHES}; make the batches in the DataLoader "
-                            f"(batch_size=N) to search it")
+        raise FastloopError(
+            f"cannot change the batch size: {WHOLE_BATCHES}; make the batches in the DataLoader "
+            f"(batch_size=N) to search it"
+        )
     if current is None and isinstance(data, DataLoader):
         current = data.batch_size or getattr(data.batch_sampler, "batch_size", None)
     if not size_holders(module, data) and not isinstance(data, DataLoader):
@@ -318,10 +357,16 @@ def search_batch_size(module: LightningModule, data: Any, *, speedups: str | lis
     written = set_batch_size(module, data, chosen)
     mem1 = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     return {
-        "batch_size": chosen, "max_fitting": max_fitting, "objective": objective, "margin": margin,
-        "trials": trials, "search_s": time.perf_counter() - t_start,
-        "restored": state_digest(module, trainer_optimizers or []) == before, "written_to": written,
-        "memory_allocated_before": mem0, "memory_allocated_after": mem1,
+        "batch_size": chosen,
+        "max_fitting": max_fitting,
+        "objective": objective,
+        "margin": margin,
+        "trials": trials,
+        "search_s": time.perf_counter() - t_start,
+        "restored": state_digest(module, trainer_optimizers or []) == before,
+        "written_to": written,
+        "memory_allocated_before": mem0,
+        "memory_allocated_after": mem1,
         "autocast": str(autocast).replace("torch.", "") if autocast else None,
         "compile_note": "trials run eagerly; compile (if requested) happens once afterwards, so no trial recompiles",
     }
@@ -356,8 +401,9 @@ class BatchSize(Speedup):
     order = 70
     prepares_run = True
 
-    def prepare_run(self, module: Any, data: Any, others: list[Speedup], device: torch.device, *,
-                    precision: str | None = None) -> tuple[Any, Record, dict]:
+    def prepare_run(
+        self, module: Any, data: Any, others: list[Speedup], device: torch.device, *, precision: str | None = None
+    ) -> tuple[Any, Record, dict]:
         """Search with the other speedups on, then train at the size found (a DataLoader, fixed
         at build, is rebuilt at that size; a DataModule or module reads its ``batch_size``). Where the
         size cannot be changed, the run goes on at the user's size and the record says why (skipped)."""
@@ -368,7 +414,11 @@ class BatchSize(Speedup):
             return data, Record(self.name, "skipped", str(err)), {}
         if isinstance(data, DataLoader) and data.batch_size != search["batch_size"]:
             data = rebuild_loader(data, batch_size=search["batch_size"])
-        record = Record(self.name, "applied", detail=f"batch size {search['batch_size']} (largest fitting "
-                                              f"{search['max_fitting']}, search {search['search_s']:.1f} s)")
+        record = Record(
+            self.name,
+            "applied",
+            detail=f"batch size {search['batch_size']} (largest fitting "
+            f"{search['max_fitting']}, search {search['search_s']:.1f} s)",
+        )
         stats = {"batch_size_search": {k: search[k] for k in ("batch_size", "max_fitting", "search_s", "restored")}}
         return data, record, stats

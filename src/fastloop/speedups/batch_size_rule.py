@@ -19,8 +19,13 @@ def check_search(objective: str, margin: float, max_size: int) -> None:
         raise FastloopError(f"--max must be >= 1, got {max_size}")
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, max_size: int, precision: float,
-                    data_limited: Callable[[], bool] = lambda: False) -> int:
+def largest_fitting(
+    fits: Callable[[int], bool],
+    start: int,
+    max_size: int,
+    precision: float,
+    data_limited: Callable[[], bool] = lambda: False,
+) -> int:
     """The largest batch size for which ``fits(size)`` holds: double from ``start`` until a size
     fails (or ``max_size``, or the data yields smaller batches: ``data_limited()``), then bisect
     until the gap is at most ``precision`` of the failing size.
@@ -34,8 +39,10 @@ def largest_fitting(fits: Callable[[int], bool], start: int, max_size: int, prec
     """
     if not fits(start):
         if start == 1:
-            raise FastloopError("batch size 1 does not fit in memory: the model itself is too large for this device "
-                                "(try bf16, a smaller model, or more GPUs via FSDP)")
+            raise FastloopError(
+                "batch size 1 does not fit in memory: the model itself is too large for this device "
+                "(try bf16, a smaller model, or more GPUs via FSDP)"
+            )
         lo, hi = 0, start
     else:
         lo, hi = start, None
@@ -61,8 +68,9 @@ def largest_fitting(fits: Callable[[int], bool], start: int, max_size: int, prec
     return lo
 
 
-def choose_batch_size(trials: list[dict], attempt: Callable[[int], bool], max_fitting: int, margin: float,
-            objective: str) -> int:
+def choose_batch_size(
+    trials: list[dict], attempt: Callable[[int], bool], max_fitting: int, margin: float, objective: str
+) -> int:
     """The chosen size: at most ``margin * max_fitting``; the largest (``max``) or, among the sizes
     tried under that cap, the largest within 2% of the best throughput (``throughput``)."""
     cap = max(1, int(margin * max_fitting))

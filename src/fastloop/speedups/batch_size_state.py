@@ -49,7 +49,7 @@ def state_digest(module: torch.nn.Module, optimizers: list) -> str:
         for k in sorted(m._defaults):
             h.update(k.encode())
             v = getattr(m, k)
-            for t in (v if isinstance(v, list) else [v]):
+            for t in v if isinstance(v, list) else [v]:
                 h.update(_bytes(t))
         h.update(repr(m._update_count).encode())
     for opt in optimizers:
@@ -67,6 +67,7 @@ _PLAIN = (int, float, bool, str, type(None))
 def snapshot_state(module: torch.nn.Module) -> dict:
     """Everything a trial step may change on the module: its state_dict, non-persistent buffers,
     torchmetrics states, and the plain Python attributes (counters, flags) of every submodule."""
+
     def clone(v: Any) -> Any:
         if torch.is_tensor(v):
             return v.detach().clone()
@@ -77,9 +78,14 @@ def snapshot_state(module: torch.nn.Module) -> dict:
     return {
         "state": {k: v.detach().clone() for k, v in module.state_dict().items()},
         "buffers": {k: v.detach().clone() for k, v in module.named_buffers()},
-        "metrics": [(m, {k: clone(getattr(m, k)) for k in m._defaults},
-                     {k: vars(m).get(k) for k in ("_update_count", "_computed", "_forward_cache")})
-                    for m in _metric_modules(module)],
+        "metrics": [
+            (
+                m,
+                {k: clone(getattr(m, k)) for k in m._defaults},
+                {k: vars(m).get(k) for k in ("_update_count", "_computed", "_forward_cache")},
+            )
+            for m in _metric_modules(module)
+        ],
         "plain": [(m, {k: v for k, v in vars(m).items() if isinstance(v, _PLAIN)}) for m in module.modules()],
     }
 
@@ -150,16 +156,20 @@ def set_batch_size(module: LightningModule, data: Any, size: int) -> str:
     for obj, kind in holders:
         if kind == "item":
             obj["batch_size"] = size
-            names.append(f"{'LightningModule' if obj is getattr(module, 'hparams', None) else 'DataModule'}.hparams.batch_size")
+            names.append(
+                f"{'LightningModule' if obj is getattr(module, 'hparams', None) else 'DataModule'}.hparams.batch_size"
+            )
         else:
             obj.batch_size = size
             names.append(f"{type(obj).__name__}.batch_size")
     return ", ".join(names)
 
 
-NOWHERE = ("neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
-            "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
-            "build train_dataloader() from it, or pass a DataLoader to train on")
+NOWHERE = (
+    "neither the LightningModule nor the DataModule has a batch_size attribute or hparam (where Lightning's "
+    "BatchSizeFinder looks too): add one (e.g. self.save_hyperparameters() with a batch_size argument) and "
+    "build train_dataloader() from it, or pass a DataLoader to train on"
+)
 
 
 class _TrialTrainer:
@@ -175,9 +185,11 @@ class _TrialTrainer:
         self.is_global_zero = True
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"the batch-size search's trials run without a Trainer: self.trainer.{name} is not "
-                             f"available to configure_optimizers there (max_epochs, max_steps, "
-                             f"estimated_stepping_batches, accumulate_grad_batches, world_size and the ranks are)")
+        raise AttributeError(
+            f"the batch-size search's trials run without a Trainer: self.trainer.{name} is not "
+            f"available to configure_optimizers there (max_epochs, max_steps, "
+            f"estimated_stepping_batches, accumulate_grad_batches, world_size and the ranks are)"
+        )
 
 
 def trial_optimizer_conf(module: LightningModule, loader: Any) -> Any:

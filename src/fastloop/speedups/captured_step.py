@@ -54,8 +54,16 @@ from fastloop.errors import GraphIneligible
 from fastloop.speedups.fused_optimizer import apply_fused_optimizer, why_not_fused
 from fastloop.speedups.graph_capture import StepGraphs, copy_into, make_capturable, sync_lr
 
-__all__ = ["CHECKED_STEPS", "EAGER_STEPS", "Baked", "CapturedStep", "Entry", "PreparedOptimizer",
-           "cycled_hyperparameters", "prepare_for_capture"]
+__all__ = [
+    "CHECKED_STEPS",
+    "EAGER_STEPS",
+    "Baked",
+    "CapturedStep",
+    "Entry",
+    "PreparedOptimizer",
+    "cycled_hyperparameters",
+    "prepare_for_capture",
+]
 
 EAGER_STEPS = 2
 """Real eager steps before the first checked step (both adapters)."""
@@ -117,8 +125,12 @@ class Baked:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.values = [(i, g, k, v) for i, g in enumerate(optimizer.param_groups) for k, v in g.items()
-                       if k != "params" and not (k == "lr" and torch.is_tensor(v))]
+        self.values = [
+            (i, g, k, v)
+            for i, g in enumerate(optimizer.param_groups)
+            for k, v in g.items()
+            if k != "params" and not (k == "lr" and torch.is_tensor(v))
+        ]
 
     def changed(self) -> str | None:
         for i, g, k, v in self.values:
@@ -180,8 +192,10 @@ def prepare_for_capture(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
     if scheds and len(pairs) < len(optimizer.param_groups):
         names = ", ".join(dict.fromkeys(type(s).__name__ for s in scheds))
         because = not_fused or "no fused or capturable form of it reads a tensor lr"
-        raise GraphIneligible(f"{type(optimizer).__name__} reads its lr as a Python number ({because}), which a graph "
-                              f"would bake in while {names} changes it")
+        raise GraphIneligible(
+            f"{type(optimizer).__name__} reads its lr as a Python number ({because}), which a graph "
+            f"would bake in while {names} changes it"
+        )
     return PreparedOptimizer(optimizer, pairs, floats, fused=not_fused is None)
 
 
@@ -270,9 +284,14 @@ class CapturedStep:
         self._static = map_tensors(lambda t: t.clone(), batch)
         return self._static
 
-    def step(self, eager: Callable[[], Any], *, replayed: Callable[[Entry], Any],
-             recorded: Callable[[], Any] | None = None,
-             kept: Callable[[Any], tuple[Any, str | None]] | None = None) -> Any:
+    def step(
+        self,
+        eager: Callable[[], Any],
+        *,
+        replayed: Callable[[Entry], Any],
+        recorded: Callable[[], Any] | None = None,
+        kept: Callable[[Any], tuple[Any, str | None]] | None = None,
+    ) -> Any:
         """Run this step by :attr:`route`: ``eager()`` (the step as the user's code runs it, on the
         batch :meth:`batch` returned), checked, captured then replayed, or replayed.
         ``replayed(entry)`` gives the step's result after a replay; ``recorded()``: the step as
@@ -300,8 +319,13 @@ class CapturedStep:
                 self.fail(why)
         return out
 
-    def _capture(self, eager: Callable[[], Any], recorded: Callable[[], Any], replayed: Callable[[Entry], Any],
-                 kept: Callable[[Any], tuple[Any, str | None]] | None) -> Any:
+    def _capture(
+        self,
+        eager: Callable[[], Any],
+        recorded: Callable[[], Any],
+        replayed: Callable[[Entry], Any],
+        kept: Callable[[Any], tuple[Any, str | None]] | None,
+    ) -> Any:
         t0 = time.perf_counter()
         late = bool(self.graphs.entries)
         err: str | None = None
@@ -331,8 +355,10 @@ class CapturedStep:
             self.prepared.sync()
         changed = entry.baked.changed() if entry.baked is not None else None
         if changed:
-            self.fail(f"{changed}: a scheduler or your code changed a hyperparameter the graph baked in; "
-                      f"the steps from here on do not replay it")
+            self.fail(
+                f"{changed}: a scheduler or your code changed a hyperparameter the graph baked in; "
+                f"the steps from here on do not replay it"
+            )
             return eager()
         entry.graph.replay()
         self.replays += 1
@@ -352,8 +378,10 @@ class CapturedStep:
         if not self.graphs.entries:
             return "whole step: not captured yet"
         fused = ", the optimizer fused for it" if self.prepared is not None and self.prepared.fused else ""
-        out = (f"whole step (forward, backward, optimizer) captured in {self.graphs.capture_s:.2f} s{fused}, "
-               f"{self.replays} replays" + self.graphs.describe())
+        out = (
+            f"whole step (forward, backward, optimizer) captured in {self.graphs.capture_s:.2f} s{fused}, "
+            f"{self.replays} replays" + self.graphs.describe()
+        )
         if self.eager_after_capture:
             out += f", {self.eager_after_capture} steps of another batch shape eager"
         return out
@@ -366,8 +394,12 @@ class CapturedStep:
         if self.failed is not None or not ctx.applied(owner):
             return
         if not self.graphs.entries:
-            ctx.record(owner, "skipped", f"the run ended after {self.steps} steps, before the whole step was captured "
-                                         f"({EAGER_STEPS} eager and up to {CHECKED_STEPS} checked steps come first)")
+            ctx.record(
+                owner,
+                "skipped",
+                f"the run ended after {self.steps} steps, before the whole step was captured "
+                f"({EAGER_STEPS} eager and up to {CHECKED_STEPS} checked steps come first)",
+            )
             return
         ctx.describe(owner, self.detail())
         ctx.stats[f"{owner}_tier"] = "whole step"

@@ -43,8 +43,10 @@ def options_text(names: list[str] | None = None) -> str:
         lines.append(f"{name}: {summary(name)}")
         if cls.options_type is not None:
             lines.append(f"  {_typed(name)}")
-            lines += [f"    {r['name']}: {r['doc']} ({r['accepted']}; default: {r['default']})"
-                      for r in cls.options_type.rows()]
+            lines += [
+                f"    {r['name']}: {r['doc']} ({r['accepted']}; default: {r['default']})"
+                for r in cls.options_type.rows()
+            ]
     return "\n".join(lines)
 
 

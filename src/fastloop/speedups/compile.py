@@ -21,8 +21,17 @@ from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
-__all__ = ["CUDAGRAPH_MODES", "Compile", "apply_compile", "check_compiled", "compile_counters", "compiled_by_user",
-           "compiled_nothing", "compiles", "graphs_so_far"]
+__all__ = [
+    "CUDAGRAPH_MODES",
+    "Compile",
+    "apply_compile",
+    "check_compiled",
+    "compile_counters",
+    "compiled_by_user",
+    "compiled_nothing",
+    "compiles",
+    "graphs_so_far",
+]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -57,9 +66,11 @@ def compile_counters() -> dict:
     """Dynamo's graph and recompile counters (process-wide); ``recompiles`` is None where this
     torch keeps no such counter (2.14 does not: a 0 there would claim none happened)."""
     counters = dynamo_counters()
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "graph_breaks": int(sum(counters["graph_break"].values())),
-            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else None}
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else None,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,10 +78,16 @@ class CompileOptions(Options):
     """Options of ``compile``."""
 
     speedup = "compile"
-    mode: str = option("default", "torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs)", choices=MODES)
-    shapes: str = option("auto", "batch shapes: auto (torch's rule: a second shape recompiles with dynamic sizes), "
-                                 "static (one graph per shape: under pad_buckets one per bucket), dynamic (dynamic "
-                                 "sizes from the start)", choices=tuple(SHAPES))
+    mode: str = option(
+        "default", "torch.compile mode (reduce-overhead and max-autotune replay CUDA graphs)", choices=MODES
+    )
+    shapes: str = option(
+        "auto",
+        "batch shapes: auto (torch's rule: a second shape recompiles with dynamic sizes), "
+        "static (one graph per shape: under pad_buckets one per bucket), dynamic (dynamic "
+        "sizes from the start)",
+        choices=tuple(SHAPES),
+    )
 
 
 @register
@@ -85,7 +102,6 @@ class Compile(Speedup):
     warmup_cost = True
 
     options_type = CompileOptions
-
 
     def apply(self, run: Run) -> None:
         run.compile_step(self.opts.mode, shapes=self.opts.shapes)
@@ -138,7 +154,9 @@ def check_compiled(ctx: Any, speedups: Iterable[Speedup], before: tuple[int, int
             ctx.record(s.name, "fallback", why)
 
 
-def compile_fell_back(before: tuple[int, int] | None, *, compile_mode: str | None, graphed_by_compile: bool) -> str | None:
+def compile_fell_back(
+    before: tuple[int, int] | None, *, compile_mode: str | None, graphed_by_compile: bool
+) -> str | None:
     """The one rule of both adapters, after the run: a speedup that compiled (its own
     ``compile_mode``, or cuda_graph's second tier through compile's graphs) when the process
     compiled no graph since ``before`` is ``fallback`` with this reason; else None."""

@@ -42,6 +42,7 @@ __all__ = ["CudaGraph", "MAX_GRAPHS", "TIERS", "Tier", "TierFacts", "below_whole
 TIERS = ("whole step", GRAPHED_BY_COMPILE, "compiled, no graphs", "eager")
 """cuda_graph's tiers, best first."""
 
+
 @dataclass(frozen=True)
 class Tier:
     """The tier a step reaches below the whole step: its name (one of :data:`TIERS`), what to
@@ -102,8 +103,14 @@ def common_blocker(*, cuda: bool, scale_loss: bool) -> str | None:
     return None
 
 
-def tier_below_whole(why_not_whole: str, *, compiled_mode: str | None, graphs_unsafe: str | None,
-                     can_compile: bool, user_compiled: bool = False) -> Tier:
+def tier_below_whole(
+    why_not_whole: str,
+    *,
+    compiled_mode: str | None,
+    graphs_unsafe: str | None,
+    can_compile: bool,
+    user_compiled: bool = False,
+) -> Tier:
     """Where a step that is not captured whole goes, the same in both adapters.
 
     Args:
@@ -120,12 +127,20 @@ def tier_below_whole(why_not_whole: str, *, compiled_mode: str | None, graphs_un
         return Tier(TIERS[3], None, "fallback", f"{whole}; the model is compiled by your code")
     if graphs_unsafe:
         compiled = can_compile or compiled_mode is not None
-        return Tier(TIERS[2] if compiled else TIERS[3], "default" if can_compile and compiled_mode is None else None,
-                    "fallback", f"{whole}; compile's CUDA graphs: {graphs_unsafe}; "
-                    + ("compiled without graphs" if compiled else "the steps run eagerly"))
+        return Tier(
+            TIERS[2] if compiled else TIERS[3],
+            "default" if can_compile and compiled_mode is None else None,
+            "fallback",
+            f"{whole}; compile's CUDA graphs: {graphs_unsafe}; "
+            + ("compiled without graphs" if compiled else "the steps run eagerly"),
+        )
     if not can_compile:
-        return Tier(TIERS[3], None, "fallback", f"{whole}; the model has no child module with parameters for compile's "
-                                                f"CUDA graphs: the steps run eagerly")
+        return Tier(
+            TIERS[3],
+            None,
+            "fallback",
+            f"{whole}; the model has no child module with parameters for compile's CUDA graphs: the steps run eagerly",
+        )
     return Tier(TIERS[1], "reduce-overhead", "applied", f"{TIERS[1]} ({whole})")
 
 

@@ -76,16 +76,23 @@ class Dali(Speedup):
         if ctx.cuda:
             note = cuda_queues_note()
             detail = f"warning: {note}" if note else f"{CUDA_QUEUES_VAR}={os.environ[CUDA_QUEUES_VAR]}"
-        device_id = (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
+        device_id = (
+            (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
+        )
         try:
             out = DaliFolderLoader(loader, device_id=device_id, seed=int(torch.initial_seed() % 2**31))  # type: ignore[arg-type]
         except NotTranslated as why:
             raise Skip(f"not served by DALI: {why}") from None
         p = out.plan
-        ctx.record(self.name, "applied", "", f"DALI reads the folder's {out.n:,} files and decodes them "
-                   f"{'on the GPU (mixed)' if ctx.cuda else 'on the CPU'}: "
-                   + ("random-resized crop" if p.random_crop else f"resize {p.resize_shorter}, center crop")
-                   + f" to {p.crop[0]}x{p.crop[1]}, flip p={p.flip:g}, normalize"
-                   + (f"; rank {out.shard} of {out.num_shards} reads its shard" if out.num_shards > 1 else "")
-                   + (f"; {detail}" if detail else ""))
+        ctx.record(
+            self.name,
+            "applied",
+            "",
+            f"DALI reads the folder's {out.n:,} files and decodes them "
+            f"{'on the GPU (mixed)' if ctx.cuda else 'on the CPU'}: "
+            + ("random-resized crop" if p.random_crop else f"resize {p.resize_shorter}, center crop")
+            + f" to {p.crop[0]}x{p.crop[1]}, flip p={p.flip:g}, normalize"
+            + (f"; rank {out.shard} of {out.num_shards} reads its shard" if out.num_shards > 1 else "")
+            + (f"; {detail}" if detail else ""),
+        )
         return out

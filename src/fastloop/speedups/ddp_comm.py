@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
 __all__ = ["DDPComm", "ddp_comm_kwargs"]
@@ -46,7 +46,6 @@ class DDPComm(Speedup):
     order = 66
 
     options_type = DDPCommOptions
-
 
     def why_not(self, ctx: Context) -> str | None:
         if ctx.ddp_kwargs is None:

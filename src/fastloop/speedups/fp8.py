@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
 __all__ = ["FP8", "RECIPES", "apply_fp8", "fp8_eligible"]
@@ -38,8 +38,12 @@ OUTPUT_NAMES = ("lm_head", "output", "head", "classifier", "fc")
 def fp8_eligible(module: torch.nn.Module, fqn: str = "") -> bool:
     """An ``nn.Linear`` whose in and out features are multiples of 16 (fp8 GEMM alignment) and
     that is not the output layer (named as in :data:`OUTPUT_NAMES`)."""
-    return (type(module) is torch.nn.Linear and module.in_features % 16 == 0 and module.out_features % 16 == 0
-            and fqn.rsplit(".", 1)[-1] not in OUTPUT_NAMES)
+    return (
+        type(module) is torch.nn.Linear
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+        and fqn.rsplit(".", 1)[-1] not in OUTPUT_NAMES
+    )
 
 
 def apply_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> tuple[int, int, list]:
@@ -52,8 +56,9 @@ def apply_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> tuple[int, 
     before = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
     linears = [(n, m) for n, m in model.named_modules() if type(m) is torch.nn.Linear]
     eligible = sum(fp8_eligible(m, n) for n, m in linears)
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: fp8_eligible(m, fqn))
+    convert_to_float8_training(
+        model, config=Float8LinearConfig.from_recipe_name(recipe), module_filter_fn=lambda m, fqn: fp8_eligible(m, fqn)
+    )
     swaps = [(p, n, c) for p, n, c in before if getattr(p, n, None) is not c]
     return eligible, len(linears) - eligible, swaps
 
@@ -63,8 +68,11 @@ class FP8Options(Options):
     """Options of ``fp8``."""
 
     speedup = "fp8"
-    recipe: str = option("tensorwise", "torchao scaling recipe: tensorwise (one scale per tensor, fastest) or rowwise "
-                                       "(closer to bf16)", choices=RECIPES)
+    recipe: str = option(
+        "tensorwise",
+        "torchao scaling recipe: tensorwise (one scale per tensor, fastest) or rowwise (closer to bf16)",
+        choices=RECIPES,
+    )
 
 
 @register
@@ -77,9 +85,7 @@ class FP8(Speedup):
     order = 45
     needs_cuda = True
 
-
     options_type = FP8Options
-
 
     def why_not(self, ctx: Context) -> str | None:
         if importlib.util.find_spec("torchao") is None:
@@ -88,13 +94,16 @@ class FP8(Speedup):
             return "no CUDA (fp8 matmuls need an sm_89+ GPU)"
         cap = torch.cuda.get_device_capability(ctx.device)
         if cap < (8, 9):
-            return f"{torch.cuda.get_device_name(ctx.device)} (sm_{cap[0]}{cap[1]}) has no fp8 tensor cores (needs sm_89+)"
+            return (
+                f"{torch.cuda.get_device_name(ctx.device)} (sm_{cap[0]}{cap[1]}) has no fp8 tensor cores (needs sm_89+)"
+            )
         return None
 
     def why_not_model(self, model: torch.nn.Module) -> str | None:
         if not any(fp8_eligible(m, n) for n, m in model.named_modules()):
-            return ("no Linear layer (other than the output layer) with both dimensions multiples of 16: "
-                    "nothing suits fp8")
+            return (
+                "no Linear layer (other than the output layer) with both dimensions multiples of 16: nothing suits fp8"
+            )
         return None
 
     def apply(self, run: Run) -> None:
@@ -108,7 +117,9 @@ class FP8(Speedup):
                 setattr(parent, name, original)
 
         ctx.undo.append(restore)
-        ctx.describe(self.name, f"{converted} Linear layers in fp8 ({self.opts.recipe})"
-                                + (f", {kept} left in their dtype (output layer, or shapes not multiples of 16)"
-                                   if kept else ""))
+        ctx.describe(
+            self.name,
+            f"{converted} Linear layers in fp8 ({self.opts.recipe})"
+            + (f", {kept} left in their dtype (output layer, or shapes not multiples of 16)" if kept else ""),
+        )
         return model

@@ -56,8 +56,10 @@ class FusedLoss(Speedup):
 
     def why_not_model(self, model: torch.nn.Module) -> str | None:
         if not hooks_of(model):
-            return ("the model offers no fused-loss hook (a `fused_loss` attribute on the module that computes "
-                    "lm_head + cross-entropy, as the GPT recipe's model has)")
+            return (
+                "the model offers no fused-loss hook (a `fused_loss` attribute on the module that computes "
+                "lm_head + cross-entropy, as the GPT recipe's model has)"
+            )
         return None
 
     def apply(self, run: Run) -> None:

@@ -47,9 +47,22 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import (PADDING_MODES, BoxMaps, CropMaps, draw_boxes, draw_crop_maps, gather_crops, gather_resized,
-                               normalize, pixel_table, random_crop, random_flip, random_resized_crop, torchvision_padding,
-                               unwrap_subsets)
+from fastloop.augment import (
+    PADDING_MODES,
+    BoxMaps,
+    CropMaps,
+    draw_boxes,
+    draw_crop_maps,
+    gather_crops,
+    gather_resized,
+    normalize,
+    pixel_table,
+    random_crop,
+    random_flip,
+    random_resized_crop,
+    torchvision_padding,
+    unwrap_subsets,
+)
 from fastloop.data import fixed_samples
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
@@ -72,20 +85,28 @@ class Op:
 def _one(t: Any) -> list[Op]:
     name = type(t).__name__
     if not type(t).__module__.startswith("torchvision.transforms"):
-        raise Skip(f"the transform holds {name}, not a torchvision op: gpu_augment translates RandomCrop, "
-                   f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize")
+        raise Skip(
+            f"the transform holds {name}, not a torchvision op: gpu_augment translates RandomCrop, "
+            f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize"
+        )
     if name == "Compose":
         return [op for part in t.transforms for op in _one(part)]
     if name == "RandomCrop":
         mode = getattr(t, "padding_mode", "constant")
         if mode not in PADDING_MODES or getattr(t, "pad_if_needed", False):
-            raise Skip(f"RandomCrop with padding_mode={mode!r}, pad_if_needed={t.pad_if_needed} is not translated "
-                       f"(padding_mode {', '.join(repr(m) for m in PADDING_MODES)} without pad_if_needed is)")
+            raise Skip(
+                f"RandomCrop with padding_mode={mode!r}, pad_if_needed={t.pad_if_needed} is not translated "
+                f"(padding_mode {', '.join(repr(m) for m in PADDING_MODES)} without pad_if_needed is)"
+            )
         fill = t.fill if isinstance(t.fill, (int, float)) else 0 if not t.fill else None
         if fill is None:
             raise Skip(f"RandomCrop with a per-type or per-channel fill {t.fill!r} is not translated")
-        return [Op("crop", {"size": tuple(t.size), "padding": torchvision_padding(t), "fill": float(fill),
-                            "padding_mode": mode})]
+        return [
+            Op(
+                "crop",
+                {"size": tuple(t.size), "padding": torchvision_padding(t), "fill": float(fill), "padding_mode": mode},
+            )
+        ]
     if name == "RandomResizedCrop":
         mode = getattr(getattr(t, "interpolation", None), "value", "bilinear")
         if mode != "bilinear":
@@ -107,8 +128,10 @@ def _one(t: Any) -> list[Op]:
         if getattr(t, "inplace", False):
             raise Skip("Normalize(inplace=True) is not translated")
         return [Op("normalize", {"mean": [float(m) for m in t.mean], "std": [float(s) for s in t.std]})]
-    raise Skip(f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
-               f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize)")
+    raise Skip(
+        f"the transform holds {name}, which gpu_augment does not translate (it translates RandomCrop, "
+        f"RandomResizedCrop, RandomHorizontalFlip, RandomVerticalFlip, ToTensor/ToImage/ToDtype and Normalize)"
+    )
 
 
 def as_chw(image: Any) -> Any:
@@ -169,7 +192,7 @@ class Fused:
         self.pixel_ops = ops[cut:]
         fills = {float(p.get("fill", 0.0)) for kind, p in self.steps if kind == "crop"}
         self.fill = fills.pop() if fills else 0.0
-        self.table = (pixel_table(self.pixels, channels, device) if dtype == torch.uint8 and self.pixel_ops else None)
+        self.table = pixel_table(self.pixels, channels, device) if dtype == torch.uint8 and self.pixel_ops else None
 
     @staticmethod
     def of(ops: list[Op], x: torch.Tensor) -> Fused | None:
@@ -180,7 +203,9 @@ class Fused:
         cut = _geometry_end(ops)
         geometry = kinds[:cut]
         fills = {float(op.params.get("fill", 0.0)) for op in ops if op.kind == "crop"}
-        shape_ok = all(k in GEOMETRY for k in geometry) or (geometry[0] == "resized_crop" and set(geometry[1:]) <= {"flip"})
+        shape_ok = all(k in GEOMETRY for k in geometry) or (
+            geometry[0] == "resized_crop" and set(geometry[1:]) <= {"flip"}
+        )
         if x.dim() != 4 or not shape_ok or not all(k in PIXELS for k in kinds[cut:]) or len(fills) > 1:
             return None
         return Fused(ops, x.shape[1], x.dtype, x.device)
@@ -197,15 +222,26 @@ class Fused:
                 height, width = (p["size"], p["size"]) if isinstance(p["size"], int) else p["size"]
         return height, width
 
-    def draw(self, k: int, height: int, width: int, generator: torch.Generator, device: torch.device) -> CropMaps | BoxMaps:
+    def draw(
+        self, k: int, height: int, width: int, generator: torch.Generator, device: torch.device
+    ) -> CropMaps | BoxMaps:
         if self.resized is not None:
             flips = [(p["p"], p.get("vertical", False)) for _, p in self.steps[1:]]
-            return draw_boxes(k, height, width, self.resized["scale"], self.resized["ratio"], flips,
-                              generator=generator, device=device)
+            return draw_boxes(
+                k,
+                height,
+                width,
+                self.resized["scale"],
+                self.resized["ratio"],
+                flips,
+                generator=generator,
+                device=device,
+            )
         return draw_crop_maps(k, height, width, self.steps, generator=generator, device=device)
 
-    def __call__(self, x: torch.Tensor, maps: CropMaps | BoxMaps, *, index: torch.Tensor | None = None,
-                 start: int = 0) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, maps: CropMaps | BoxMaps, *, index: torch.Tensor | None = None, start: int = 0
+    ) -> torch.Tensor:
         if isinstance(maps, BoxMaps):
             out = gather_resized(x, maps, self.out_size(*x.shape[2:]), index=index, start=start, table=self.table)
         else:
@@ -226,8 +262,14 @@ def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator, *, fuse:
         if op.kind == "hwc_to_chw":
             x = x.permute(0, 3, 1, 2) if x.dim() == 4 else x[:, None]
         elif op.kind == "crop":
-            x = random_crop(x, op.params["size"], padding=op.params["padding"], fill=op.params["fill"],
-                            padding_mode=op.params.get("padding_mode", "constant"), generator=generator)
+            x = random_crop(
+                x,
+                op.params["size"],
+                padding=op.params["padding"],
+                fill=op.params["fill"],
+                padding_mode=op.params.get("padding_mode", "constant"),
+                generator=generator,
+            )
         elif op.kind == "resized_crop":
             x = random_resized_crop(x, op.params["size"], op.params["scale"], op.params["ratio"], generator=generator)
         elif op.kind == "flip":
@@ -262,8 +304,12 @@ class GPUAugmentLoader:
         for _, index in self.resident.batch_indices():
             n = index.shape[0]
             if maps is None or used + n > len(maps):  # the draws for many batches at once: a few kernels per chunk
-                maps, used = self.fused.draw(max(n, self.chunk), stored.shape[2], stored.shape[3], self.generator,
-                                             stored.device), 0
+                maps, used = (
+                    self.fused.draw(
+                        max(n, self.chunk), stored.shape[2], stored.shape[3], self.generator, stored.device
+                    ),
+                    0,
+                )
             images = self.fused(stored, maps, index=index, start=used)
             used += n
             yield [images, *(t.index_select(0, index) for t in rest)]
@@ -289,7 +335,9 @@ def augment_why_not(loader: Any) -> str | None:
         return sample
     with _transform_as(holder, as_chw):
         found = fixed_samples(dataset)
-    return f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
+    return (
+        f"behind its transform the dataset is not fixed in-memory samples: {found}" if isinstance(found, str) else None
+    )
 
 
 @contextlib.contextmanager
@@ -318,8 +366,10 @@ def _stored_sample(dataset: Any, holder: Any) -> Any:
     with _transform_as(holder, _unchanged):
         sample = dataset[0]
     if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
-        return (f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
-                f" samples, not (image, ...) tuples of tensors, arrays or PIL images")
+        return (
+            f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
+            f" samples, not (image, ...) tuples of tensors, arrays or PIL images"
+        )
     return sample
 
 
@@ -345,11 +395,15 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
         except NotResident as why:
             raise Skip(f"the stored images behind the transform cannot be read once: {why}") from None
     with torch.random.fork_rng(devices=[]):  # the check draws nothing from the user's random state
-        want = transform(sample[0].copy() if hasattr(sample[0], "copy") and not torch.is_tensor(sample[0]) else sample[0])
+        want = transform(
+            sample[0].copy() if hasattr(sample[0], "copy") and not torch.is_tensor(sample[0]) else sample[0]
+        )
     got = run_ops(as_chw(sample[0])[None].to(device), ops, torch.Generator(device=device))
     if tuple(got.shape[1:]) != tuple(want.shape) or got.dtype != want.dtype:
-        raise Skip(f"the translated transform gives {tuple(got.shape[1:])} {got.dtype}, the dataset's "
-                   f"{tuple(want.shape)} {want.dtype}: not translated")
+        raise Skip(
+            f"the translated transform gives {tuple(got.shape[1:])} {got.dtype}, the dataset's "
+            f"{tuple(want.shape)} {want.dtype}: not translated"
+        )
     return GPUAugmentLoader(resident, ops, seed)
 
 
@@ -377,7 +431,10 @@ class GPUAugment(Speedup):
         ctx.stats["gpu_augment_bytes"] = sum(t.numel() * t.element_size() for t in out.resident.tensors)
         ctx.stats["gpu_augment_ops"] = [op.kind for op in out.ops]
         ctx.inputs.batches_on_device = self.name
-        ctx.describe(self.name, f"the stored images ({out.resident.tensors[0].dtype}, "
-                                f"{ctx.stats['gpu_augment_bytes'] / 2**20:.0f} MiB) on the device; on each batch: "
-                                + ", ".join(op.kind for op in out.ops))
+        ctx.describe(
+            self.name,
+            f"the stored images ({out.resident.tensors[0].dtype}, "
+            f"{ctx.stats['gpu_augment_bytes'] / 2**20:.0f} MiB) on the device; on each batch: "
+            + ", ".join(op.kind for op in out.ops),
+        )
         return out

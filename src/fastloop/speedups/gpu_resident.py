@@ -27,11 +27,24 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from fastloop.data import WHOLE_BATCHES, fixed_samples, materialize, sample_keys, tensor_dataset_parts, yields_whole_batches
-from fastloop.speedups.resident_pad import (CHECK_BATCHES, NotPadded, PaddedResidentLoader, batch_indices, learn_padded,
-                                            why_not_padded)
-from fastloop.speedups.options import Options, option
+from fastloop.data import (
+    WHOLE_BATCHES,
+    fixed_samples,
+    materialize,
+    sample_keys,
+    tensor_dataset_parts,
+    yields_whole_batches,
+)
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.options import Options, option
+from fastloop.speedups.resident_pad import (
+    CHECK_BATCHES,
+    NotPadded,
+    PaddedResidentLoader,
+    batch_indices,
+    learn_padded,
+    why_not_padded,
+)
 from fastloop.speedups.run import Run
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
@@ -50,8 +63,14 @@ class GPUResidentLoader:
     left to do).
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], loader: DataLoader, *, single: bool = False,
-                 keys: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        loader: DataLoader,
+        *,
+        single: bool = False,
+        keys: tuple[str, ...] | None = None,
+    ) -> None:
         self.tensors = tensors
         self.single = single
         """A sample is one tensor (or number): each batch is that tensor, as the loader yields it."""
@@ -92,17 +111,20 @@ def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]
         return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False, None
     found = fixed_samples(dataset)  # a Subset or ConcatDataset: its parts decide, its own indices are read
     if isinstance(found, str):
-        raise NotResident(f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
-                          f"(random augmentations would be frozen), and {found}; gpu_resident takes a TensorDataset "
-                          f"(or a Subset of one) or a Dataset holding its samples as tensors that gives the same "
-                          f"values for the same index")
+        raise NotResident(
+            f"the dataset is a {type(dataset).__name__}: its __getitem__ may transform each sample "
+            f"(random augmentations would be frozen), and {found}; gpu_resident takes a TensorDataset "
+            f"(or a Subset of one) or a Dataset holding its samples as tensors that gives the same "
+            f"values for the same index"
+        )
     keys = sample_keys(dataset)
     single = keys is None and not isinstance(dataset[0], (list, tuple))
     return (lambda: materialize(dataset)), found.n * found.item_bytes, single, keys
 
 
-def make_resident(loader: DataLoader, device: torch.device, *,
-                  share: float = 0.5) -> GPUResidentLoader | PaddedResidentLoader:
+def make_resident(
+    loader: DataLoader, device: torch.device, *, share: float = 0.5
+) -> GPUResidentLoader | PaddedResidentLoader:
     """Move ``loader``'s dataset to ``device`` once; raise :class:`NotResident` with the reason
     when it cannot (not a DataLoader, per-sample transform, a collate it does not reproduce, too
     large). A loader with its own collate that pads is served by :class:`PaddedResidentLoader`.
@@ -121,8 +143,10 @@ def make_resident(loader: DataLoader, device: torch.device, *,
     try:
         tensors = get()
     except (TypeError, RuntimeError, ValueError) as err:  # samples default_collate cannot stack together
-        raise NotResident(f"the dataset's samples could not be stacked as default_collate stacks a batch "
-                          f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+        raise NotResident(
+            f"the dataset's samples could not be stacked as default_collate stacks a batch "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+        ) from None
     return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader, single=single, keys=keys)
 
 
@@ -130,8 +154,10 @@ def _fits(size: int, device: torch.device, share: float) -> None:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if size > share * free:
-            raise NotResident(f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
-                              f"{free / 2**30:.1f} GiB of free GPU memory")
+            raise NotResident(
+                f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
+                f"{free / 2**30:.1f} GiB of free GPU memory"
+            )
 
 
 def _padded(loader: DataLoader, device: torch.device, share: float) -> PaddedResidentLoader:
@@ -150,8 +176,9 @@ class ResidentOptions(Options):
     """Options of ``gpu_resident``."""
 
     speedup = "gpu_resident"
-    share: float = option(0.5, "the largest share of free GPU memory the dataset may take", low=0, high=0.9,
-                          low_open=True)
+    share: float = option(
+        0.5, "the largest share of free GPU memory the dataset may take", low=0, high=0.9, low_open=True
+    )
 
 
 @register
@@ -167,7 +194,6 @@ class GPUResident(Speedup):
     needs_cuda = True
     in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder_search)
     options_type = ResidentOptions
-
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
@@ -192,9 +218,12 @@ class GPUResident(Speedup):
             raise Skip(str(why)) from None
         if isinstance(resident, PaddedResidentLoader):
             ctx.stats["gpu_resident_bytes"] = resident.store.nbytes
-            ctx.describe(self.name, f"{len(loader.dataset):,} samples stored padded to their longest on the GPU "
-                                    f"({resident.store.nbytes / 2**20:,.1f} MiB); each batch cut as your collate_fn "
-                                    f"builds it (equal on the first {CHECK_BATCHES} batches)")
+            ctx.describe(
+                self.name,
+                f"{len(loader.dataset):,} samples stored padded to their longest on the GPU "
+                f"({resident.store.nbytes / 2**20:,.1f} MiB); each batch cut as your collate_fn "
+                f"builds it (equal on the first {CHECK_BATCHES} batches)",
+            )
         else:
             ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)
         ctx.inputs.batches_on_device = self.name

@@ -28,12 +28,20 @@ from typing import Any
 import torch
 
 from fastloop.data import map_tensors
-from fastloop.feed import host_rng_changed, host_rng_snapshot
 from fastloop.errors import GraphIneligible
+from fastloop.feed import host_rng_changed, host_rng_snapshot
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
 from fastloop.measure.timer import one_off_step
 
-__all__ = ["StepGraphs", "copy_into", "host_rng_changed", "host_rng_snapshot", "make_capturable", "shapes_of", "sync_lr"]
+__all__ = [
+    "StepGraphs",
+    "copy_into",
+    "host_rng_changed",
+    "host_rng_snapshot",
+    "make_capturable",
+    "shapes_of",
+    "sync_lr",
+]
 
 MAX_GRAPHS = 8
 """The most batch shapes captured (one whole-step graph each, all in one memory pool): the buckets
@@ -210,12 +218,18 @@ class StepGraphs:
     def summary(self) -> dict:
         """The graphs per batch shape: how many, the late captures' seconds (after warm-up: in the
         measured steps, whose statistics leave them out) and why a shape stayed eager."""
-        return {"graphs": len(self.entries), "late_captures": len(self.late_captures),
-                "late_capture_s": round(sum(self.late_captures), 3), "late_failed": self.late_failed}
+        return {
+            "graphs": len(self.entries),
+            "late_captures": len(self.late_captures),
+            "late_capture_s": round(sum(self.late_captures), 3),
+            "late_failed": self.late_failed,
+        }
 
     def describe(self) -> str:
         """The shapes' part of the record's detail."""
         if not self.late_captures:
             return ""
-        return (f"; {len(self.entries)} batch shapes captured (one graph each, one memory pool), "
-                f"{len(self.late_captures)} after the first in {sum(self.late_captures):.2f} s")
+        return (
+            f"; {len(self.entries)} batch shapes captured (one graph each, one memory pool), "
+            f"{len(self.late_captures)} after the first in {sum(self.late_captures):.2f} s"
+        )

@@ -37,12 +37,29 @@ from fastloop.errors import FastloopError, shorten
 __all__ = ["Options", "option"]
 
 
-def option(default: Any, doc: str, *, choices: tuple | None = None, low: float | None = None,
-           high: float | None = None, low_open: bool = False, high_open: bool = False) -> Any:
+def option(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Any:
     """One option's field: ``default``, its one-line ``doc``, and what it accepts (``choices``, or
     a range ``low``..``high``, either end open); its type is the field's annotation."""
-    return field(default=default, metadata={"doc": doc, "choices": tuple(choices) if choices else None, "low": low,
-                                            "high": high, "low_open": low_open, "high_open": high_open})
+    return field(
+        default=default,
+        metadata={
+            "doc": doc,
+            "choices": tuple(choices) if choices else None,
+            "low": low,
+            "high": high,
+            "low_open": low_open,
+            "high_open": high_open,
+        },
+    )
 
 
 def _kind(annotation: Any) -> tuple[type, bool]:
@@ -77,7 +94,9 @@ class Options:
     def refuse(cls, name: str, value: Any, accepted: str | None = None) -> FastloopError:
         """The one message form: ``SPEEDUP: NAME must be ACCEPTED, got VALUE``."""
         f = next(f for f in dataclasses.fields(cls) if f.name == name)
-        return FastloopError(f"{cls.speedup}: {name} must be {accepted or cls.accepted(f)}, got {shorten(repr(value), 40)}")
+        return FastloopError(
+            f"{cls.speedup}: {name} must be {accepted or cls.accepted(f)}, got {shorten(repr(value), 40)}"
+        )
 
     @classmethod
     def _types(cls) -> dict[str, Any]:
@@ -114,9 +133,17 @@ class Options:
             if nullable:
                 return
             raise cls.refuse(f.name, value)
-        ok = isinstance(value, bool) if kind is bool else (
-            isinstance(value, int) and not isinstance(value, bool) if kind is int else
-            isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind))
+        ok = (
+            isinstance(value, bool)
+            if kind is bool
+            else (
+                isinstance(value, int) and not isinstance(value, bool)
+                if kind is int
+                else isinstance(value, (int, float)) and not isinstance(value, bool)
+                if kind is float
+                else isinstance(value, kind)
+            )
+        )
         m = f.metadata
         if ok and m.get("choices") and value not in m["choices"]:
             ok = False
@@ -154,10 +181,14 @@ class Options:
             key, eq, value = part.partition("=")
             key, value = (key.strip(), value.strip()) if eq else (first, part.strip())
             if not eq and i > 0:
-                raise FastloopError(f"{cls.speedup}: {shorten(part, 30)!r} needs a name (KEY=VALUE); only the first "
-                                    f"option, {first}, may be given bare; its options: {', '.join(fields)}")
+                raise FastloopError(
+                    f"{cls.speedup}: {shorten(part, 30)!r} needs a name (KEY=VALUE); only the first "
+                    f"option, {first}, may be given bare; its options: {', '.join(fields)}"
+                )
             if key not in fields:
-                raise FastloopError(f"{cls.speedup} has no option {shorten(key, 30)!r}; its options: {', '.join(fields)}")
+                raise FastloopError(
+                    f"{cls.speedup} has no option {shorten(key, 30)!r}; its options: {', '.join(fields)}"
+                )
             if key in kw:
                 raise FastloopError(f"{cls.speedup}: option {key} given twice")
             if not value:
@@ -175,16 +206,28 @@ class Options:
         first = dataclasses.fields(self)[0].name
         parts = []
         for name, value in given.items():
-            text = ("true" if value else "false") if isinstance(value, bool) else "none" if value is None else (
-                repr(value) if isinstance(value, float) else str(value))
+            text = (
+                ("true" if value else "false")
+                if isinstance(value, bool)
+                else "none"
+                if value is None
+                else (repr(value) if isinstance(value, float) else str(value))
+            )
             parts.append(text if name == first and not parts else f"{name}={text}")
         return ":".join(parts)
 
     @classmethod
     def rows(cls) -> list[dict[str, str]]:
         """Each option: its name, what it accepts, its default and its doc (the help and the docs table)."""
-        return [{"name": f.name, "accepted": cls.accepted(f), "default": "none" if f.default is None else str(f.default),
-                 "doc": f.metadata["doc"]} for f in dataclasses.fields(cls)]
+        return [
+            {
+                "name": f.name,
+                "accepted": cls.accepted(f),
+                "default": "none" if f.default is None else str(f.default),
+                "doc": f.metadata["doc"],
+            }
+            for f in dataclasses.fields(cls)
+        ]
 
     @classmethod
     def usage(cls) -> str:

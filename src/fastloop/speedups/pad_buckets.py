@@ -52,10 +52,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
-from fastloop.speedups.options import Options, option
-from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop._torch_private import recompile_limit
+from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
+from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.pad_check import check_equivalence, tensors_of
 from fastloop.speedups.run import Run
 
@@ -70,17 +70,37 @@ class PadOptions(Options):
     """Options of ``pad_buckets``."""
 
     speedup = "pad_buckets"
-    multiple: int | None = option(None, "bucket lengths are multiples of this; none: a quarter of the longest length "
-                                        "seen, rounded up to a multiple of 8 (at least 8, and no more than max_buckets "
-                                        "buckets)", low=1, high=65536)
-    max_buckets: int = option(8, "at most this many bucket lengths with the default multiple (under torch.compile's "
-                                 "recompile limit)", low=1, high=64)
-    sample_batches: int = option(32, "batches read (collate only, no workers) to find what varies, its pad value and "
-                                     "the longest length", low=2, high=4096)
-    check_batches: int = option(4, "batches whose loss is compared padded and unpadded (at most sample_batches)",
-                                low=1, high=4096)
-    rtol: float = option(1e-4, "relative tolerance of that loss comparison (fp32, TF32 off)", low=0, high=1,
-                         low_open=True, high_open=True)
+    multiple: int | None = option(
+        None,
+        "bucket lengths are multiples of this; none: a quarter of the longest length "
+        "seen, rounded up to a multiple of 8 (at least 8, and no more than max_buckets "
+        "buckets)",
+        low=1,
+        high=65536,
+    )
+    max_buckets: int = option(
+        8,
+        "at most this many bucket lengths with the default multiple (under torch.compile's recompile limit)",
+        low=1,
+        high=64,
+    )
+    sample_batches: int = option(
+        32,
+        "batches read (collate only, no workers) to find what varies, its pad value and the longest length",
+        low=2,
+        high=4096,
+    )
+    check_batches: int = option(
+        4, "batches whose loss is compared padded and unpadded (at most sample_batches)", low=1, high=4096
+    )
+    rtol: float = option(
+        1e-4,
+        "relative tolerance of that loss comparison (fp32, TF32 off)",
+        low=0,
+        high=1,
+        low_open=True,
+        high_open=True,
+    )
 
     def check(self) -> None:
         if self.check_batches > self.sample_batches:
@@ -163,7 +183,9 @@ class PadPlan:
                     longer.append(length)
                 if target is None or target == length:
                     continue
-                widths = [0, 0] * (t.dim() - p.dim - 1) + ([0, target - length] if p.side == "tail" else [target - length, 0])
+                widths = [0, 0] * (t.dim() - p.dim - 1) + (
+                    [0, target - length] if p.side == "tail" else [target - length, 0]
+                )
                 if t.dtype == torch.bool:  # F.pad does not take bool tensors
                     t = F.pad(t.to(torch.uint8), widths, value=int(p.value)).bool()
                 else:
@@ -266,14 +288,26 @@ def find_padding(batches: list[Any], *, multiple: int | None = None, max_buckets
     if not pads:
         raise Skip("no pad value could be established: " + "; ".join(alone.values()))
     for i, d, ts in found:  # a tensor that changes length with a padded one is padded with it
-        sib = next((p for p in pads if p.dim == d and all(t.shape[:1] + t.shape[d:d + 1] == q[p.index].shape[:1]
-                                                          + q[p.index].shape[d:d + 1] for t, q in zip(ts, per))), None)
+        sib = next(
+            (
+                p
+                for p in pads
+                if p.dim == d
+                and all(
+                    t.shape[:1] + t.shape[d : d + 1] == q[p.index].shape[:1] + q[p.index].shape[d : d + 1]
+                    for t, q in zip(ts, per)
+                )
+            ),
+            None,
+        )
         if names[i] not in alone or sib is None:
             continue
         value = _value_where_padded(ts, d, [q[sib.index] for q in per], sib)
         if value is None:  # the check then runs the step on batches of two lengths: refused if it breaks
-            alone[names[i]] = (f"{names[i]} (dim {d}) left alone: it changes length with {sib.name} but holds more "
-                               f"than one value where {sib.name} is padded")
+            alone[names[i]] = (
+                f"{names[i]} (dim {d}) left alone: it changes length with {sib.name} but holds more "
+                f"than one value where {sib.name} is padded"
+            )
             continue
         del alone[names[i]]
         pads.append(TensorPad(i, names[i], d, side, value))
@@ -308,7 +342,6 @@ class PadBuckets(Speedup):
     ablation_rank = 5  # padding is more work: taken out to check that it pays
     options_type = PadOptions
 
-
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run))
 
@@ -316,8 +349,10 @@ class PadBuckets(Speedup):
         ctx: Context = run.ctx
         on_device = bool(getattr(loader, "pads_on_device", False))  # gpu_resident's padded samples
         if not on_device and (not isinstance(loader, DataLoader) or yields_whole_batches(loader)):
-            raise Skip(f"the loader is a {type(loader).__name__} that does not batch samples itself; pad_buckets "
-                       f"pads the output of a DataLoader's collate_fn")
+            raise Skip(
+                f"the loader is a {type(loader).__name__} that does not batch samples itself; pad_buckets "
+                f"pads the output of a DataLoader's collate_fn"
+            )
         o = self.opts
         batches = loader.sample(o.sample_batches) if on_device else _sample(loader, o.sample_batches)
         if len(batches) < 2:
@@ -329,28 +364,51 @@ class PadBuckets(Speedup):
         pad_us = 1e6 * (time.perf_counter() - t0) / len(batches)  # on the device: cut at the bucket, no host work
         device = next((p.device for p in run.model.parameters()), ctx.device) if run.model is not None else ctx.device
         padded = [b for b in batches if any(x.shape != y.shape for x, y in zip(tensors_of(b), tensors_of(plan.pad(b))))]
-        checked = check_equivalence(run, plan, [to_device(b, device) for b in (padded or batches)[:o.check_batches]],
-                                    o.rtol)  # batches the padding lengthens: most of text's may already end at a bucket
+        checked = check_equivalence(
+            run, plan, [to_device(b, device) for b in (padded or batches)[: o.check_batches]], o.rtol
+        )  # batches the padding lengthens: most of text's may already end at a bucket
         pads = ", ".join(f"{p.name} with {p.value!r}" for p in plan.pads)
         side = plan.pads[0].side
         limit, dynamic = recompile_limit()
         shapes = len(plan.buckets())
-        compile_note = "" if shapes <= limit else (
-            f"; {shapes} bucket lengths, more than torch's recompile limit of {limit}: "
-            + ("compile marks the length dynamic after its second shape" if dynamic else
-               "compile falls back to eager past the limit: choose a larger multiple (pad_buckets:N)"))
-        ctx.stats["pad_buckets"] = {"buckets": plan.buckets(), "multiple": plan.multiple, "longest": plan.top,
-                                    "recompile_limit": limit,
-                                    "lengths_seen": plan.lengths_seen, "side": side,
-                                    "padded": {p.name: p.value for p in plan.pads}, "left_alone": plan.left_alone,
-                                    "pad_us_per_batch": round(pad_us, 1), "equivalence": checked}
-        ctx.describe(self.name, f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.top}, "
-                     f"the longest length in {len(batches)} sampled batches (lengths seen {plan.lengths_seen[0]}-"
-                     f"{plan.lengths_seen[-1]}; a longer batch is left alone, never padded past a length seen, and "
-                     f"counted: pad_buckets_longer_batches); {checked}; "
-                     + ("each batch cut at its bucket from gpu_resident's padded samples on the GPU" if on_device else
-                        f"{pad_us:.0f} us of host time per batch in the collate") + compile_note
-                     + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""))
+        compile_note = (
+            ""
+            if shapes <= limit
+            else (
+                f"; {shapes} bucket lengths, more than torch's recompile limit of {limit}: "
+                + (
+                    "compile marks the length dynamic after its second shape"
+                    if dynamic
+                    else "compile falls back to eager past the limit: choose a larger multiple (pad_buckets:N)"
+                )
+            )
+        )
+        ctx.stats["pad_buckets"] = {
+            "buckets": plan.buckets(),
+            "multiple": plan.multiple,
+            "longest": plan.top,
+            "recompile_limit": limit,
+            "lengths_seen": plan.lengths_seen,
+            "side": side,
+            "padded": {p.name: p.value for p in plan.pads},
+            "left_alone": plan.left_alone,
+            "pad_us_per_batch": round(pad_us, 1),
+            "equivalence": checked,
+        }
+        ctx.describe(
+            self.name,
+            f"padded {pads} at the {side} to multiples of {plan.multiple} up to {plan.top}, "
+            f"the longest length in {len(batches)} sampled batches (lengths seen {plan.lengths_seen[0]}-"
+            f"{plan.lengths_seen[-1]}; a longer batch is left alone, never padded past a length seen, and "
+            f"counted: pad_buckets_longer_batches); {checked}; "
+            + (
+                "each batch cut at its bucket from gpu_resident's padded samples on the GPU"
+                if on_device
+                else f"{pad_us:.0f} us of host time per batch in the collate"
+            )
+            + compile_note
+            + ("; " + "; ".join(plan.left_alone.values()) if plan.left_alone else ""),
+        )
         if on_device:
             loader.bucket = plan.bucket
             return loader

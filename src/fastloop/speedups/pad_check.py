@@ -96,23 +96,34 @@ def check_equivalence(run: Run, plan: Any, batches: list[Any], rtol: float) -> s
         except Skip:
             raise
         except Exception as err:  # noqa: BLE001 - the padded batch broke the step: not applied
-            raise Skip(f"the step failed on a padded batch ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
-                       f"padding changes what it can take") from None
+            raise Skip(
+                f"the step failed on a padded batch ({type(err).__name__}: {str(err).splitlines()[0][:160]}); "
+                f"padding changes what it can take"
+            ) from None
         if outs is not None:
             out_worst, out_compared = max(out_worst, outs[1]), out_compared + 1
             if outs[0]:
-                raise Skip(f"the model's output depends on the padding (is the mask used?): its outputs on the real "
-                           f"positions differ by {outs[1]:.2g} of their scale (> {rtol:g})")
+                raise Skip(
+                    f"the model's output depends on the padding (is the mask used?): its outputs on the real "
+                    f"positions differ by {outs[1]:.2g} of their scale (> {rtol:g})"
+                )
         a, p = float(a), float(p)
         rel = abs(a - p) / max(abs(a), 1e-12)
         worst, compared = max(worst, rel), compared + 1
         if not rel <= rtol:
-            raise Skip(f"the model's output depends on the padding (is the mask used?): its loss was {a:.6g} unpadded "
-                       f"and {p:.6g} padded (relative difference {rel:.2g} > {rtol:g})")
+            raise Skip(
+                f"the model's output depends on the padding (is the mask used?): its loss was {a:.6g} unpadded "
+                f"and {p:.6g} padded (relative difference {rel:.2g} > {rtol:g})"
+            )
     if not compared:
         raise Skip("every sampled batch already had a bucket's length: the padding could not be checked")
-    outs = (f"the model's outputs on the real positions (max difference {out_worst:.1e} of their scale) and "
-            if out_compared else "")
-    return (f"{outs}the step's loss in eval mode agreed on {compared} batch(es) padded and unpadded (max relative "
-            f"difference {worst:.1e})" + ("" if out_compared else "; no forward of the model takes the batch: "
-                                          "its outputs were not compared"))
+    outs = (
+        f"the model's outputs on the real positions (max difference {out_worst:.1e} of their scale) and "
+        if out_compared
+        else ""
+    )
+    return (
+        f"{outs}the step's loss in eval mode agreed on {compared} batch(es) padded and unpadded (max relative "
+        f"difference {worst:.1e})"
+        + ("" if out_compared else "; no forward of the model takes the batch: its outputs were not compared")
+    )

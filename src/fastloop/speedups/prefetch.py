@@ -46,8 +46,11 @@ class Prefetch(Speedup):
         if ctx.inputs.batches_on_device:
             raise Skip(f"the data is already on the GPU ({ctx.inputs.batches_on_device})")
         feed = apply_prefetch(loader, ctx.device)
-        ctx.describe(self.name, f"the next {feed.depth} batches {_where_built(loader)} on a background thread, "
-                                f"pinned and copied to the GPU on a side stream")
+        ctx.describe(
+            self.name,
+            f"the next {feed.depth} batches {_where_built(loader)} on a background thread, "
+            f"pinned and copied to the GPU on a side stream",
+        )
         return feed
 
     def apply(self, run: Run) -> None:

@@ -40,8 +40,16 @@ from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import FIXED_MAX_S, fixed_samples, map_tensors, tensor_dataset_parts
 from fastloop.speedups.pad_check import tensors_of
 
-__all__ = ["CHECK_BATCHES", "NotPadded", "PaddedResidentLoader", "PaddedSamples", "batch_indices", "first_difference",
-           "learn_padded", "why_not_padded"]
+__all__ = [
+    "CHECK_BATCHES",
+    "NotPadded",
+    "PaddedResidentLoader",
+    "PaddedSamples",
+    "batch_indices",
+    "first_difference",
+    "learn_padded",
+    "why_not_padded",
+]
 
 CHECK_BATCHES = 8
 """Batches (the loader's first, in its order) on which the cut batches must equal the collate's."""
@@ -70,7 +78,9 @@ def first_difference(want: Any, got: Any, where: str = "batch") -> str | None:
     if isinstance(want, (list, tuple)):
         if len(want) != len(got):
             return f"{where}: {len(want)} items vs {len(got)}"
-        return next((d for i, (a, b) in enumerate(zip(want, got)) if (d := first_difference(a, b, f"{where}[{i}]"))), None)
+        return next(
+            (d for i, (a, b) in enumerate(zip(want, got)) if (d := first_difference(a, b, f"{where}[{i}]"))), None
+        )
     return None if want == got else f"{where}: {want!r} vs {got!r}"
 
 
@@ -146,8 +156,11 @@ def learn_padded(loader: DataLoader, check: int = CHECK_BATCHES) -> PaddedSample
 
 def _said(why: NotPadded) -> str:
     text = str(why)
-    return text if text.startswith("the loader has a custom collate_fn") else (
-        f"the loader has a custom collate_fn that gpu_resident does not reproduce: {text}")
+    return (
+        text
+        if text.startswith("the loader has a custom collate_fn")
+        else (f"the loader has a custom collate_fn that gpu_resident does not reproduce: {text}")
+    )
 
 
 def _learn(loader: DataLoader, check: int, *, all_samples: bool) -> PaddedSamples:
@@ -168,23 +181,27 @@ def _learn(loader: DataLoader, check: int, *, all_samples: bool) -> PaddedSample
     for i in ids:
         ones[i] = tensors_of(collate([dataset[i]]))
         if all_samples and len(ones) == 64 and (time.perf_counter() - t0) / 64 * len(dataset) > FIXED_MAX_S:
-            raise NotPadded(f"the collate_fn takes {1e6 * (time.perf_counter() - t0) / 64:.0f} us a sample: storing "
-                            f"the {len(dataset):,} samples would take more than {FIXED_MAX_S:.0f} s")
+            raise NotPadded(
+                f"the collate_fn takes {1e6 * (time.perf_counter() - t0) / 64:.0f} us a sample: storing "
+                f"the {len(dataset):,} samples would take more than {FIXED_MAX_S:.0f} s"
+            )
     pads = _read_pads(ones, batches, theirs)
     store = _store(ones, pads, theirs[0])
     local = {i: k for k, i in enumerate(ones)}
     # and batches of the shortest and of middling samples: their longest row is not the dataset's
     size = {i: sum(r.numel() for r in ts) for i, ts in ones.items()}
     by_size, width = sorted(ones, key=lambda i: size[i]), len(batches[0])
-    for extra in (by_size[:width], by_size[len(by_size) // 2:len(by_size) // 2 + width]):
+    for extra in (by_size[:width], by_size[len(by_size) // 2 : len(by_size) // 2 + width]):
         batches, theirs = batches + [extra], theirs + [collate([dataset[i] for i in extra])]
     for n, (b, want) in enumerate(zip(batches, theirs)):
         host = np.asarray([local[i] for i in b])
         got = store.cut(host, torch.as_tensor(host, dtype=torch.long))
         diff = first_difference(want, got)
         if diff:
-            raise NotPadded(f"the custom collate_fn's batches are not the samples' own rows padded to the batch's "
-                            f"longest: batch {n}, {diff} (collate_fn vs cut from the padded samples)")
+            raise NotPadded(
+                f"the custom collate_fn's batches are not the samples' own rows padded to the batch's "
+                f"longest: batch {n}, {diff} (collate_fn vs cut from the padded samples)"
+            )
     return store
 
 
@@ -229,13 +246,17 @@ def _read_pads(ones: dict[int, list[torch.Tensor]], batches: list[list[int]], th
                     if torch.equal(row.narrow(dim - 1, start, n), own) and bool((pad == pad.flatten()[0]).all()):
                         votes[(side, pad.flatten()[0].item())] += 1
         if not votes:
-            raise NotPadded(f"the loader has a custom collate_fn, and tensor {k} of its output changes length but no "
-                            f"row of the sampled batches is the sample's own row padded with one value")
+            raise NotPadded(
+                f"the loader has a custom collate_fn, and tensor {k} of its output changes length but no "
+                f"row of the sampled batches is the sample's own row padded with one value"
+            )
         (side, value), _ = votes.most_common(1)[0]
         pads[k] = (dim, side, value)
     if not pads:
-        raise NotPadded("the loader has a custom collate_fn, and it is not one that pads (no tensor of its output "
-                        "changes length from sample to sample)")
+        raise NotPadded(
+            "the loader has a custom collate_fn, and it is not one that pads (no tensor of its output "
+            "changes length from sample to sample)"
+        )
     return pads
 
 
@@ -257,7 +278,7 @@ def _store(ones: dict[int, list[torch.Tensor]], pads: dict[int, tuple], template
         lengths = np.asarray([t.shape[dim] for t in ts])
         for i, t in enumerate(ts):
             n = t.shape[dim]
-            out[i:i + 1].narrow(dim, 0 if side == "tail" else longest - n, n).copy_(t)
+            out[i : i + 1].narrow(dim, 0 if side == "tail" else longest - n, n).copy_(t)
         stored.append(out)
         varying[k], values[k] = (dim, side, lengths), value
     return PaddedSamples(template, stored, varying, values)
@@ -285,7 +306,7 @@ def batch_indices(loader: DataLoader, device: torch.device) -> Iterator[tuple[li
     if stop:
         on_device = _to_device(order[:stop], device)
         for i in range(0, stop, loader.batch_size):
-            yield order[i:i + loader.batch_size], on_device[i:i + loader.batch_size]
+            yield order[i : i + loader.batch_size], on_device[i : i + loader.batch_size]
 
 
 class PaddedResidentLoader:

@@ -81,7 +81,7 @@ class Run:
 
     ctx: Context
     model: Any = None
-    speedup: Speedup | None = None
+    speedup: Any = None  # the Speedup (speedups/base.py imports this module)
 
     def _cannot(self, what: str) -> Skip:
         return Skip(f"this run ({type(self).__name__}) cannot {what}")

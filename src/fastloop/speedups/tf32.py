@@ -18,8 +18,11 @@ __all__ = ["TF32", "apply_tf32"]
 
 def apply_tf32(enabled: bool = True) -> dict:
     """Set TF32 for matmul and cuDNN; returns the previous settings for restoring."""
-    prev = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32,
-            "precision": torch.get_float32_matmul_precision()}
+    prev = {
+        "matmul": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn": torch.backends.cudnn.allow_tf32,
+        "precision": torch.get_float32_matmul_precision(),
+    }
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
     torch.set_float32_matmul_precision("high" if enabled else "highest")

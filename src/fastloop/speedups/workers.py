@@ -31,14 +31,23 @@ from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
-from fastloop.streams import splits_between_workers
-from fastloop.speedups.options import Options, option
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
+from fastloop.streams import splits_between_workers
 
-__all__ = ["PersistentWorkersLoader", "Workers", "apply_workers", "choose_num_workers", "default_num_workers", "size_for_demand", "loader_rate",
-           "predicted_saving", "step_rate_hint"]
+__all__ = [
+    "PersistentWorkersLoader",
+    "Workers",
+    "apply_workers",
+    "choose_num_workers",
+    "default_num_workers",
+    "size_for_demand",
+    "loader_rate",
+    "predicted_saving",
+    "step_rate_hint",
+]
 
 
 def default_num_workers() -> int:
@@ -69,20 +78,36 @@ def apply_workers(loader: DataLoader, num_workers: int | None = None, prefetch_f
     n = default_num_workers() if num_workers is None else num_workers
     if n < 1:
         raise ValueError(f"num_workers must be >= 1, got {n}")
-    return rebuild_loader(loader, num_workers=n, persistent_workers=True, prefetch_factor=prefetch_factor,
-                          loader_cls=PersistentWorkersLoader)
+    return rebuild_loader(
+        loader,
+        num_workers=n,
+        persistent_workers=True,
+        prefetch_factor=prefetch_factor,
+        loader_cls=PersistentWorkersLoader,
+    )
 
 
-def loader_rate(loader: DataLoader, num_workers: int, *, seconds: float = 0.5, max_batches: int = 64,
-                max_seconds: float | None = None) -> float:
+def loader_rate(
+    loader: DataLoader,
+    num_workers: int,
+    *,
+    seconds: float = 0.5,
+    max_batches: int = 64,
+    max_seconds: float | None = None,
+) -> float:
     """Samples per second that ``loader`` rebuilt with ``num_workers`` workers delivers at its
     steady rate (the loader alone, no training): the workers' start and the prefetch buffer they
     fill (``num_workers x 2`` batches) are drained first, then at least ``seconds`` and at least
     two batches per worker are timed (a JPEG loader's 16 workers each deliver a batch every few
     hundred milliseconds: a shorter window reads the start-up), up to ``max_seconds`` (4x
     ``seconds``) or ``max_batches``."""
-    probe = loader if num_workers == loader.num_workers == 0 else rebuild_loader(
-        loader, num_workers=num_workers, persistent_workers=False, **({"prefetch_factor": 2} if num_workers else {}))
+    probe = (
+        loader
+        if num_workers == loader.num_workers == 0
+        else rebuild_loader(
+            loader, num_workers=num_workers, persistent_workers=False, **({"prefetch_factor": 2} if num_workers else {})
+        )
+    )
     longest = max_seconds if max_seconds is not None else 4 * seconds
     least = 2 * max(1, num_workers)
     it = iter(probe)
@@ -198,8 +223,10 @@ def _demand_says_no(batch_size: int | None, main: float | None, fast: float | No
     ctx.stats["step_demand"], ctx.stats["predicted_saving"] = demand, saving
     if saving >= WORKER_MIN_SAVING:
         return None
-    return (f"the step consumes {demand:,.0f} samples/s (measured in the configuration before): {n} workers "
-            f"would save the main process {100 * saving:.1f}% of its time, under {100 * WORKER_MIN_SAVING:g}%")
+    return (
+        f"the step consumes {demand:,.0f} samples/s (measured in the configuration before): {n} workers "
+        f"would save the main process {100 * saving:.1f}% of its time, under {100 * WORKER_MIN_SAVING:g}%"
+    )
 
 
 def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
@@ -207,16 +234,23 @@ def _measured_detail(loader: DataLoader, n: int, ctx: Context) -> str:
     rates = ctx.stats.get("loader_rates") or {}
     main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
     how = "measured fastest" if ctx.stats.get("worker_fastest", n) == n else "sized for the step"
-    out = (f" ({how}: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
-           if main and fast else f" ({how}")
+    out = (
+        f" ({how}: {fast:,.0f} samples/s against {main:,.0f} with {loader.num_workers or 'none'}"
+        if main and fast
+        else f" ({how}"
+    )
     if "predicted_saving" in ctx.stats:
         demand = ctx.stats["step_demand"]
         if main and demand > main:  # a share of the time above 100% says nothing: say how far behind it is
-            out += (f"; the main process alone cannot keep up with the step's {demand:,.0f} samples/s "
-                    f"(loading would take {demand / main:.1f}x the step's time)")
+            out += (
+                f"; the main process alone cannot keep up with the step's {demand:,.0f} samples/s "
+                f"(loading would take {demand / main:.1f}x the step's time)"
+            )
         else:
-            out += (f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
-                    f"at the step's {demand:,.0f} samples/s")
+            out += (
+                f"; predicted to save the main process {100 * ctx.stats['predicted_saving']:.0f}% of its time "
+                f"at the step's {demand:,.0f} samples/s"
+            )
     return out + ")"
 
 
@@ -225,8 +259,9 @@ class WorkersOptions(Options):
     """Options of ``workers``."""
 
     speedup = "workers"
-    count: int | None = option(None, "loader worker processes; none: measure 0, 1, 2, 4, ... and use the fastest",
-                               low=1, high=256)
+    count: int | None = option(
+        None, "loader worker processes; none: measure 0, 1, 2, 4, ... and use the fastest", low=1, high=256
+    )
 
 
 def _counts_above(stats: dict, own: int) -> list[int]:
@@ -293,8 +328,10 @@ class Workers(Speedup):
             ctx.stats["loader_rates"], ctx.stats["loader_own_workers"] = rates, loader.num_workers
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
-                raise Skip(f"measured loader rates (workers: samples/s) {shown}: no worker count delivers "
-                           f"{WORKER_GAIN}x the rate of {loader.num_workers or 'the main process alone'}")
+                raise Skip(
+                    f"measured loader rates (workers: samples/s) {shown}: no worker count delivers "
+                    f"{WORKER_GAIN}x the rate of {loader.num_workers or 'the main process alone'}"
+                )
             main, fast = rates.get(str(loader.num_workers)), rates.get(str(n))
             why = _demand_says_no(loader.batch_size, main, fast, n, ctx)
             if why:
@@ -302,13 +339,17 @@ class Workers(Speedup):
             fastest = ctx.stats["worker_fastest"] = n
             if "step_demand" in ctx.stats:  # sized for the step it feeds, not for the loader alone
                 n = max(loader.num_workers + 1, size_for_demand(rates, ctx.stats["step_demand"], fastest))
-            ctx.stats["worker_sizing"] = (
-                f"{n} of the counts measured ({shown}): " + (
-                    f"the fewest that deliver {WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s "
-                    f"(the fastest, {fastest}, would take cores the training process needs)"
-                    if n < fastest else "the fastest" + (
-                        f" ({WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s needs it)"
-                        if "step_demand" in ctx.stats else " (the step's demand was not measured yet)")))
+            ctx.stats["worker_sizing"] = f"{n} of the counts measured ({shown}): " + (
+                f"the fewest that deliver {WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s "
+                f"(the fastest, {fastest}, would take cores the training process needs)"
+                if n < fastest
+                else "the fastest"
+                + (
+                    f" ({WORKER_HEADROOM}x the step's {ctx.stats['step_demand']:,.0f} samples/s needs it)"
+                    if "step_demand" in ctx.stats
+                    else " (the step's demand was not measured yet)"
+                )
+            )
         ctx.stats["num_workers"], ctx.stats["loader_own_workers"] = n, loader.num_workers
         measured = "" if self.opts.count is not None else _measured_detail(loader, n, ctx)
         ctx.describe(self.name, f"{n} worker processes{measured}")
