@@ -41,6 +41,8 @@ __all__ = ["FIG_DPI", "figure_png", "report_figures", "short_labels"]
 FIG_DPI = 110
 """Dots per inch of every report figure, when laid out and when saved (the same layout both times)."""
 XLABEL = "configuration (# in the table)"
+PAGE_WIDTH_IN = 9.2
+"""The widest figure the page shows at its own size: its column is about 1,020 pixels at FIG_DPI."""
 SELECTED, OTHER = "tab:green", "tab:blue"
 LEGEND_WRAP = 44
 """Characters a legend entry may take on one line: a long configuration wraps instead of squeezing the plot."""
@@ -73,9 +75,10 @@ def _compact(v: float) -> str:
     return f"{v:.0f}{unit}" if abs(v) >= 100 else f"{v:.3g}{unit}"
 
 
-def _width(bars: int) -> float:
-    """Inches for a bar plot of ``bars`` bars: room for each bar's label, never narrower than the title."""
-    return max(6.4, 1.6 + 0.5 * bars)
+def _width(bars: int, extra: float = 0.0) -> float:
+    """Inches for a plot of ``bars`` bars: half an inch for each bar's label, never narrower than the
+    title, never wider than the page shows at the figure's own size."""
+    return min(PAGE_WIDTH_IN, max(6.4, 1.6 + 0.5 * bars) + extra)
 
 
 def _figure(width: float, height: float = 3.4) -> Figure:
@@ -85,11 +88,14 @@ def _figure(width: float, height: float = 3.4) -> Figure:
 
 
 def _bars(ax: Axes, labels: list[str], values: list[float], colors: list[str] | str, fmt=_compact) -> None:
-    """Bars with their value above each, the headroom for those values kept inside the axes."""
+    """Bars with their value above each, the headroom for those values kept inside the axes; where
+    the bars stand closer than a value's width, the values stand upright."""
+    pitch = ax.figure.get_figwidth() * ax.get_position().width / len(values)
+    upright = pitch < 0.42
     bars = ax.bar(range(len(values)), values, color=colors)
-    ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=8, padding=2)
+    ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=8, padding=2, rotation=90 if upright else 0)
     ax.set_xticks(range(len(values)), labels)
-    ax.set_ylim(0, 1.18 * max(values))
+    ax.set_ylim(0, (1.3 if upright else 1.18) * max(values))
     ax.set_xlabel(XLABEL)
 
 
@@ -106,7 +112,7 @@ def _throughput(measured: list[tuple[str, str, dict]]) -> Figure:
 
 
 def _breakdown(measured: list[tuple[str, str, dict]]) -> Figure:
-    fig = _figure(_width(len(measured)) + 1.8)
+    fig = _figure(_width(len(measured), extra=1.8))
     ax = fig.subplots()
     x = range(len(measured))
     med = [c["step_s"]["median"] * 1e3 for _, _, c in measured]
@@ -150,8 +156,15 @@ def _memory_compile(measured: list[tuple[str, str, dict]], doc: dict) -> tuple[F
     ]
     if not panels:
         return None, left_out
-    fig = _figure(sum(max(3.2, 1.2 + 0.5 * len(items)) for items, *_ in panels) + 0.4, 3.2)
-    for ax, (items, title, color, fmt) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+    widths = [max(3.2, 1.2 + 0.5 * len(items)) for items, *_ in panels]
+    side_by_side = sum(widths) + 0.4 <= PAGE_WIDTH_IN  # else one above the other, each the page's width
+    fig = _figure(sum(widths) + 0.4, 3.2) if side_by_side else _figure(PAGE_WIDTH_IN, 3.2 * len(panels))
+    axes = (
+        fig.subplots(1, len(panels), squeeze=False)[0]
+        if side_by_side
+        else fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    )
+    for ax, (items, title, color, fmt) in zip(axes, panels):
         _bars(ax, [s for s, _ in items], [v for _, v in items], color, fmt)
         ax.set_title(title)
         ax.set_xlabel("configuration (#)")
@@ -177,11 +190,15 @@ def _loss(doc: dict) -> Figure | None:
     curves = _loss_curves(doc)
     if not curves:
         return None
-    fig = _figure(9.0)
+    labels = [textwrap.fill(label, LEGEND_WRAP) for label, _ in curves]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig = _figure(
+        PAGE_WIDTH_IN, max(3.4, 0.9 + 0.08 * lines + 0.12 * len(labels))
+    )  # the legend's height: its lines and gaps
     ax = fig.subplots()
-    for label, losses in curves:
+    for label, (_, losses) in zip(labels, curves):
         pts = [(i, v) for i, v in enumerate(losses) if v is not None]
-        ax.plot([i for i, _ in pts], [v for _, v in pts], label=textwrap.fill(label, LEGEND_WRAP), linewidth=1)
+        ax.plot([i for i, _ in pts], [v for _, v in pts], label=label, linewidth=1)
     ax.set_xlabel("step (warm-up included)")
     ax.set_ylabel("training loss")
     ax.set_title(
