@@ -31,9 +31,13 @@ from fastloop.report.figure_check import figure_problems, text_boxes
 
 FIXTURES = Path(__file__).parent / "reports"
 PAGES = {
-    "ladder_demo_cpu": "ladder_demo_cpu.json",  # `fastloop ladder demo` on this CPU: no memory, nothing compiled
-    "ladder_gpu": "ladder_gpu.json",  # a GPU ladder: peak memory, compile and capture time, GPU profile
+    # `fastloop ladder demo --budget 420 --out DIR` on a 2-core CPU at 2dafea6: 5 rungs, no memory, nothing compiled
+    "ladder_demo_cpu": "ladder_demo_cpu.json",
+    # a ViT ladder on an H200 at c7fbbb2 (git show 283a213:benchmarks/results/round20/reports/ladder_vit_2/report.json):
+    # 6 rungs, peak memory, compile and capture time, the GPU profile
+    "ladder_gpu": "ladder_gpu.json",
 }
+"""Recorded ladder documents, with the keys no report reads (each rung's env, timings, checks) taken out."""
 WINDOW_WIDTH = 1200
 PROBE = """<script>addEventListener("load", () => {
   const boxes = [...document.querySelectorAll("img.plot")].map(i => { const r = i.getBoundingClientRect();

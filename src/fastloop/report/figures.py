@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import io
-import textwrap
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -171,6 +171,24 @@ def _memory_compile(measured: list[tuple[str, str, dict]], doc: dict) -> tuple[F
     return fig, left_out
 
 
+def _wrap(text: str, width: int = LEGEND_WRAP) -> str:
+    """``text`` in lines of at most ``width`` characters, broken after a space or a comma (a
+    configuration such as ``workers,pin_memory,tf32`` is one word to ``textwrap``).
+
+    Example:
+        >>> print(_wrap("6: selected: workers,pin_memory,prefetch,tf32", 24))
+        6: selected: workers,
+        pin_memory,prefetch,tf32
+    """
+    lines, line = [], ""
+    for piece in re.findall(r"[^\s,]+[\s,]*|[\s,]+", text):
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += piece
+    return "\n".join([*lines, line.rstrip()])
+
+
 def _loss_curves(doc: dict) -> list[tuple[str, list]]:
     """(legend entry, losses) per configuration with losses; configurations that saw the very same
     losses (the selected configuration measured in the baseline's run) share one entry."""
@@ -190,7 +208,7 @@ def _loss(doc: dict) -> Figure | None:
     curves = _loss_curves(doc)
     if not curves:
         return None
-    labels = [textwrap.fill(label, LEGEND_WRAP) for label, _ in curves]
+    labels = [_wrap(label) for label, _ in curves]
     lines = sum(label.count("\n") + 1 for label in labels)
     fig = _figure(
         PAGE_WIDTH_IN, max(3.4, 0.9 + 0.08 * lines + 0.12 * len(labels))

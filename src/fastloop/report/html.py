@@ -34,10 +34,15 @@ COLUMNS = (
 (``short``: the number the plots label the configuration with)."""
 
 
+def _cell(key: str, value: object) -> str:
+    text = html.escape(str(value))
+    # a configuration is one long word to the browser ("a,b,c,..."): let it break after each comma
+    return f"<td>{text.replace(',', ',<wbr>') if key == 'name' else text}</td>"
+
+
 def _table(doc: dict) -> str:
-    e = html.escape
     body = "".join(
-        "<tr>" + "".join(f"<td>{e(str(r[k]))}</td>" for _, k in COLUMNS) + "</tr>"
+        "<tr>" + "".join(_cell(k, r[k]) for _, k in COLUMNS) + "</tr>"
         for r in ({**row, "short": short} for row, short in zip(rows(doc), short_labels(doc)))
     )
     return f"<table><tr>{''.join(f'<th>{h}</th>' for h, _ in COLUMNS)}</tr>{body}</table>"
