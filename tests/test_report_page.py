@@ -199,3 +199,33 @@ def test_tick_labels_outside_the_view_are_not_text_a_reader_sees():
     said = [what for what, _ in text_boxes(fig)]
     assert "tick label '0'" in said and not any("far" in what for what in said)
     assert figure_problems(fig) == []
+
+
+def _rung(i: int, n: int) -> dict:
+    """A GPU ladder's rung with a long configuration name, memory, and a compile on every third."""
+    stack = "tf32,bf16,fused_optimizer,channels_last,compile,cuda_graph,workers:16,pin_memory,prefetch"
+    name = "baseline" if i == 0 else f"{'selected: ' if i == n - 1 else '+'}{stack[: 12 + 5 * i]} (compute bundle)"
+    step = 0.05 / (1 + i)
+    return {
+        "rung": name,
+        "step_s": {"median": step},
+        "throughput": {"value": 256 / step, "unit": "samples/s"},
+        "data_wait_frac": 0.3 / (1 + i),
+        "gpu_profile": {"gpu_busy_frac": 0.6},
+        "peak_mem_bytes": (3 + i) * 2**31,
+        "compile_s": 40.0 + i if i % 3 == 1 else None,
+        "losses": [2.0 - 0.01 * k - 0.001 * i for k in range(50)],
+        "final": i == n - 1,
+    }
+
+
+@pytest.mark.parametrize("rungs", [1, 24])
+def test_every_figure_of_a_lone_configuration_and_of_a_crowded_gpu_ladder_fits(rungs):
+    from fastloop.report.figures import PAGE_WIDTH_IN, report_figures
+
+    doc = {"kind": "ladder", "device": "cuda", "env": {"gpu": "H100"}, "rungs": [_rung(i, rungs) for i in range(rungs)]}
+    figures, left_out = report_figures(doc)
+    assert [name for name, _ in figures] == ["throughput", "breakdown", "memory_compile", "loss"]
+    assert left_out == (["compile / capture time: nothing compiled"] if rungs == 1 else [])
+    for name, fig in figures:
+        assert fig.get_figwidth() <= PAGE_WIDTH_IN and figure_problems(fig) == [], name
