@@ -34,8 +34,14 @@ COLUMNS = (
 (``short``: the number the plots label the configuration with)."""
 
 
+FIGURES = ("step", "spread", "throughput", "mem", "compile")
+"""Columns of one figure and its unit each, kept on one line ("640.28 ms", not "640.28" above "ms")."""
+
+
 def _cell(key: str, value: object) -> str:
     text = html.escape(str(value))
+    if key in FIGURES:
+        return f'<td class="figure">{text}</td>'
     # a configuration is one long word to the browser ("a,b,c,..."): let it break after each comma
     return f"<td>{text.replace(',', ',<wbr>') if key == 'name' else text}</td>"
 
@@ -98,7 +104,8 @@ def render_html(doc: dict) -> str:
     return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get("kind", "run"))}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
-img.plot{{max-width:100%}}.left-out{{color:#555;margin:0.3em 0}}</style></head><body>
+img.plot{{max-width:100%}}.left-out{{color:#555;margin:0.3em 0}}
+td.figure{{white-space:nowrap}}</style></head><body>
 <h1>fastloop {e(doc.get("kind", "run"))}: <code>{e(str(doc.get("target")))}</code></h1>
 <p class="stamp">{stamp}</p>
 {top}{_table(doc)}
