@@ -229,3 +229,12 @@ def test_every_figure_of_a_lone_configuration_and_of_a_crowded_gpu_ladder_fits(r
     assert left_out == (["compile / capture time: nothing compiled"] if rungs == 1 else [])
     for name, fig in figures:
         assert fig.get_figwidth() <= PAGE_WIDTH_IN and figure_problems(fig) == [], name
+
+
+def test_a_run_that_counts_no_items_has_no_throughput_plot_and_says_so():
+    from fastloop.report.figures import report_figures
+
+    run = {"kind": "run", "device": "cpu", "step_s": {"median": 0.01}, "throughput": {"value": 0.0, "unit": "items/s"}}
+    figures, left_out = report_figures(run)
+    assert [name for name, _ in figures] == ["breakdown"] and figure_problems(figures[0][1]) == []
+    assert left_out[0] == "throughput: no items counted per step"

@@ -99,13 +99,16 @@ def _bars(ax: Axes, labels: list[str], values: list[float], colors: list[str] | 
     ax.set_xlabel(XLABEL)
 
 
-def _throughput(measured: list[tuple[str, str, dict]]) -> Figure:
-    fig = _figure(_width(len(measured)))
+def _throughput(measured: list[tuple[str, str, dict]]) -> Figure | None:
+    """Throughput of the configurations whose items were counted (a module that counts none has 0)."""
+    counted = [(s, c) for s, _, c in measured if ((c.get("throughput") or {}).get("value") or 0) > 0]
+    if not counted:
+        return None
+    fig = _figure(_width(len(counted)))
     ax = fig.subplots()
-    values = [(c.get("throughput") or {}).get("value") or 0.0 for _, _, c in measured]
-    colors = [SELECTED if c.get("final") else OTHER for _, _, c in measured]
-    _bars(ax, [s for s, _, _ in measured], values, colors)
-    ax.set_ylabel(((measured[0][2].get("throughput") or {}).get("unit")) or "items/s")
+    colors = [SELECTED if c.get("final") else OTHER for _, c in counted]
+    _bars(ax, [s for s, _ in counted], [c["throughput"]["value"] for _, c in counted], colors)
+    ax.set_ylabel(counted[0][1]["throughput"].get("unit") or "items/s")
     selected = " (green: selected)" if SELECTED in colors else ""
     ax.set_title(f"Throughput per configuration{selected}")
     return fig
@@ -247,8 +250,12 @@ def report_figures(doc: dict) -> tuple[list[tuple[str, Figure]], list[str]]:
     ]
     if not measured:
         return [], ["plots: no configuration finished its measurement"]
-    figures = [("throughput", _throughput(measured)), ("breakdown", _breakdown(measured))]
+    throughput = _throughput(measured)
+    figures = [("throughput", throughput)] if throughput is not None else []
+    figures.append(("breakdown", _breakdown(measured)))
     memory_compile, left_out = _memory_compile(measured, doc)
+    if throughput is None:
+        left_out.insert(0, "throughput: no items counted per step")
     if memory_compile is not None:
         figures.append(("memory_compile", memory_compile))
     loss = _loss(doc)
