@@ -196,40 +196,9 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     assert f"{v['ratio']:.2f}x [{v['ci_low']:.2f}, {v['ci_high']:.2f}]" in row
     assert f"{workers['throughput']['value']:,.0f} samples/s" in row
     html = (tmp_path / "rep" / "report.html").read_text()
-    assert html.count('<img class="plot"') == 4 and 'id="plot-loss"' in html  # throughput, breakdown, memory, loss
-    _screenshot(tmp_path / "rep" / "report.html", tmp_path / "shot.png")
-
-
-def _screenshot(page, png):
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (the .ci/run installs it)")
-    p = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--screenshot={png}",
-            "--window-size=1200,1800",
-            f"file://{page}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert png.exists() and png.stat().st_size > 10_000, p.stderr[-500:]
-    from matplotlib.image import imread
-
-    img = imread(str(png))
-    # plots put colour on the page: count strongly coloured pixels (the table is black on white)
-    rgb = img[..., :3]
-    colourful = ((rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.3).mean()
-    assert colourful > 0.01, colourful
+    # a CPU ladder: no memory or compile plot, each left out in one line (tests/test_report_page.py looks at the page)
+    assert 'id="plot-throughput"' in html and 'id="plot-loss"' in html and 'id="plot-memory_compile"' not in html
+    assert "No plot of peak memory: not measured on the CPU." in html
 
 
 def test_data_bound_recommendation_names_the_next_fix():

@@ -31,6 +31,8 @@ MODULES = [
     "fastloop.measure.sync_site",
     "fastloop.recipes.imagenet.module",
     "fastloop.recipes.imagenet.target",
+    "fastloop.report.figure_check",
+    "fastloop.report.figures",
 ]
 
 

@@ -17,7 +17,6 @@ GRANDFATHERED = {
     "drivers/commands.py:_ladder_or_ab": 81,
     "drivers/doctor.py:diagnose": 125,
     "drivers/runner.py:_run_once": 93,
-    "report/html.py:render_html": 87,
     "report/markdown.py:render_markdown": 114,
 }
 """Functions longer than MAX_BODY when the tree was first formatted (ruff, 120 columns): each may only

@@ -1,170 +1,76 @@
 """A self-contained HTML page: environment stamp, the table, and matplotlib plots as inline PNGs.
 
-Plots: throughput per rung (waterfall of gains), step time split into data wait and compute,
-peak memory and compile time per configuration, and the loss per step (A/B: the first run of each
-side, which saw the same batches).
+The plots are drawn by :mod:`fastloop.report.figures` (each only where it has data, labelled with the
+configuration's number in the table); a figure left out says why in one line under the table.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
 
 from fastloop.compare import loss_line
+from fastloop.report.figures import figure_png, report_figures, short_labels
 from fastloop.report.format import rows, selected_line, warning_lines
 
 __all__ = ["render_html"]
 
-
-def _configs(doc: dict) -> list[tuple[str, dict]]:
-    if doc.get("kind") == "ladder":
-        return [(r["rung"], r) for r in doc["rungs"]]
-    if doc.get("kind") == "ab":
-        return [("A", doc["a"]), ("B", doc["b"])]
-    return [("run", doc)]
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _plots(doc: dict) -> list[tuple[str, str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cfgs = [(n, c) for n, c in _configs(doc) if (c.get("step_s") or {}).get("median")]
-    if not cfgs:
-        return []
-    names = [n for n, _ in cfgs]
-    out = []
-    # 1. throughput waterfall: each bar starts where the previous configuration ended
-    tp = [c["throughput"]["value"] or 0 for _, c in cfgs]
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.4))
-    prev = 0.0
-    for i, v in enumerate(tp):
-        base = prev if i else 0.0
-        ax.bar(i, v - base, bottom=base, color="tab:green" if v >= base else "tab:red")
-        ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
-        prev = v
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_ylabel(cfgs[0][1]["throughput"]["unit"])
-    ax.set_title("Throughput per configuration (waterfall of gains)")
-    out.append(("throughput", _png(fig)))
-    plt.close(fig)
-    # 2. step-time breakdown
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.4))
-    med = [c["step_s"]["median"] * 1e3 for _, c in cfgs]
-    wait = [m * (c.get("data_wait_frac") or 0.0) for m, (_, c) in zip(med, cfgs)]
-    busy = [(c.get("gpu_profile") or {}).get("gpu_busy_frac") for _, c in cfgs]
-    if any(b is not None for b in busy):  # CUDA with a profile: GPU busy / GPU idle while the host works
-        gpu = [m * b if b is not None else m - w for m, w, b in zip(med, wait, busy)]
-        idle = [max(0.0, m - w - g) for m, w, g in zip(med, wait, gpu)]
-        ax.bar(names, gpu, label="GPU busy", color="tab:blue")
-        ax.bar(names, idle, bottom=gpu, label="GPU idle while the host works", color="tab:red")
-        ax.bar(names, wait, bottom=[g + i for g, i in zip(gpu, idle)], label="data wait", color="tab:orange")
-        ax.set_title("Step time: GPU busy, GPU idle while the host works, data wait")
-    else:
-        ax.bar(names, [m - w for m, w in zip(med, wait)], label="compute", color="tab:blue")
-        ax.bar(names, wait, bottom=[m - w for m, w in zip(med, wait)], label="data wait", color="tab:orange")
-        ax.set_title("Step time: compute vs data wait")
-    ax.set_ylabel("median step (ms)")
-    ax.legend()
-    ax.tick_params(axis="x", rotation=30)
-    out.append(("breakdown", _png(fig)))
-    plt.close(fig)
-    # 3. memory and compile time
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(names)), 3.2))
-    a1.bar(names, [(c.get("peak_mem_bytes") or 0) / 2**30 for _, c in cfgs], color="tab:purple")
-    a1.set_title("Peak GPU memory (GiB; 0 = not measured on CPU)")
-    a2.bar(names, [c.get("compile_s") or 0 for _, c in cfgs], color="tab:gray")
-    a2.set_title("Compile / capture time (s)")
-    for a in (a1, a2):
-        a.tick_params(axis="x", rotation=30)
-    out.append(("memory_compile", _png(fig)))
-    plt.close(fig)
-    # 4. loss per step: does the faster configuration train the same?
-    curves = _loss_curves(doc)
-    if curves:
-        fig, ax = plt.subplots(figsize=(7, 3.4))
-        for name, losses in curves:
-            pts = [(i, v) for i, v in enumerate(losses) if v is not None]
-            ax.plot([i for i, _ in pts], [v for _, v in pts], label=name, linewidth=1)
-        ax.set_xlabel("step (warm-up included)")
-        ax.set_ylabel("training loss")
-        ax.set_title(
-            "Loss per step (first run of each configuration: the same batches)"
-            if doc.get("kind") == "ab"
-            else "Loss per step"
-        )
-        ax.legend(fontsize=8)
-        out.append(("loss", _png(fig)))
-        plt.close(fig)
-    return out
+COLUMNS = (
+    ("#", "short"),
+    ("configuration", "name"),
+    ("median step", "step"),
+    ("IQR", "spread"),
+    ("throughput", "throughput"),
+    ("data wait", "wait"),
+    ("peak mem", "mem"),
+    ("compile", "compile"),
+    ("MFU", "mfu"),
+    ("vs previous", "vs_prev"),
+    ("vs baseline", "vs_base"),
+    ("bottleneck", "bottleneck"),
+    ("decision", "decision"),
+)
+"""The table's columns: heading, and the key of :func:`fastloop.report.format.rows` it shows
+(``short``: the number the plots label the configuration with)."""
 
 
-def _loss_curves(doc: dict) -> list[tuple[str, list]]:
-    if doc.get("kind") == "ab":
-        got = doc.get("losses") or {}
-        curves = [(f"A: {doc.get('a_spec')}", got.get("a")), (f"B: {doc.get('b_spec')}", got.get("b"))]
-    else:
-        curves = [(n, c.get("losses")) for n, c in _configs(doc)]
-    return [(n, v) for n, v in curves if v and any(x is not None for x in v)][:12]
+FIGURES = ("step", "spread", "throughput", "mem", "compile")
+"""Columns of one figure and its unit each, kept on one line ("640.28 ms", not "640.28" above "ms")."""
+
+
+def _cell(key: str, value: object) -> str:
+    text = html.escape(str(value))
+    if key in FIGURES:
+        return f'<td class="figure">{text}</td>'
+    # a configuration is one long word to the browser ("a,b,c,..."): let it break after each comma
+    return f"<td>{text.replace(',', ',<wbr>') if key == 'name' else text}</td>"
+
+
+def _table(doc: dict) -> str:
+    body = "".join(
+        "<tr>" + "".join(_cell(k, r[k]) for _, k in COLUMNS) + "</tr>"
+        for r in ({**row, "short": short} for row, short in zip(rows(doc), short_labels(doc)))
+    )
+    return f"<table><tr>{''.join(f'<th>{h}</th>' for h, _ in COLUMNS)}</tr>{body}</table>"
+
+
+def _plots(doc: dict) -> tuple[str, str]:
+    """The figures as inline images, and the lines for the figures left out."""
+    figures, left_out = report_figures(doc)
+    images = "".join(
+        f'<figure><img class="plot" id="plot-{name}" alt="{name}" '
+        f'src="data:image/png;base64,{base64.b64encode(figure_png(fig)).decode()}"/></figure>'
+        for name, fig in figures
+    )
+    return images, "".join(f'<p class="left-out">No plot of {html.escape(line)}.</p>' for line in left_out)
 
 
 def render_html(doc: dict) -> str:
     env = doc.get("env", {})
     e = html.escape
     stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
-    head = [
-        "configuration",
-        "median step",
-        "IQR",
-        "throughput",
-        "data wait",
-        "peak mem",
-        "compile",
-        "MFU",
-        "vs previous",
-        "vs baseline",
-        "bottleneck",
-        "decision",
-    ]
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{e(str(r[k]))}</td>"
-            for k in (
-                "name",
-                "step",
-                "spread",
-                "throughput",
-                "wait",
-                "mem",
-                "compile",
-                "mfu",
-                "vs_prev",
-                "vs_base",
-                "bottleneck",
-                "decision",
-            )
-        )
-        + "</tr>"
-        for r in rows(doc)
-    )
     # Interrupted: answer Ctrl-C at once; the plots (the slow part) wait for a finished run
-    imgs = (
-        ""
-        if doc.get("interrupted")
-        else "".join(
-            f'<figure><img class="plot" id="plot-{n}" alt="{n}" src="data:image/png;base64,{b}"/></figure>'
-            for n, b in _plots(doc)
-        )
-    )
+    imgs, left_out = ("", "") if doc.get("interrupted") else _plots(doc)
     notes = []
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
@@ -198,9 +104,10 @@ def render_html(doc: dict) -> str:
     return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get("kind", "run"))}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
-img.plot{{max-width:100%}}</style></head><body>
+img.plot{{max-width:100%}}.left-out{{color:#555;margin:0.3em 0}}
+td.figure{{white-space:nowrap}}</style></head><body>
 <h1>fastloop {e(doc.get("kind", "run"))}: <code>{e(str(doc.get("target")))}</code></h1>
 <p class="stamp">{stamp}</p>
-{top}<table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{body}</table>
-<p>Throughput and ratios use mean step time (before / after); (n.s.) = not significant.</p>
+{top}{_table(doc)}
+<p>Throughput and ratios use mean step time (before / after); (n.s.) = not significant.</p>{left_out}
 {"".join(notes)}{imgs}</body></html>"""
