@@ -162,7 +162,9 @@ def test_host_reads_of_logged_values_go_down(tmp_path):
     steps = epochs * STEPS_PER_EPOCH
     kw = dict(max_epochs=epochs, log_every_n_steps=1, enable_progress_bar=True)
     _, eager = _logging_reads(lambda: _fit(tmp_path, "eager", None, **kw))
-    trainer, deferred = _logging_reads(lambda: _fit(tmp_path, "deferred", f"deferred_logging:{every}:seconds=none", **kw))
+    trainer, deferred = _logging_reads(
+        lambda: _fit(tmp_path, "deferred", f"deferred_logging:{every}:seconds=none", **kw)
+    )
     assert eager >= 2 * steps, eager  # two prog_bar values a step, and more
     assert deferred <= steps // every + 4 * epochs, deferred
     stats = next(c for c in trainer.callbacks if isinstance(c, SpeedupCallback)).ctx.stats
@@ -240,7 +242,12 @@ def test_callbacks_that_decide_on_logged_values_see_the_current_ones(tmp_path):
         ckpt = ModelCheckpoint(dirpath=tmp_path / tag / "ckpt", monitor="loss", save_top_k=2, every_n_train_steps=2)
         stop = EarlyStopping(monitor="loss", min_delta=10.0, patience=1, check_on_train_epoch_end=True)
         trainer = _fit(
-            tmp_path, tag, spec, build=PlateauLogs, max_epochs=6, callbacks=[seen, ckpt, stop],
+            tmp_path,
+            tag,
+            spec,
+            build=PlateauLogs,
+            max_epochs=6,
+            callbacks=[seen, ckpt, stop],
             enable_checkpointing=True,
         )
         best = {Path(p).name: v.item() for p, v in ckpt.best_k_models.items()}
@@ -285,7 +292,9 @@ def test_the_rows_kept_when_the_step_raises_reach_the_file(tmp_path):
     with pytest.raises(RuntimeError, match="the step failed"):
         _fit(tmp_path, "eager", None, build=lambda: Logs(fail_at=11), log_every_n_steps=1)
     with pytest.raises(RuntimeError, match="the step failed"):
-        _fit(tmp_path, "deferred", "deferred_logging:4:seconds=none", build=lambda: Logs(fail_at=11), log_every_n_steps=1)
+        _fit(
+            tmp_path, "deferred", "deferred_logging:4:seconds=none", build=lambda: Logs(fail_at=11), log_every_n_steps=1
+        )
     assert _csv(tmp_path, "deferred") == _csv(tmp_path, "eager")
     assert len(_csv(tmp_path, "eager").splitlines()) > 11
 
@@ -301,7 +310,9 @@ def test_after_the_fit_the_trainer_its_connector_and_its_logger_are_as_they_were
 
 
 def test_what_cannot_be_deferred_is_skipped_with_the_reason(tmp_path):
-    twice = _fit(tmp_path, "twice", None, callbacks=[SpeedupCallback("deferred_logging"), *callbacks("deferred_logging")])
+    twice = _fit(
+        tmp_path, "twice", None, callbacks=[SpeedupCallback("deferred_logging"), *callbacks("deferred_logging")]
+    )
     assert [(r.status, r.reason) for r in records_of(twice)] == [
         ("applied", ""),
         ("skipped", "this Trainer's logged values are deferred already (another deferred_logging callback)"),
@@ -315,8 +326,14 @@ def test_what_cannot_be_deferred_is_skipped_with_the_reason(tmp_path):
 
 def test_the_plain_loop_skips_it_it_has_no_logging():
     model = torch.nn.Linear(16, 4)
-    loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(32, 1),
-                    loss_fn=torch.nn.functional.cross_entropy, speedups="deferred_logging", device="cpu")
+    loop = FastLoop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        _loader(32, 1),
+        loss_fn=torch.nn.functional.cross_entropy,
+        speedups="deferred_logging",
+        device="cpu",
+    )
     rec = loop.train(steps=2).records[0]
     assert (rec.status, rec.reason) == (
         "skipped",

@@ -135,8 +135,11 @@ class DeferredLoggingOptions(Options):
         100, "read the logged values at most every N steps (training or validation batches); none: by time", low=1
     )
     seconds: float | None = option(
-        0.5, "or once this many seconds passed since the last read, whichever first; none: by steps", low=0.0,
-        low_open=True, high=3600.0,
+        0.5,
+        "or once this many seconds passed since the last read, whichever first; none: by steps",
+        low=0.0,
+        low_open=True,
+        high=3600.0,
     )
 
     def check(self) -> None:
