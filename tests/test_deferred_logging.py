@@ -419,3 +419,74 @@ def test_the_options_are_checked():
     ):
         with pytest.raises(FastloopError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             resolve(bad)
+
+
+class OnDevice(Logs):
+    """:class:`Logs` logging tensors only (Lightning makes a Python float into a device tensor at each
+    ``self.log``, a copy this speedup leaves as it is)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.net(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        self.log("loss", loss, prog_bar=True)
+        self.log("acc", (out.argmax(1) == y).float().mean(), on_step=True, on_epoch=True, prog_bar=True)
+        self.log("x_max", x.max(), on_step=False, on_epoch=True, reduce_fx="max")
+        return loss
+
+
+class SyncsInSteadySteps(Callback):
+    """CUDA's sync debug mode on from the start of step ``first`` to the start of step ``last`` (the
+    steps in between whole, the reads after each included; the first step's own copies of Lightning's
+    metric states to the device not): every synchronizing call there is a warning."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.first:
+            torch.cuda.set_sync_debug_mode("warn")
+        if trainer.global_step == self.last:
+            torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_host_waits_for_logged_values_once_per_read_not_every_step(tmp_path):
+    """A tiny module on the GPU with two prog_bar values and a row every step, its batches already
+    on the device (no copy to sync on), 60 steady steps counted: eagerly the host waits for the GPU
+    at least once a step; deferred, reading every 10 steps, at most once per 10 steps (one more at
+    the window's edge); the logger's file is the eager one."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from fastloop.measure.sync_site import SYNC_WARNING, warnings_with_stacks
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(640, 16, generator=g).cuda(), torch.randint(0, 4, (640,), generator=g).cuda()
+    first, last, every = 10, 70, 10
+
+    def syncs(tag: str, spec: str | None) -> int:
+        torch.manual_seed(0)
+        trainer = Trainer(
+            max_epochs=1,
+            accelerator="gpu",
+            devices=1,
+            logger=CSVLogger(str(tmp_path), name=tag, version=0),
+            log_every_n_steps=1,
+            limit_val_batches=0,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            callbacks=[SyncsInSteadySteps(first, last), *callbacks(spec)],
+        )
+        try:
+            with warnings_with_stacks() as seen:
+                trainer.fit(OnDevice(), DataLoader(TensorDataset(x, y), batch_size=8))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return sum(SYNC_WARNING in str(w.message) for w, _ in seen)
+
+    eager = syncs("eager", None)
+    deferred = syncs("deferred", f"deferred_logging:{every}:seconds=none")
+    steps = last - first
+    assert eager >= steps, f"eager: {eager} syncs in {steps} steps"
+    assert deferred <= steps // every + 1, f"deferred: {deferred} syncs in {steps} steps (eager: {eager})"
+    assert _csv(tmp_path, "deferred") == _csv(tmp_path, "eager")

@@ -57,6 +57,7 @@ class _Kept:
     shown: dict[str, Any] = field(default_factory=dict)
     """The progress bar's values computed since the last read (tensors, the latest per name)."""
     reads: int = 0
+    """Host transfers so far (one per device and dtype of a read)."""
     steps: int = 0
 
 
@@ -84,7 +85,7 @@ class DeferredReads:
         if not self.trainer.loggers or not metrics:
             return
         lp.logged_values(self).update(metrics)
-        if any(isinstance(v, torch.Tensor) and v.numel() != 1 for v in metrics.values()):
+        if any(isinstance(v, torch.Tensor) and not _one_element(v) for v in metrics.values()):
             _convert_tensors_to_scalars(metrics)  # raises Lightning's error, at the step that logged it
         trainer = self.trainer
         self._kept.rows.append(_Row(keep(metrics), step, trainer.current_epoch, lp.batches_that_stepped(trainer)))
@@ -114,8 +115,9 @@ class DeferredReads:
         kept.cadence.restart()
         if not rows and not shown:
             return
-        *written, numbers = read_to_host([r.values for r in rows] + [shown])
-        kept.reads += 1
+        values = [r.values for r in rows] + [shown]
+        kept.reads += len({(v.device, v.dtype) for row in values for v in row.values() if _one_element(v)})
+        *written, numbers = read_to_host(values)
         lp.progress_bar_values(self).update(numbers)
         for row, values in zip(rows, written):
             self._write(row, values)
@@ -134,6 +136,10 @@ class DeferredReads:
         for logger in self.trainer.loggers:
             logger.log_metrics(metrics=scalars, step=step)
             logger.save()
+
+
+def _one_element(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1
 
 
 def _convert_tensors_to_scalars(values: dict) -> dict:
