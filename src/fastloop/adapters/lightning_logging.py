@@ -31,7 +31,15 @@ from typing import Any
 import torch
 
 from fastloop._compat import Trainer
-from fastloop.adapters import _lightning_private as lp
+from fastloop.adapters._lightning_private import (
+    at_epoch_level,
+    batches_that_stepped,
+    logged_values,
+    logger_connector,
+    progress_bar_values,
+    progress_bar_values_as_tensors,
+    swap_logger_connector,
+)
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.speedups.base import Skip
 from fastloop.speedups.deferred_logging import Cadence, keep, read_to_host
@@ -70,7 +78,7 @@ class DeferredReads:
 
     @property
     def metrics(self) -> Any:
-        with lp.progress_bar_values_as_tensors():
+        with progress_bar_values_as_tensors():
             out = super().metrics  # type: ignore[misc]
         self._kept.shown.update(out["pbar"])  # read at the next read, not now
         return {**out, "pbar": {}}
@@ -84,11 +92,11 @@ class DeferredReads:
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         if not self.trainer.loggers or not metrics:
             return
-        lp.logged_values(self).update(metrics)
+        logged_values(self).update(metrics)
         if any(isinstance(v, torch.Tensor) and not _one_element(v) for v in metrics.values()):
             _convert_tensors_to_scalars(metrics)  # raises Lightning's error, at the step that logged it
         trainer = self.trainer
-        self._kept.rows.append(_Row(keep(metrics), step, trainer.current_epoch, lp.batches_that_stepped(trainer)))
+        self._kept.rows.append(_Row(keep(metrics), step, trainer.current_epoch, batches_that_stepped(trainer)))
         self._read_if_due()
 
     def on_batch_end(self) -> None:
@@ -103,7 +111,7 @@ class DeferredReads:
 
     def _read_if_due(self) -> None:
         # at an epoch's end a read costs one per epoch, and the bar and the logger show the epoch at once
-        if lp.at_epoch_level(self) or self._kept.cadence.due():
+        if at_epoch_level(self) or self._kept.cadence.due():
             self.read_now()
 
     def read_now(self) -> None:
@@ -118,7 +126,7 @@ class DeferredReads:
         values = [r.values for r in rows] + [shown]
         kept.reads += len({(v.device, v.dtype) for row in values for v in row.values() if _one_element(v)})
         *written, numbers = read_to_host(values)
-        lp.progress_bar_values(self).update(numbers)
+        progress_bar_values(self).update(numbers)
         for row, values in zip(rows, written):
             self._write(row, values)
 
@@ -160,11 +168,11 @@ def defer_logged_reads(trainer: Trainer, cadence: Cadence, undo: list, stats: di
     nothing to defer."""
     if trainer.barebones:
         raise Skip("Trainer(barebones=True) logs nothing: there is no read to defer")
-    connector = lp.logger_connector(trainer)
+    connector = logger_connector(trainer)
     if isinstance(connector, DeferredReads):
         raise Skip("this Trainer's logged values are deferred already (another deferred_logging callback)")
     connector._kept = _Kept(cadence)
-    restore = lp.swap_logger_connector(trainer, DeferredReads)
+    restore = swap_logger_connector(trainer, DeferredReads)
     deferred: DeferredReads = connector
 
     def put_back() -> None:
