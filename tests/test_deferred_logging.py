@@ -490,3 +490,23 @@ def test_on_cuda_the_host_waits_for_logged_values_once_per_read_not_every_step(t
     assert eager >= steps, f"eager: {eager} syncs in {steps} steps"
     assert deferred <= steps // every + 1, f"deferred: {deferred} syncs in {steps} steps (eager: {eager})"
     assert _csv(tmp_path, "deferred") == _csv(tmp_path, "eager")
+
+
+@pytest.mark.slow
+def test_values_reduced_across_processes_are_written_as_eagerly(tmp_path):
+    """Two CPU processes (gloo) logging with sync_dist=True, on_step and on_epoch, mean and max:
+    rank 0's CSVLogger file with deferred reads is the eager one byte for byte (the reductions are
+    Lightning's own, at the same moments; only the reads wait)."""
+    import subprocess
+
+    files = []
+    for tag, spec in (("eager", []), ("deferred", ["deferred_logging:3:seconds=none"])):
+        proc = subprocess.run(
+            [sys.executable, "tests/ddp_logging.py", str(tmp_path / tag), *spec],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        files.append((tmp_path / tag / "run" / "version_0" / "metrics.csv").read_text())
+    assert files[0] == files[1] and len(files[0].splitlines()) > 2 * 8
