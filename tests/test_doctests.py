@@ -26,6 +26,7 @@ MODULES = [
     "fastloop.speedups.cudnn_benchmark",
     "fastloop.speedups.workers",
     "fastloop.speedups.deferred_logging",
+    "fastloop.adapters.lightning_logging",
     "fastloop.streams",
     "fastloop.drivers.run_document",
     "fastloop.adapters.step_source",

@@ -127,8 +127,8 @@ class DeferredReads:
         kept.reads += len({(v.device, v.dtype) for row in values for v in row.values() if _one_element(v)})
         *written, numbers = read_to_host(values)
         progress_bar_values(self).update(numbers)
-        for row, values in zip(rows, written):
-            self._write(row, values)
+        for row, scalars in zip(rows, written):
+            self._write(row, scalars)
 
     def _write(self, row: _Row, scalars: dict) -> None:
         """What Lightning's ``log_metrics`` does once the values are numbers, with the step and epoch
@@ -165,7 +165,20 @@ def defer_logged_reads(trainer: Trainer, cadence: Cadence, undo: list, stats: di
     ``undo`` gets what puts the connector and the Trainer back (after a last read), which also puts
     in ``stats`` how many reads there were (``deferred_logging_reads``) in how many steps
     (``deferred_logging_steps``). Raises :class:`~fastloop.speedups.base.Skip` where there is
-    nothing to defer."""
+    nothing to defer.
+
+    Example:
+        >>> from fastloop._compat import Trainer
+        >>> from fastloop.adapters._lightning_private import logger_connector
+        >>> trainer, undo, stats = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False), [], {}
+        >>> deferred = defer_logged_reads(trainer, Cadence(every=10, seconds=None), undo, stats)
+        >>> deferred is logger_connector(trainer), type(deferred).__name__
+        (True, 'DeferredReads_LoggerConnector')
+        >>> while undo:
+        ...     undo.pop()()
+        >>> type(logger_connector(trainer)).__name__, stats
+        ('_LoggerConnector', {'deferred_logging_reads': 0, 'deferred_logging_steps': 0})
+    """
     if trainer.barebones:
         raise Skip("Trainer(barebones=True) logs nothing: there is no read to defer")
     connector = logger_connector(trainer)

@@ -3,9 +3,9 @@
 Lightning reads every ``self.log(..., prog_bar=True)`` value to the host after each training step
 (``.item()`` in its logger connector, whether a progress bar is shown or not) and every logged value
 at each ``log_every_n_steps``; on CUDA each read waits for the GPU, which then idles while the host
-builds the next step. With this speedup the values stay on the device and are read at most every
-``every`` steps or ``seconds`` seconds (whichever comes first), all of them in one transfer per
-device and dtype. The logger receives every row Lightning would have written, with the same values
+builds the next step. With this speedup the values stay on the device and are read once ``every``
+steps or ``seconds`` seconds have passed since the last read (whichever comes first), all of them in
+one transfer per device and dtype. The logger receives every row Lightning would have written, with the same values
 at the same steps, only later; the progress bar is at most that late; what callbacks read
 (``trainer.callback_metrics``: ``ModelCheckpoint(monitor=...)``, ``EarlyStopping``,
 ``ReduceLROnPlateau``) is the current tensors, as without it.
@@ -108,8 +108,6 @@ class Cadence:
         self.every, self.seconds, self._clock = every, seconds, clock
         self.steps = 0
         """Steps since the last read."""
-        self.reads = 0
-        """Reads so far (each one transfer per device and dtype)."""
         self._since = clock()
 
     def step(self) -> None:
@@ -125,18 +123,19 @@ class Cadence:
     def restart(self) -> None:
         """The values were just read: count from here."""
         self.steps, self._since = 0, self._clock()
-        self.reads += 1
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeferredLoggingOptions(Options):
+    """Options of ``deferred_logging``: when the kept values are read (the :class:`Cadence`)."""
+
     speedup = "deferred_logging"
     every: int | None = option(
-        100, "read the logged values at most every N steps (training or validation batches); none: by time", low=1
+        100, "read the logged values once N steps (training or validation batches) passed; none: by time alone", low=1
     )
     seconds: float | None = option(
         0.5,
-        "or once this many seconds passed since the last read, whichever first; none: by steps",
+        "or once this many seconds passed since the last read, whichever comes first; none: by steps alone",
         low=0.0,
         low_open=True,
         high=3600.0,
