@@ -57,7 +57,11 @@ class Logs(LightningModule):
         self.log("val_step_loss", loss, on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 3), "interval": "step"},
+        }
 
 
 def _loader(n: int, seed: int) -> DataLoader:
@@ -106,12 +110,15 @@ def _numbers(metrics: dict) -> dict:
 )
 def test_the_logger_writes_what_eager_logging_writes_byte_for_byte(tmp_path, log_every, spec):
     """The CSVLogger's file of a deferred fit equals the eager fit's byte for byte (the same rows,
-    values and steps: the values are read from the same tensors, only later; no tolerance), with the
-    progress bar on and a sanity check; after the fit the bar's, the logger's and the callbacks'
+    values and steps in the same order, with LearningRateMonitor's rows, which it gives the logger
+    itself, among them: the values are read from the same tensors, only later; no tolerance), with
+    the progress bar on and a sanity check; after the fit the bar's, the logger's and the callbacks'
     values are the eager fit's."""
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
     common = dict(log_every_n_steps=log_every, enable_progress_bar=True, num_sanity_val_steps=2)
-    eager = _fit(tmp_path, "eager", None, **common)
-    deferred = _fit(tmp_path, "deferred", spec, **common)
+    eager = _fit(tmp_path, "eager", None, callbacks=[LearningRateMonitor("step")], **common)
+    deferred = _fit(tmp_path, "deferred", spec, callbacks=[LearningRateMonitor("step")], **common)
     assert [r.status for r in records_of(deferred)] == ["applied"]
     assert _csv(tmp_path, "deferred") == _csv(tmp_path, "eager")
     assert len(_csv(tmp_path, "eager").splitlines()) > 2 * STEPS_PER_EPOCH // log_every

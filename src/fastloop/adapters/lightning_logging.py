@@ -49,13 +49,16 @@ __all__ = ["DeferredReads", "defer_logged_reads"]
 
 @dataclass
 class _Row:
-    """A row Lightning would have written now: its values kept on the device, and what decides
-    its step (the ``step`` given, else a logged ``step`` value, else the training step now)."""
+    """A row that would have been written now: its values kept on the device, and what decides its
+    step (the ``step`` given, else a logged ``step`` value, else the training step now). ``to``: the
+    one logger a callback gave it to (``LearningRateMonitor`` writes to its loggers itself); None:
+    the connector's, for every logger."""
 
     values: dict[str, Any]
     step: int | None
-    epoch: int
-    stepped: int
+    epoch: int = 0
+    stepped: int = 0
+    to: Any = None
 
 
 @dataclass
@@ -67,6 +70,8 @@ class _Kept:
     reads: int = 0
     """Host transfers so far (one per device and dtype of a read)."""
     steps: int = 0
+    writers: dict[int, Callable[..., Any]] = field(default_factory=dict)
+    """Each logger's own ``log_metrics`` (by ``id``), which the kept rows are written with."""
 
 
 class DeferredReads:
@@ -134,6 +139,9 @@ class DeferredReads:
         """What Lightning's ``log_metrics`` does once the values are numbers, with the step and epoch
         of the moment it was called."""
         step = row.step
+        if row.to is not None:  # as the callback gave it
+            self._kept.writers[id(row.to)](scalars, step=step)
+            return
         if step is None:
             logged_step = scalars.pop("step", None)
             if logged_step is not None:
@@ -142,7 +150,7 @@ class DeferredReads:
                 scalars.setdefault("epoch", row.epoch)
                 step = row.stepped
         for logger in self.trainer.loggers:
-            logger.log_metrics(metrics=scalars, step=step)
+            self._kept.writers.get(id(logger), logger.log_metrics)(metrics=scalars, step=step)
             logger.save()
 
 
@@ -205,4 +213,18 @@ def defer_logged_reads(trainer: Trainer, cadence: Cadence, undo: list, stats: di
         return original(*args, **kwargs)
 
     patch_attr(trainer, "save_checkpoint", save_checkpoint, undo)
+    for logger in trainer.loggers:  # rows a callback gives a logger itself keep their place among the kept ones
+        _keep_in_order(deferred, logger, undo)
     return deferred
+
+
+def _keep_in_order(deferred: DeferredReads, logger: Any, undo: list) -> None:
+    """``logger.log_metrics`` keeps its row with the connector's until the next read (the file's
+    rows stay in the order eager logging writes them), for this fit."""
+    kept = deferred._kept
+    kept.writers[id(logger)] = logger.log_metrics
+
+    def log_metrics(metrics: dict, step: int | None = None) -> None:
+        kept.rows.append(_Row(keep(metrics), step, to=logger))
+
+    patch_attr(logger, "log_metrics", log_metrics, undo)
