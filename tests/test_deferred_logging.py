@@ -6,6 +6,8 @@ row; after the fit the Trainer is as it was."""
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import math
 import sys
@@ -517,3 +519,20 @@ def test_values_reduced_across_processes_are_written_as_eagerly(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         files.append((tmp_path / tag / "run" / "version_0" / "metrics.csv").read_text())
     assert files[0] == files[1] and len(files[0].splitlines()) > 2 * 8
+
+
+def test_with_the_whole_step_graphed_the_replays_values_are_written(tmp_path, monkeypatch):
+    """cuda_graph's whole-step graph (on the CPU stand-in of tests/graph_standin.py) writes the
+    logged values into the same tensors at every replay, and re-logs them: the rows read late are
+    each step's own, the file the one of cuda_graph with eager logging."""
+    from tests import graph_standin
+
+    graph_standin.install(monkeypatch)
+    graphed = _fit(tmp_path, "eager", "cuda_graph", build=OnDevice, log_every_n_steps=1)
+    _fit(tmp_path, "deferred", "cuda_graph,deferred_logging:5:seconds=none", build=OnDevice, log_every_n_steps=1)
+    rec = {r.name: r for r in records_of(graphed)}["cuda_graph"]
+    assert rec.status == "applied" and "whole step" in rec.detail, rec
+    assert _csv(tmp_path, "deferred") == _csv(tmp_path, "eager")
+    rows = csv.DictReader(io.StringIO(_csv(tmp_path, "eager")))
+    losses = [row["loss"] for row in rows if row["loss"]]
+    assert len(set(losses)) == len(losses) == 2 * STEPS_PER_EPOCH, losses  # each step's own value
