@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastloop._compat import Trainer
+from fastloop._compat import Trainer, pl
 
 __all__ = [
     "LOGGER_CONNECTOR_OVERRIDES",
@@ -131,8 +131,9 @@ def on_a_failed_rank(leave: Any, grace_s: float = 10.0) -> Any:
 # --- the logger connector, for deferred_logging (fastloop/adapters/lightning_logging.py) ---
 # Why, for all of these: Lightning reads logged values to the host (.item()) inside its private
 # logger connector, after every step for prog_bar values, and offers no public way to read them
-# later (Lightning issue 20995 asks how to avoid the prog_bar sync; no answer). The public route
-# is for the user to log without prog_bar=True and with a large log_every_n_steps.
+# later (Lightning issue 20995 asks for a recipe to avoid the sync; 21232, open, proposes skipping
+# the conversion when no progress bar is shown). The public route is for the user to log without
+# prog_bar=True and with a large log_every_n_steps.
 
 LOGGER_CONNECTOR_OVERRIDES: dict[str, str] = {
     "metrics": "property",
@@ -195,8 +196,6 @@ def batches_that_stepped(trainer: Trainer) -> int:
 
 
 def _result_module() -> Any:
-    from fastloop._compat import pl
-
     return importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.result")
 
 
