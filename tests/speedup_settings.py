@@ -18,7 +18,8 @@ class Parity:
     rtol: float
     cpu: bool
     plain_loop: bool = True
-    """False where the speedup exists only in the run driver (the batch-size search)."""
+    """False where the speedup exists only in the run driver (the batch-size search) or only under
+    Lightning (deferred_logging: the plain loop has no logging to defer)."""
     slow: bool = False
     """Marks the CPU parity run slow (compile: tens of seconds per process on a CPU)."""
     option: str = ""
@@ -47,4 +48,7 @@ PARITY: dict[str, Parity] = {
     "fused_loss": Parity(MLP, 0.0, cpu=False),
     "gpu_augment": Parity("tests/targets.py:augmented_images", 0.0, cpu=False),  # the same seeded draws
     "pad_buckets": Parity("tests/targets.py:masked_text", 1e-5, cpu=True),  # the padding is masked
+    # the values are read later, the training is the same; the plain loop has no logging (it skips:
+    # tests/test_deferred_logging.py)
+    "deferred_logging": Parity(MLP, 0.0, cpu=True, plain_loop=False),
 }

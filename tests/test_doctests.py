@@ -25,6 +25,8 @@ MODULES = [
     "fastloop.cuda_env",
     "fastloop.speedups.cudnn_benchmark",
     "fastloop.speedups.workers",
+    "fastloop.speedups.deferred_logging",
+    "fastloop.adapters.lightning_logging",
     "fastloop.streams",
     "fastloop.drivers.run_document",
     "fastloop.adapters.step_source",

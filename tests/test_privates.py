@@ -178,3 +178,77 @@ def test_dynamos_recompile_limit_is_read():
     limit, dynamic = tp.recompile_limit()
     assert limit == getattr(config, "recompile_limit", getattr(config, "cache_size_limit", None)) and limit >= 1
     assert dynamic is config.automatic_dynamic_shapes
+
+
+def test_lightning_logger_connector_privates_of_deferred_logging():
+    """What deferred_logging overrides in Lightning's logger connector (their kinds), the names it
+    reads there, and the one name of Lightning's result module it swaps while ``metrics`` runs."""
+    import importlib
+    import inspect
+
+    from fastloop._compat import Callback, pl
+    from tests.targets import Classifier
+
+    connector_cls = importlib.import_module(
+        f"{pl.__name__}.trainer.connectors.logger_connector.logger_connector"
+    )._LoggerConnector
+    for name, kind in lp.LOGGER_CONNECTOR_OVERRIDES.items():
+        member = inspect.getattr_static(connector_cls, name, None)
+        ok = isinstance(member, property) if kind == "property" else inspect.isfunction(member)
+        assert ok, f"_LoggerConnector.{name} is no longer a {kind}: update fastloop/adapters/lightning_logging.py"
+    assert list(inspect.signature(connector_cls.log_metrics).parameters) == ["self", "metrics", "step"]
+    result = lp._result_module()
+    assert "convert_tensors_to_scalars" in result._ResultCollection.metrics.__code__.co_names, (
+        "_ResultCollection.metrics no longer converts the progress bar's values through the module's "
+        "convert_tensors_to_scalars: update fastloop/adapters/_lightning_private.progress_bar_values_as_tensors"
+    )
+
+    class Shown(Classifier):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("shown", out["loss"], prog_bar=True)
+            return out
+
+    seen: dict = {"stepped": [], "in_batch": [], "at_end": []}
+
+    class Probe(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            connector = lp.logger_connector(trainer)
+            seen["stepped"].append(lp.batches_that_stepped(trainer))
+            seen["in_batch"].append(lp.at_epoch_level(connector))
+            with lp.progress_bar_values_as_tensors():
+                seen["kept"] = connector.metrics["pbar"]["shown"]
+            seen["read"] = connector.metrics["pbar"]["shown"]
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen["at_end"].append(lp.at_epoch_level(lp.logger_connector(trainer)))
+
+    torch.manual_seed(0)
+    trainer = Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Probe()],
+        accelerator="cpu",
+    )
+    connector = lp.logger_connector(trainer)
+    restore = lp.swap_logger_connector(trainer, type("Mixin", (), {}))
+    assert type(connector).__name__ == "Mixin_LoggerConnector" and isinstance(connector, connector_cls)
+    restore()
+    assert type(connector) is connector_cls and trainer._logger_connector is connector
+    trainer.fit(Shown(), train_dataloaders=_loader_of_16())
+    assert torch.is_tensor(seen["kept"]) and isinstance(seen["read"], float), "the progress bar's values changed"
+    assert result.convert_tensors_to_scalars.__name__ == "convert_tensors_to_scalars"  # put back
+    assert seen["stepped"] == [0, 1, 2], "fit_loop.epoch_loop._batches_that_stepped changed"
+    assert seen["in_batch"] == [False] * 3 and seen["at_end"] == [True], "_LoggerConnector._first_loop_iter changed"
+    assert lp.progress_bar_values(connector) is trainer.progress_bar_metrics, "_progress_bar_metrics changed"
+    assert lp.logged_values(connector) is trainer.logged_metrics, "_logged_metrics changed"
+
+
+def _loader_of_16():
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(
+        TensorDataset(torch.randn(48, 16, generator=g), torch.randint(0, 4, (48,), generator=g)), batch_size=16
+    )

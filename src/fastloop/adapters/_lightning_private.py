@@ -6,19 +6,30 @@ Supported: lightning 2.5 and 2.6 (``pyproject.toml``), also as ``pytorch_lightni
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastloop._compat import Trainer
+from fastloop._compat import Trainer, pl
 
 __all__ = [
+    "LOGGER_CONNECTOR_OVERRIDES",
+    "at_epoch_level",
+    "batches_that_stepped",
     "closure_result",
     "current_hook",
     "ddp_kwargs",
+    "logged_values",
+    "logger_connector",
     "on_a_failed_rank",
     "peek_closure_result",
+    "progress_bar_values",
+    "progress_bar_values_as_tensors",
     "set_current_hook",
     "set_train_source",
+    "swap_logger_connector",
     "train_source",
 ]
 
@@ -115,3 +126,89 @@ def on_a_failed_rank(leave: Any, grace_s: float = 10.0) -> Any:
 
     cls._terminate_all = terminate_all
     return lambda: setattr(cls, "_terminate_all", original)
+
+
+# --- the logger connector, for deferred_logging (fastloop/adapters/lightning_logging.py) ---
+# Why, for all of these: Lightning reads logged values to the host (.item()) inside its private
+# logger connector, after every step for prog_bar values, and offers no public way to read them
+# later (Lightning issue 20995 asks for a recipe to avoid the sync; 21232, open, proposes skipping
+# the conversion when no progress bar is shown). The public route is for the user to log without
+# prog_bar=True and with a large log_every_n_steps.
+
+LOGGER_CONNECTOR_OVERRIDES: dict[str, str] = {
+    "metrics": "property",
+    "progress_bar_metrics": "property",
+    "log_metrics": "method",
+    "on_batch_end": "method",
+    "reset_metrics": "method",
+}
+"""The members of Lightning's ``_LoggerConnector`` that deferred logging's connector overrides
+(calling Lightning's own through ``super()``), with their kind."""
+
+_SWAPPED: dict[tuple[type, type], type] = {}
+
+
+def logger_connector(trainer: Trainer) -> Any:
+    """The Trainer's logger connector (``trainer._logger_connector``, a ``_LoggerConnector``)."""
+    return trainer._logger_connector
+
+
+def swap_logger_connector(trainer: Trainer, mixin: type) -> Callable[[], None]:
+    """Make the Trainer's logger connector an instance of a subclass of its own class with ``mixin``
+    first (its ``__class__`` changed in place, so the Trainer, its loops and its progress bar keep
+    the object they hold); returns the undo. Why a class: two of the members overridden
+    (:data:`LOGGER_CONNECTOR_OVERRIDES`) are properties, which an instance attribute cannot shadow."""
+    connector = logger_connector(trainer)
+    original = type(connector)
+    key = (mixin, original)
+    if key not in _SWAPPED:
+        _SWAPPED[key] = type(f"{mixin.__name__}{original.__name__}", (mixin, original), {})
+    swapped = _SWAPPED[key]
+    connector.__class__ = swapped
+
+    def undo() -> None:
+        if type(connector) is swapped:
+            connector.__class__ = original
+
+    return undo
+
+
+def progress_bar_values(connector: Any) -> dict:
+    """The numbers the progress bar shows (``connector._progress_bar_metrics``, the dict itself)."""
+    return connector._progress_bar_metrics
+
+
+def logged_values(connector: Any) -> dict:
+    """What ``trainer.logged_metrics`` holds (``connector._logged_metrics``, the dict itself)."""
+    return connector._logged_metrics
+
+
+def at_epoch_level(connector: Any) -> bool:
+    """True outside the batches of a loop, at an epoch's start or end (``connector._first_loop_iter
+    is None``): there Lightning computes the epoch's values, once per epoch."""
+    return connector._first_loop_iter is None
+
+
+def batches_that_stepped(trainer: Trainer) -> int:
+    """The step Lightning logs a training row at (``trainer.fit_loop.epoch_loop._batches_that_stepped``,
+    what ``_LoggerConnector.log_metrics`` reads when it is given no step)."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def _result_module() -> Any:
+    return importlib.import_module(f"{pl.__name__}.trainer.connectors.logger_connector.result")
+
+
+@contextlib.contextmanager
+def progress_bar_values_as_tensors() -> Iterator[None]:
+    """While inside, ``_ResultCollection.metrics`` leaves its progress-bar values as tensors instead
+    of reading each to the host: the name ``convert_tensors_to_scalars`` in Lightning's ``result``
+    module, which ``metrics`` calls for those values and nothing else, is the identity until exit
+    (a name of the module, for the length of one call: a Trainer's loops run in one thread)."""
+    result = _result_module()
+    original = result.convert_tensors_to_scalars
+    result.convert_tensors_to_scalars = lambda value: value
+    try:
+        yield
+    finally:
+        result.convert_tensors_to_scalars = original

@@ -35,9 +35,11 @@ from fastloop.adapters.lightning_changes import (
     trainer_precision_conflict,
 )
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
+from fastloop.adapters.lightning_logging import defer_logged_reads
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
 from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
+from fastloop.speedups.deferred_logging import Cadence
 from fastloop.speedups.run import Run, eval_loss
 
 __all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
@@ -247,6 +249,11 @@ class LightningRun(Run):
         held = contextlib.ExitStack()  # from setup until teardown (or until it did not apply)
         held.enter_context(context())
         self.undo.append(held.close)
+
+    def defer_logging(self, every: int | None, seconds: float | None) -> None:
+        """The Trainer's logger connector reads logged values late, all at once
+        (:mod:`fastloop.adapters.lightning_logging`); put back, after a last read, at teardown."""
+        defer_logged_reads(self.trainer, Cadence(every, seconds), self.undo, self.ctx.stats)
 
     def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
         assert self.speedup is not None

@@ -148,6 +148,12 @@ class LoopRun(Run):
         self.held.append(context)
         self.ctx.undo.append(lambda: self.held.remove(context))  # if the speedup then does not apply
 
+    def defer_logging(self, every: int | None, seconds: float | None) -> None:
+        raise Skip(
+            "the plain loop has no logging to defer: FastLoop keeps the step's losses on the device and reads "
+            "them once, at the end"
+        )
+
     def prepare(self, batch: Any, device: torch.device) -> Any:
         """The batch as the step sees it: on the device, then each speedup's transform."""
         if not self.on_device:

@@ -30,6 +30,7 @@ from fastloop.speedups.cuda_graph import CudaGraph
 from fastloop.speedups.cudnn_benchmark import CudnnBenchmark
 from fastloop.speedups.dali import Dali
 from fastloop.speedups.ddp_comm import DDPComm
+from fastloop.speedups.deferred_logging import DeferredLogging
 from fastloop.speedups.fp8 import FP8
 from fastloop.speedups.fused_loss import FusedLoss
 from fastloop.speedups.fused_optimizer import FusedOptimizer
@@ -56,6 +57,7 @@ __all__ = [
     "CudaGraph",
     "CudnnBenchmark",
     "DDPComm",
+    "DeferredLogging",
     "Dali",
     "Fallback",
     "FusedLoss",

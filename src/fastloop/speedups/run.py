@@ -144,6 +144,12 @@ class Run:
         nothing (the model's mode and the random state are put back)."""
         raise self._cannot("compute a batch's loss outside the step")
 
+    def defer_logging(self, every: int | None, seconds: float | None) -> None:
+        """Keep what the step logs on the device and read it to the host at most every ``every``
+        steps or ``seconds`` seconds, whichever first (a :class:`~fastloop.speedups.deferred_logging.Cadence`),
+        in one transfer, instead of after each step: every value still reaches the logger, at its step."""
+        raise self._cannot("defer the reads of logged values")
+
     def hold(self, context: Callable[[], AbstractContextManager]) -> None:
         """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""
         raise self._cannot("hold a context while it trains")
