@@ -300,12 +300,22 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
 
 
 def build_target(
-    spec: str, **kwargs: Any
+    spec: str, *, optional: dict[str, Any] | None = None, **kwargs: Any
 ) -> tuple[LightningModule, LightningDataModule | DataLoader | None, dict[str, Any]]:
     """Call the target and check what it returned: ``(module, data, trainer_kwargs)`` (data None:
     the module's own ``train_dataloader()``; ``trainer_kwargs`` the user's Trainer settings, ``{}``
-    when the target returned two elements)."""
+    when the target returned two elements). ``optional``: keyword arguments passed only where the
+    target's function takes them (a fit's ``seed``)."""
     fn = load_target(spec)
+    if optional:
+        import inspect
+
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin or C function: no signature to read
+            params = {}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        kwargs = {**{k: v for k, v in optional.items() if takes_any or k in params}, **kwargs}
     try:
         out = fn(**kwargs)
     except TypeError as err:
