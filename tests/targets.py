@@ -887,3 +887,67 @@ def augmented_images(batch_size: int = 16, seed: int = 0):
             generator=torch.Generator().manual_seed(seed),
         ),
     )
+
+
+# --- targets for `fastloop fit`: validation, checkpoints, a progress bar, as a plain Trainer has them ---
+class ValidatedClassifier(Classifier):
+    """The Classifier with a validation loop that logs a loss and an accuracy to the progress bar."""
+
+    def __init__(self, fail_in_validation: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_in_validation = fail_in_validation
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        if self.fail_in_validation and not self.trainer.sanity_checking:
+            raise ValueError("validation labels out of range in my_metric")
+        self.log("val_loss", torch.nn.functional.cross_entropy(logits, y), prog_bar=True)
+        self.log("val_acc", (logits.argmax(1) == y).float().mean(), prog_bar=True)
+
+
+class SplitData(LightningDataModule):
+    """384 samples of one linear task: 256 to train on (a share of their labels made random when
+    ``label_noise`` > 0), 128 held out; each epoch reshuffled by the seed's generator."""
+
+    def __init__(self, batch_size: int = 16, seed: int = 0, label_noise: float = 0.0) -> None:
+        super().__init__()
+        data = _data(False, 384, seed=0)
+        x, y = data.tensors
+        y = y.clone()
+        g = torch.Generator().manual_seed(seed + 7)
+        noisy = torch.rand(256, generator=g) < label_noise
+        y[:256][noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=g)
+        self.train, self.val = TensorDataset(x[:256], y[:256]), TensorDataset(x[256:], y[256:])
+        self.batch_size, self.seed = batch_size, seed
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, generator=g)
+
+    def val_dataloader(self):
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+def fit_tiny(
+    batch_size: int = 16,
+    seed: int = 0,
+    label_noise: float = 0.0,
+    compile_backend: str = "",
+    fail_in_validation: bool = False,
+    lr: float = 1e-2,
+):
+    """A plain fit: validation every epoch, Lightning's default checkpointing, logger and progress bar."""
+    torch.manual_seed(seed)
+    module = ValidatedClassifier(fail_in_validation=fail_in_validation, batch_size=batch_size, lr=lr)
+    if compile_backend:  # the user's own compile (backend "eager": Dynamo traces, nothing is generated)
+        module.net = torch.compile(module.net, backend=compile_backend)
+    return module, SplitData(batch_size, seed, label_noise), {"log_every_n_steps": 4}
+
+
+def fit_fails_in_validation(seed: int = 0):
+    return fit_tiny(seed=seed, fail_in_validation=True)
+
+
+def fit_compiled(seed: int = 0):
+    return fit_tiny(seed=seed, compile_backend="eager")

@@ -46,11 +46,17 @@ def fit_parts(module: Any, data: Any, trainer_kwargs: dict) -> dict:
 
 
 def _parts_of(doc: dict) -> dict | None:
+    """What a run recorded of its target's fit (``extra.fit_parts``): the run's, a ladder's first
+    rung that has it, an A/B's side A."""
+
+    def parts(config: dict) -> dict | None:
+        return (config.get("extra") or {}).get("fit_parts") or config.get("fit_parts")
+
     if doc.get("kind") == "ladder":
-        return next((r["fit_parts"] for r in doc.get("rungs") or [] if r.get("fit_parts")), None)
+        return next((parts(r) for r in doc.get("rungs") or [] if parts(r)), None)
     if doc.get("kind") == "ab":
-        return (doc.get("a") or {}).get("fit_parts")
-    return doc.get("fit_parts")
+        return parts(doc.get("a") or {})
+    return parts(doc)
 
 
 def _plain_fit(doc: dict, out: str | None) -> tuple[dict, str] | None:

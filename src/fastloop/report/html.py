@@ -190,6 +190,8 @@ def render_html(doc: dict) -> str:
         notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
     if warning_lines(doc):
         notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
+    if (doc.get("fit_share") or {}).get("note"):
+        notes.append(f"<p><b>The whole fit:</b> {e(doc['fit_share']['note'])}</p>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         notes.append(

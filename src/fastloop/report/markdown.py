@@ -155,6 +155,8 @@ def render_markdown(doc: dict) -> str:
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         lines += ["", f"**Diagnosis:** {d['bottleneck']} — {d['evidence']} Next: {d['recommendation']}"]
+    if (doc.get("fit_share") or {}).get("note"):
+        lines += ["", f"**The whole fit:** {doc['fit_share']['note']}"]
     if ranks_lines(doc):
         lines += [""] + [f"- {line}" for line in ranks_lines(doc)]
     warns = [f"- {line}" for line in warning_lines(doc)]
