@@ -121,11 +121,12 @@ def _build(opts: FitOptions) -> tuple[Any, Any, dict, list, list[dict], list, di
     records of those that prepared the run before training, the others' callbacks, their stats)."""
     from fastloop._compat import pl
     from fastloop.adapters.lightning import SpeedupCallback
-    from fastloop.drivers.targets import build_target
+    from fastloop.drivers.targets import build_target, recipe_fit_settings
     from fastloop.speedups.base import RunInputs, resolve
 
     pl.seed_everything(opts.seed, verbose=False)
     module, data, user_trainer = build_target(opts.target, optional={"seed": opts.seed})
+    user_trainer = {**recipe_fit_settings(opts.target), **user_trainer}  # a recipe's cadence, as its script has it
     chosen = resolve(opts.speedups)
     prepared, extra = [], {}
     in_training = [s for s in chosen if not s.prepares_run]

@@ -37,6 +37,7 @@ __all__ = [
     "build_target",
     "check_trainer_kwargs",
     "load_target",
+    "recipe_fit_settings",
     "recipe_rungs",
 ]
 
@@ -134,6 +135,15 @@ def recipe_rungs(name: str | None) -> tuple[list[str] | None, list[str]]:
     module = importlib.import_module(RECIPES[name].partition(":")[0])
     own = getattr(module, "LADDER", None)
     return (list(own) if own else None), list(getattr(module, "EXTRA_RUNGS", []))
+
+
+def recipe_fit_settings(name: str | None) -> dict[str, Any]:
+    """A built-in recipe's Trainer settings for ``fastloop fit`` (``FIT_TRAINER`` in its target
+    module: how often it validates, as its own training script does); {} for any other target."""
+    if name not in RECIPES:
+        return {}
+    module = importlib.import_module(RECIPES[name].partition(":")[0])
+    return dict(getattr(module, "FIT_TRAINER", {}))
 
 
 def load_target(spec: str) -> Callable[..., Any]:
