@@ -951,3 +951,8 @@ def fit_fails_in_validation(seed: int = 0):
 
 def fit_compiled(seed: int = 0):
     return fit_tiny(seed=seed, compile_backend="eager")
+
+
+def fit_noisy(seed: int = 0):
+    """fit_tiny with 80% of its training labels made random: a model that learns worse."""
+    return fit_tiny(seed=seed, label_noise=0.8)

@@ -229,8 +229,9 @@ def fit_here(opts: FitOptions, *, spawned_at: float, root_dir: str) -> tuple[dic
     finally:
         watch.close()
     failed_in = clock.failed_in or (clock.current, clock.seconds())
-    clock.finish(base="other")
+    ended = clock.finish(base="other")
     record = _record(clock, recorder, watch, settings, [c.record.to_dict() for c in speedup_cbs] + prepared)
+    record["record_s"] = ended  # the phases are charged up to here
     record["extra"] = extra
     if error is not None:
         culprit = next((s for s in reversed(chosen) if s.claims(error)), None)
@@ -262,7 +263,6 @@ def _record(clock: Any, recorder: Any, watch: Any, settings: dict, speedups: lis
         "steady_s": recorder.steady_s,
         "speedups": speedups,
         "settings": settings,
-        "record_s": clock.seconds(),
     }
 
 
