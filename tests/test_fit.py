@@ -119,7 +119,11 @@ def test_the_outcome_verdict_says_same_only_inside_the_tolerance():
     same = outcome_verdict("val_acc", [0.80, 0.82, 0.81], [0.81, 0.81, 0.815], tolerance=0.05, higher_better=True)
     assert same["learns_same"] is True and same["verdict"].startswith("B learns the same as A")
     worse = outcome_verdict("val_acc", [0.80, 0.82, 0.81], [0.50, 0.53, 0.52], tolerance=None, higher_better=True)
-    assert worse["learns_same"] is False and "does not learn the same" in worse["verdict"] and ", worse" in worse["verdict"]
+    assert (
+        worse["learns_same"] is False
+        and "does not learn the same" in worse["verdict"]
+        and ", worse" in worse["verdict"]
+    )
     wide = outcome_verdict("val_acc", [0.80, 0.82], [0.70, 0.85], tolerance=0.05, higher_better=True)
     assert wide["learns_same"] is None and wide["verdict"].startswith("not shown to learn the same")
     one = outcome_verdict("val_acc", [0.8], [0.8], tolerance=None, higher_better=True)
@@ -149,7 +153,13 @@ def test_a_model_made_to_learn_worse_does_not_learn_the_same(tmp_path):
     doc = run_ab_fit(base, "none", "prefetch", seeds=3, fit_one=_in_process(tmp_path, "prefetch"))
     assert doc["run_order"] == ["A", "B", "B", "A", "A", "B"]
     acc = next(o for o in doc["outcome"] if o["metric"] == "val_acc")
-    assert acc["learns_same"] is False and "B does not learn the same as A: its val_acc is lower, worse" in acc["verdict"]
+    assert (
+        acc["learns_same"] is False and "B does not learn the same as A: its val_acc is lower, worse" in acc["verdict"]
+    )
     assert "the curves part at validation run" in acc["verdict"]
-    assert [f["settings"]["seed"] for f in doc["fits"]["a"]] == [0, 1, 2] == [f["settings"]["seed"] for f in doc["fits"]["b"]]
+    assert (
+        [f["settings"]["seed"] for f in doc["fits"]["a"]]
+        == [0, 1, 2]
+        == [f["settings"]["seed"] for f in doc["fits"]["b"]]
+    )
     assert doc["verdicts"][0].startswith("whole fit: ") and doc["verdicts"][1].startswith("step only: ")
