@@ -349,14 +349,14 @@ def run_fit_process(opts: FitOptions, speedups: str, root_dir: str, timeout: flo
     """One fit in a fresh interpreter: (its record, None when it wrote none; the outside clock's
     seconds from spawn to exit; its stderr). Raises ConfigurationFailed for bad input (status 2)."""
     from fastloop.drivers.reaper import run_folder
-    from fastloop.drivers.subproc import _plain_run, child_env
+    from fastloop.drivers.subproc import child_env, run_fresh
 
     with run_folder() as tmp:
         record_path, err_path = os.path.join(tmp, "record.json"), os.path.join(tmp, "stderr.txt")
         env = child_env(profile=False)
         spawned_at = time.monotonic()
         cmd = _child_command(opts, speedups, record_path, root_dir, spawned_at)
-        rc = _plain_run(cmd, env, err_path, timeout, speedups)
+        rc = run_fresh(cmd, env, err_path, timeout, speedups)
         wall_s = time.monotonic() - spawned_at
         with open(err_path, errors="replace") as f:
             stderr = f.read()

@@ -24,7 +24,15 @@ from rich.table import Table
 
 from fastloop.report.format import fmt_s
 
-__all__ = ["FIT_KINDS", "fit_figures", "phase_rows", "print_fit", "render_fit_html", "render_fit_markdown"]
+__all__ = [
+    "FIT_KINDS",
+    "fit_figures",
+    "fit_share_lines",
+    "phase_rows",
+    "print_fit",
+    "render_fit_html",
+    "render_fit_markdown",
+]
 
 FIT_KINDS = ("fit", "ab-fit")
 PHASE_ORDER = ("startup", "compile", "train", "validation", "checkpoint", "epoch_edges", "host_syncs", "other")
@@ -38,6 +46,13 @@ PHASE_COLOURS = {
     "host_syncs": "#e6c229",
     "other": "#cccccc",
 }
+
+
+def fit_share_lines(doc: dict) -> list[str]:
+    """The note a ``run``, ``ladder`` or ``ab`` report prints on the share of the fit its step
+    figures cover (``fit_share``, set by the command), as a list of one line or none."""
+    note = (doc.get("fit_share") or {}).get("note")
+    return [note] if note else []
 
 
 def phase_rows(doc: dict) -> list[dict]:

@@ -12,6 +12,7 @@ import html
 import io
 
 from fastloop.compare import loss_line
+from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import rows, selected_line, warning_lines
 
 __all__ = ["render_html"]
@@ -165,7 +166,7 @@ def render_html(doc: dict) -> str:
             for n, b in _plots(doc)
         )
     )
-    notes = []
+    notes = [f"<p><b>The whole fit:</b> {e(note)}</p>" for note in fit_share_lines(doc)]
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
         top += (
@@ -190,8 +191,6 @@ def render_html(doc: dict) -> str:
         notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
     if warning_lines(doc):
         notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
-    if (doc.get("fit_share") or {}).get("note"):
-        notes.append(f"<p><b>The whole fit:</b> {e(doc['fit_share']['note'])}</p>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         notes.append(
