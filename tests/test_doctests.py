@@ -31,6 +31,14 @@ MODULES = [
     "fastloop.measure.sync_site",
     "fastloop.recipes.imagenet.module",
     "fastloop.recipes.imagenet.target",
+    "fastloop.measure.fit_clock",
+    "fastloop.measure.until",
+    "fastloop.drivers.fit",
+    "fastloop.drivers.fit_result",
+    "fastloop.drivers.ab_fit",
+    "fastloop.drivers.fit_share",
+    "fastloop.report.fit",
+    "fastloop.recipes.demo.target",
 ]
 
 

@@ -50,7 +50,7 @@ def time_verdict(name: str, a: list[float | None], b: list[float | None], labels
 
     Example:
         >>> time_verdict("wall", [10.0, 11.0, 10.5], [5.0, 5.4, 5.2], ("A (none)", "B (workers)"))["verdict"]
-        'wall: B (workers) is 2.02x faster than A (none) (97% CI 1.967-2.077)'
+        'wall: B (workers) is 2.02x faster than A (none) (97% CI 1.959-2.080)'
     """
     pairs = [(x, y) for x, y in zip(a, b) if x and y and x > 0 and y > 0]
     if not pairs:

@@ -10,8 +10,8 @@ left out and the command that measures it.
 
 Example:
     >>> doc = {"kind": "run", "target": "demo", "device": "cpu", "fit_parts": {"validates": True, "checkpoints": True}}
-    >>> fit_share(doc, None)["note"][:58]
-    'These step figures leave out what the fit of demo also do'
+    >>> fit_share(doc, None)["note"][:59]
+    'These step figures leave out what the fit of demo also does'
 """
 
 from __future__ import annotations

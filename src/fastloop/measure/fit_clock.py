@@ -16,14 +16,15 @@ On CUDA the clock synchronizes where a phase that must not inherit queued GPU wo
 training step's GPU time is not charged to the validation that follows it.
 
 Example:
-    >>> ticks = iter([0.0, 1.0, 1.5, 1.75, 3.0])
+    >>> ticks = iter([1.0, 1.5, 1.75, 3.0])
     >>> clock = PhaseClock(origin=0.0, now=lambda: next(ticks))
     >>> clock.set_base("train")              # 0-1 s: start-up
     >>> clock.enter("validation")            # 1-1.5 s: training
     >>> clock.leave("validation")            # 1.5-1.75 s: validation
-    >>> clock.finish()                       # 1.75-3 s: training
+    >>> clock.finish()                       # 1.75-3 s: training; the seconds since the origin
+    3.0
     >>> {k: v for k, v in clock.totals.items() if v}
-    {'startup': 1.0, 'train': 2.25, 'validation': 0.25}
+    {'startup': 1.0, 'train': 1.75, 'validation': 0.25}
 """
 
 from __future__ import annotations
