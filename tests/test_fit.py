@@ -74,7 +74,8 @@ def test_a_fit_in_process_accounts_for_its_phases_and_records_its_outcome(tmp_pa
     loss = doc["outcome"]["train_loss"]
     assert len(loss["value"]) == 32 and loss["step"][-1] == 32 and loss["value"][-1] < loss["value"][0]
     s = doc["step_only"]
-    assert 0 < s["steady_steps"] < 32 and 0 < s["median_s"] and 0 < s["covers_frac"] < 1
+    # an epoch's first batch follows its edge, so at most 15 of its 16 ran back to back
+    assert 0 < s["steady_steps"] <= 30 and 0 < s["median_s"] and 0 < s["covers_frac"] < 1
     assert doc["settings"]["left_out"] == {} and "ModelCheckpoint" in doc["settings"]["callbacks"]
 
 

@@ -165,3 +165,28 @@ def test_run_writes_the_fit_share_note_beside_its_figures(tmp_path):
     assert doc["fit_share"]["validates"] and doc["fit_share"]["measured"]
     assert "**The whole fit:** These step figures cover the training steps only" in (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "fit.json").read_text())["kind"] == "fit"  # kept beside the run's report
+
+
+def test_a_diverged_fit_is_named_and_left_out_of_every_verdict():
+    from fastloop.drivers.ab_fit import ab_fit_doc
+    from fastloop.drivers.fit import FitOptions
+
+    runs = {"a": [fit_doc(i) for i in range(3)], "b": [fit_doc(i, 0.7, (0.6, 0.8)) for i in range(3)]}
+    runs["b"][1]["outcome"]["diverged"] = {"step": 40, "why": "the loss was nan"}
+    runs["b"][1]["outcome"]["validation"][-1]["metrics"]["val_acc"] = 0.0
+    doc = ab_fit_doc(FitOptions(target="demo"), "none", "fp16", runs, [], 3, None)
+    assert "B (seed 1) diverged at step 40: the loss was nan; left out of every verdict" in doc["verdicts"]
+    acc = doc["outcome"][0]
+    assert acc["b_final"] == [0.8, 0.8] and acc["a_final"] == [0.8, 0.8]  # seeds 0 and 2 only
+    assert doc["time"]["wall"]["runs"] == 2
+
+
+def test_a_fits_folder_in_out_is_fastloops_only_with_its_mark(tmp_path):
+    from fastloop.errors import FastloopError
+    from fastloop.report.files import check_out_dir
+
+    (tmp_path / "fit_files").mkdir()
+    with pytest.raises(FastloopError, match="already holds files fastloop did not write"):
+        check_out_dir(str(tmp_path))
+    (tmp_path / "fit_files" / ".fastloop-fit").write_text("written by fastloop fit")
+    check_out_dir(str(tmp_path))
