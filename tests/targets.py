@@ -956,3 +956,37 @@ def fit_compiled(seed: int = 0):
 def fit_noisy(seed: int = 0):
     """fit_tiny with 80% of its training labels made random: a model that learns worse."""
     return fit_tiny(seed=seed, label_noise=0.8)
+
+
+def gpt_fit_tiny(seed: int = 0):
+    """The GPT recipe's own module and data, tiny (T=32, B=8, 4 validation windows), validated every
+    10 steps: a CPU fit that reaches a validation loss in seconds."""
+    from fastloop.recipes.gpt.target import make
+
+    module, data = make(preset="tiny", batch_size=8, block_size=32, seed=seed)
+    data.val = type(data.val)(data.val.data, 32, 8, seed + 1)  # 8 held-out windows: one batch
+    return module, data, {"val_check_interval": 10, "limit_val_batches": 1}
+
+
+def fit_mid_validation(seed: int = 0):
+    """fit_tiny validated twice an epoch (every 8 of its 16 batches)."""
+    module, data, trainer = fit_tiny(seed=seed)
+    return module, data, {**trainer, "val_check_interval": 8}
+
+
+class SaveAtEpochEnd(Callback):
+    """The user's own save: ``trainer.save_checkpoint`` at each epoch's end (no ModelCheckpoint)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        trainer.save_checkpoint(f"{self.folder}/epoch{trainer.current_epoch}.ckpt")
+
+
+def fit_saves_itself(seed: int = 0):
+    """fit_tiny without Lightning's checkpointing, saving from a callback of its own."""
+    import tempfile
+
+    module, data, trainer = fit_tiny(seed=seed)
+    return module, data, {**trainer, "enable_checkpointing": False, "callbacks": [SaveAtEpochEnd(tempfile.mkdtemp())]}

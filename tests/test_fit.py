@@ -79,6 +79,18 @@ def test_a_fit_in_process_accounts_for_its_phases_and_records_its_outcome(tmp_pa
     assert doc["settings"]["left_out"] == {} and "ModelCheckpoint" in doc["settings"]["callbacks"]
 
 
+def test_a_step_interrupted_by_a_validation_run_is_not_a_steady_step(tmp_path):
+    doc = _fit(tmp_path, target="tests/targets.py:fit_mid_validation")
+    assert len(doc["outcome"]["validation"]) == 4  # twice an epoch
+    # of an epoch's 16 batches, the first follows its edge and one follows the mid-epoch validation
+    assert doc["step_only"]["steady_steps"] == 2 * 14
+
+
+def test_a_save_from_the_users_own_callback_is_checkpoint_time(tmp_path):
+    doc = _fit(tmp_path, target="tests/targets.py:fit_saves_itself", epochs=1)
+    assert "ModelCheckpoint" not in doc["settings"]["callbacks"] and doc["phases"]["checkpoint"] > 0
+
+
 def test_until_stops_the_fit_at_the_first_validation_run_that_reaches_it(tmp_path):
     doc = _fit(tmp_path, epochs=3, until="val_acc>=0")
     assert len(doc["outcome"]["validation"]) == 1 and doc["outcome"]["reached"]["step"] == 16

@@ -109,11 +109,17 @@ class FitOptions:
 
 
 def _sync(device: str) -> Callable[[], None] | None:
+    """The phase clock's synchronize on CUDA: never while a CUDA graph is being captured (a compile
+    may begin inside a capture; a synchronize there would end the capture with an error)."""
     if device != "cuda":
         return None
     import torch
 
-    return torch.cuda.synchronize
+    def sync() -> None:
+        if not torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+
+    return sync
 
 
 def _build(opts: FitOptions) -> tuple[Any, Any, dict, list, list[dict], list, dict]:
