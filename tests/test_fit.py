@@ -97,6 +97,31 @@ def test_until_stops_the_fit_at_the_first_validation_run_that_reaches_it(tmp_pat
     assert len(doc["outcome"]["train_loss"]["value"]) == 16  # not the 48 batches of 3 epochs
 
 
+@pytest.mark.slow
+def test_the_gpt_recipe_stops_at_its_validation_loss_target(tmp_path):
+    """The recipe's own module and data (tiny, validated every 10 steps); its loss falls from ~5.5."""
+    from fastloop.drivers.targets import recipe_fit_settings
+
+    assert recipe_fit_settings("gpt") == {"val_check_interval": 250}  # what `fastloop fit gpt` validates at
+    doc = _fit(tmp_path, target="tests/targets.py:gpt_fit_tiny", epochs=None, max_steps=200, until="val_loss<=5.2")
+    assert doc["outcome"]["reached"]["step"] <= 50 and len(doc["outcome"]["train_loss"]["value"]) < 200
+    assert doc["outcome"]["validation"][-1]["metrics"]["val_loss"] <= 5.2
+
+
+@pytest.mark.slow
+def test_the_imagenet_recipe_stops_at_its_top1_target(tmp_path, monkeypatch):
+    """The recipe by its short name on a small generated folder (3 classes): the first validation
+    run reaches val_top1>=0, so the 3 epochs asked stop after one."""
+    from fastloop.recipes.imagenet.generate import generate
+
+    root = generate(tmp_path / "img", classes=3, train=8, val=2, workers=2)
+    monkeypatch.setenv("FASTLOOP_IMAGENET_ROOT", str(root))
+    monkeypatch.setenv("FASTLOOP_IMAGENET_BATCH", "4")
+    doc = _fit(tmp_path, target="imagenet", epochs=3, until="val_top1>=0")
+    assert doc["outcome"]["reached"]["validation_run"] == 0 and len(doc["epochs"]) == 1
+    assert {"val_loss", "val_top1", "val_top5"} <= set(doc["outcome"]["validation"][0]["metrics"])
+
+
 def test_a_target_not_reached_ends_with_the_curve_so_far(tmp_path):
     doc = _fit(tmp_path, epochs=None, max_time=1.0, until="val_acc>=2")
     assert doc["outcome"]["reached"] is None and doc["failed"] is None
