@@ -131,7 +131,7 @@ def _build(opts: FitOptions) -> tuple[Any, Any, dict, list, list[dict], list, di
     from fastloop.speedups.base import RunInputs, resolve
 
     pl.seed_everything(opts.seed, verbose=False)
-    module, data, user_trainer = build_target(opts.target, optional={"seed": opts.seed})
+    module, data, user_trainer = build_target(opts.target, optional_kwargs={"seed": opts.seed})
     user_trainer = {**recipe_fit_settings(opts.target), **user_trainer}  # a recipe's cadence, as its script has it
     chosen = resolve(opts.speedups)
     prepared, extra = [], {}

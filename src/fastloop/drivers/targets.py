@@ -310,14 +310,14 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
 
 
 def build_target(
-    spec: str, *, optional: dict[str, Any] | None = None, **kwargs: Any
+    spec: str, *, optional_kwargs: dict[str, Any] | None = None, **kwargs: Any
 ) -> tuple[LightningModule, LightningDataModule | DataLoader | None, dict[str, Any]]:
     """Call the target and check what it returned: ``(module, data, trainer_kwargs)`` (data None:
     the module's own ``train_dataloader()``; ``trainer_kwargs`` the user's Trainer settings, ``{}``
-    when the target returned two elements). ``optional``: keyword arguments passed only where the
+    when the target returned two elements). ``optional_kwargs``: keyword arguments passed only where the
     target's function takes them (a fit's ``seed``)."""
     fn = load_target(spec)
-    if optional:
+    if optional_kwargs:
         import inspect
 
         try:
@@ -325,7 +325,7 @@ def build_target(
         except (TypeError, ValueError):  # a builtin or C function: no signature to read
             params = {}
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        kwargs = {**{k: v for k, v in optional.items() if takes_any or k in params}, **kwargs}
+        kwargs = {**{k: v for k, v in optional_kwargs.items() if takes_any or k in params}, **kwargs}
     try:
         out = fn(**kwargs)
     except TypeError as err:
