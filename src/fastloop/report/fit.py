@@ -237,6 +237,20 @@ def _timeline(runs: list[tuple[str, str, dict]]) -> Any:
     return fig
 
 
+def _style(label: str, k: int, points: bool) -> dict:
+    """A's fits in blues, solid, round markers; B's in oranges, dashed, crosses: where B's curve
+    lies on A's (the same batches, the same result), both stay visible."""
+    import matplotlib
+
+    b = label.startswith("B")
+    shade = 0.45 + 0.5 * ((k % 4) / 4)
+    return {
+        "color": matplotlib.colormaps["Oranges" if b else "Blues"](shade),
+        "linestyle": "--" if b else "-",
+        "marker": ("x" if b else "o") if points else "",
+    }
+
+
 def _curves(runs: list[tuple[str, str, dict]], metric: str) -> Any | None:
     """``metric`` against steps and against seconds, one line a fit (None: no fit has it)."""
     import matplotlib.pyplot as plt
@@ -257,10 +271,10 @@ def _curves(runs: list[tuple[str, str, dict]], metric: str) -> Any | None:
     if not series:
         return None
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(9, 3.2))
-    for label, name, pts in series:
-        marker = "" if metric == "train_loss" else "o"
-        by_step.plot([p[0] for p in pts], [p[2] for p in pts], marker=marker, linewidth=1, label=f"{label}: {name}")
-        by_time.plot([p[1] for p in pts], [p[2] for p in pts], marker=marker, linewidth=1)
+    for k, (label, name, pts) in enumerate(series):
+        style = _style(label, k, metric != "train_loss")
+        by_step.plot([p[0] for p in pts], [p[2] for p in pts], linewidth=1, label=f"{label}: {name}", **style)
+        by_time.plot([p[1] for p in pts], [p[2] for p in pts], linewidth=1, **style)
     by_step.set_xlabel("step")
     by_time.set_xlabel("seconds")
     by_step.set_ylabel(metric)
