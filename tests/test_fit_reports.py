@@ -190,3 +190,23 @@ def test_a_fits_folder_in_out_is_fastloops_only_with_its_mark(tmp_path):
         check_out_dir(str(tmp_path))
     (tmp_path / "fit_files" / ".fastloop-fit").write_text("written by fastloop fit")
     check_out_dir(str(tmp_path))
+
+
+def test_the_time_to_the_target_is_a_verdict_or_says_who_never_reached_it():
+    from fastloop.drivers.ab_fit import ab_fit_doc
+    from fastloop.drivers.fit import FitOptions
+
+    runs = {"a": [fit_doc(i) for i in range(3)], "b": [fit_doc(i, 0.7) for i in range(3)]}
+    for i, fit in enumerate(runs["a"] + runs["b"]):
+        fit["outcome"]["reached"] = {"step": 64, "second": 20.0 + i % 3 if i < 3 else 14.0 + i % 3, "validation_run": 1}
+    base = FitOptions(target="demo", until="val_acc>=0.8")
+    both = ab_fit_doc(base, "none", "workers", runs, [], 3, None)["time"]["to_target"]
+    assert (
+        both["verdict"].startswith("time to val_acc>=0.8: B (workers) is 1.")
+        and "faster than A (none)" in both["verdict"]
+    )
+    for fit in runs["b"]:
+        fit["outcome"]["reached"] = None
+    never = ab_fit_doc(base, "none", "workers", runs, [], 3, None)
+    assert never["time"]["to_target"]["verdict"] == "time to val_acc>=0.8: B never reached it (3 fits a side)"
+    assert never["outcome"][0]["metric"] == "val_acc"  # the --until metric is the outcome's
