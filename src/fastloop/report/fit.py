@@ -156,7 +156,8 @@ def _title(doc: dict) -> str:
 def print_fit(doc: dict, console: Console | None = None) -> None:
     """The terminal's tables and lines for a ``fit`` or ``ab-fit`` document."""
     console = console or Console(width=160)
-    table = Table(title=_title(doc))
+    console.print(_title(doc), highlight=False, markup=False)
+    table = Table()
     if doc["kind"] == "fit":
         for col in ("phase", "seconds", "share"):
             table.add_column(col)
