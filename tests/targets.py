@@ -887,3 +887,106 @@ def augmented_images(batch_size: int = 16, seed: int = 0):
             generator=torch.Generator().manual_seed(seed),
         ),
     )
+
+
+# --- targets for `fastloop fit`: validation, checkpoints, a progress bar, as a plain Trainer has them ---
+class ValidatedClassifier(Classifier):
+    """The Classifier with a validation loop that logs a loss and an accuracy to the progress bar."""
+
+    def __init__(self, fail_in_validation: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_in_validation = fail_in_validation
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        if self.fail_in_validation and not self.trainer.sanity_checking:
+            raise ValueError("validation labels out of range in my_metric")
+        self.log("val_loss", torch.nn.functional.cross_entropy(logits, y), prog_bar=True)
+        self.log("val_acc", (logits.argmax(1) == y).float().mean(), prog_bar=True)
+
+
+class SplitData(LightningDataModule):
+    """384 samples of one linear task: 256 to train on (a share of their labels made random when
+    ``label_noise`` > 0), 128 held out; each epoch reshuffled by the seed's generator."""
+
+    def __init__(self, batch_size: int = 16, seed: int = 0, label_noise: float = 0.0) -> None:
+        super().__init__()
+        data = _data(False, 384, seed=0)
+        x, y = data.tensors
+        y = y.clone()
+        g = torch.Generator().manual_seed(seed + 7)
+        noisy = torch.rand(256, generator=g) < label_noise
+        y[:256][noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=g)
+        self.train, self.val = TensorDataset(x[:256], y[:256]), TensorDataset(x[256:], y[256:])
+        self.batch_size, self.seed = batch_size, seed
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, generator=g)
+
+    def val_dataloader(self):
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+def fit_tiny(
+    batch_size: int = 16,
+    seed: int = 0,
+    label_noise: float = 0.0,
+    compile_backend: str = "",
+    fail_in_validation: bool = False,
+    lr: float = 1e-2,
+):
+    """A plain fit: validation every epoch, Lightning's default checkpointing, logger and progress bar."""
+    torch.manual_seed(seed)
+    module = ValidatedClassifier(fail_in_validation=fail_in_validation, batch_size=batch_size, lr=lr)
+    if compile_backend:  # the user's own compile (backend "eager": Dynamo traces, nothing is generated)
+        module.net = torch.compile(module.net, backend=compile_backend)
+    return module, SplitData(batch_size, seed, label_noise), {"log_every_n_steps": 4}
+
+
+def fit_fails_in_validation(seed: int = 0):
+    return fit_tiny(seed=seed, fail_in_validation=True)
+
+
+def fit_compiled(seed: int = 0):
+    return fit_tiny(seed=seed, compile_backend="eager")
+
+
+def fit_noisy(seed: int = 0):
+    """fit_tiny with 80% of its training labels made random: a model that learns worse."""
+    return fit_tiny(seed=seed, label_noise=0.8)
+
+
+def gpt_fit_tiny(seed: int = 0):
+    """The GPT recipe's own module and data, tiny (T=32, B=8, 4 validation windows), validated every
+    10 steps: a CPU fit that reaches a validation loss in seconds."""
+    from fastloop.recipes.gpt.target import make
+
+    module, data = make(preset="tiny", batch_size=8, block_size=32, seed=seed)
+    data.val = type(data.val)(data.val.data, 32, 8, seed + 1)  # 8 held-out windows: one batch
+    return module, data, {"val_check_interval": 10, "limit_val_batches": 1}
+
+
+def fit_mid_validation(seed: int = 0):
+    """fit_tiny validated twice an epoch (every 8 of its 16 batches)."""
+    module, data, trainer = fit_tiny(seed=seed)
+    return module, data, {**trainer, "val_check_interval": 8}
+
+
+class SaveAtEpochEnd(Callback):
+    """The user's own save: ``trainer.save_checkpoint`` at each epoch's end (no ModelCheckpoint)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        trainer.save_checkpoint(f"{self.folder}/epoch{trainer.current_epoch}.ckpt")
+
+
+def fit_saves_itself(seed: int = 0):
+    """fit_tiny without Lightning's checkpointing, saving from a callback of its own."""
+    import tempfile
+
+    module, data, trainer = fit_tiny(seed=seed)
+    return module, data, {**trainer, "enable_checkpointing": False, "callbacks": [SaveAtEpochEnd(tempfile.mkdtemp())]}

@@ -35,6 +35,14 @@ MODULES = [
     "fastloop.recipes.imagenet.target",
     "fastloop.report.figure_check",
     "fastloop.report.figures",
+    "fastloop.measure.fit_clock",
+    "fastloop.measure.until",
+    "fastloop.drivers.fit",
+    "fastloop.drivers.fit_result",
+    "fastloop.drivers.ab_fit",
+    "fastloop.drivers.fit_share",
+    "fastloop.report.fit",
+    "fastloop.recipes.demo.target",
 ]
 
 

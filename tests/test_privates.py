@@ -252,3 +252,62 @@ def _loader_of_16():
     return DataLoader(
         TensorDataset(torch.randn(48, 16, generator=g), torch.randint(0, 4, (48,), generator=g)), batch_size=16
     )
+
+
+def test_the_fit_clocks_lightning_privates_see_a_validation_run_and_each_metric_write():
+    """``fastloop fit`` wraps the validation loop's ``run`` and the logger connector's ``log_metrics``."""
+    from tests.targets import fit_tiny
+
+    module, data, _ = fit_tiny()
+    seen = {"validation": 0, "logged": 0}
+
+    def counting(key):
+        def wrap(fn):
+            def counted(*args, **kwargs):
+                seen[key] += 1
+                return fn(*args, **kwargs)
+
+            return counted
+
+        return wrap
+
+    trainer = Trainer(
+        max_epochs=1,
+        log_every_n_steps=4,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=str(__import__("tempfile").mkdtemp()),
+    )
+    undo = [
+        lp.wrap_validation_loop(trainer, counting("validation")),
+        lp.wrap_logged_metrics(trainer, counting("logged")),
+    ]
+    trainer.fit(module, datamodule=data)
+    assert seen["validation"] == 2, (
+        "trainer.fit_loop.epoch_loop.val_loop.run moved (the sanity check and the epoch's run)"
+    )
+    assert seen["logged"] >= 4, (
+        "trainer._logger_connector.log_metrics moved: update fastloop/adapters/_lightning_private.py"
+    )
+    for u in undo:
+        u()
+    assert "run" not in vars(trainer.fit_loop.epoch_loop.val_loop) and "log_metrics" not in vars(
+        trainer._logger_connector
+    )
+
+
+def test_dynamos_compile_hooks_see_each_compile_begin_and_end():
+    events = []
+    undo = tp.compile_event_hooks(lambda a: events.append(("start", a)), lambda a: events.append(("end", a)))
+    try:
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+    finally:
+        undo()
+    assert [e for e, _ in events] == ["start", "end"], (
+        "torch._dynamo.callback changed: update fastloop/_torch_private.py"
+    )
+    assert events[0][1].callback_trigger.name == "DYNAMO"
+    torch.compile(lambda x: x * 3, backend="eager")(torch.ones(3))
+    assert len(events) == 2  # undone: no more events

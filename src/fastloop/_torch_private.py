@@ -12,6 +12,7 @@ import torch
 
 __all__ = [
     "CONV_TYPES",
+    "compile_event_hooks",
     "compiled_call",
     "compiled_graph_count",
     "first_graph_break",
@@ -52,6 +53,25 @@ def dynamo_counters() -> dict:
     )
 
     return counters
+
+
+def compile_event_hooks(start: Any, end: Any) -> Any:
+    """Call ``start(args)`` and ``end(args)`` around every compile Dynamo runs in this process (a new
+    frame, a backward compiled when first run, a CUDA graph recorded; ``args.callback_trigger``
+    says which; nested compiles count once), and return the undo. Why: ``torch._dynamo.callback``'s
+    handler is the one place that sees each compile begin and end, lazy backward compiles
+    included; the public ``torch.compiler`` API has no such hook (``compile_times()`` totals the
+    frames only, after the fact)."""
+    from torch._dynamo.callback import callback_handler
+
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
+
+    def undo() -> None:
+        callback_handler.remove_start_callback(start)
+        callback_handler.remove_end_callback(end)
+
+    return undo
 
 
 def compiled_graph_count() -> tuple[int, int]:

@@ -206,6 +206,57 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--quick", action="store_true", help="smaller problems (faster, less exact)")
     _steps(sp, default_steps=20)
     _common(sp)
+    return _fit_commands(p, sub)
+
+
+def _length(sp: argparse.ArgumentParser) -> None:
+    """A fit's length and target: ``--epochs``, ``--max-steps``, ``--max-time``, ``--until``."""
+    length = sp.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=_positive("--epochs"), default=None, help="epochs the fit trains")
+    length.add_argument("--max-steps", type=_positive("--max-steps", most=10**9), default=None, help="optimizer steps")
+    length.add_argument(
+        "--max-time",
+        type=_number(float, 0, 1e7, "--max-time must be seconds, a number in (0, 1e7)", low_open=True),
+        default=None,
+        help="seconds of training (Lightning's max_time, counted from the start of training)",
+    )
+    sp.add_argument(
+        "--until",
+        default=None,
+        metavar="METRIC>=X",
+        help="stop at the first validation run whose METRIC reaches X (METRIC>=X or METRIC<=X; a name the module "
+        "logs in validation): the time to that target is recorded; 'not reached' when the fit ends first",
+    )
+
+
+def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``fastloop fit`` and the ``--fit`` form of ``fastloop ab``."""
+    sp = sub.add_parser("fit", help="run the target's whole fit as you train it; account for every second")
+    sp.add_argument("target")
+    sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
+    _length(sp)
+    sp.add_argument("--seed", type=_positive("--seed", allow_zero=True, most=2**31 - 1), default=0)
+    sp.add_argument("--child-of", type=float, default=None, help=argparse.SUPPRESS)  # the fit's own process
+    sp.add_argument("--root-dir", default=None, help=argparse.SUPPRESS)
+    _common(sp)
+    ab = sub.choices["ab"]
+    ab.add_argument(
+        "--fit", action="store_true", help="compare whole fits (time by phase, and what they learn) instead of steps"
+    )
+    ab.add_argument(
+        "--seeds",
+        type=_positive("--seeds", most=1000),
+        default=3,
+        help="with --fit: fits a side, seed i for both A and B (fewer than 3: too few runs to tell)",
+    )
+    ab.add_argument(
+        "--tolerance",
+        type=_number(float, 0, 1e9, "--tolerance must be a number > 0", low_open=True),
+        default=None,
+        help="with --fit: the band (in the metric's units) within which B 'learns the same' as A "
+        "(default: twice A's seed-to-seed spread, at least 1%% of A's value)",
+    )
+    _length(ab)
     return p
 
 
@@ -241,6 +292,23 @@ def _check_target(args: argparse.Namespace) -> None:
         )
 
 
+FIT_ONLY = ("epochs", "max_steps", "max_time", "until", "tolerance")
+
+
+def _check_fit_flags(args: argparse.Namespace) -> None:
+    """A fit's flags: ``--until`` well formed; on ``ab``, only with ``--fit``."""
+    if args.cmd == "ab" and not args.fit:
+        given = [f"--{k.replace('_', '-')}" for k in FIT_ONLY if getattr(args, k, None) is not None]
+        if given:
+            raise FastloopError(f"{', '.join(given)} compare whole fits: add --fit (ab TARGET --a A --b B --fit ...)")
+    if getattr(args, "until", None) is not None:
+        from fastloop.measure.until import Until
+
+        Until.parse(args.until)
+    if args.cmd == "fit" and args.child_of is not None and not (args.json and args.root_dir):
+        raise FastloopError("--child-of is fastloop fit's own process: it needs --json and --root-dir")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     from fastloop.report.files import check_json_path, check_out_dir
 
@@ -269,6 +337,11 @@ def _print(doc: dict) -> None:
     from fastloop.report.terminal import make_console
 
     console = make_console()
+    if doc["kind"] in ("fit", "ab-fit"):
+        from fastloop.report.fit import print_fit
+
+        print_fit(doc, console)
+        return
     if doc["kind"] == "doctor":
         env = doc["env"]
         t = Table(
@@ -371,8 +444,10 @@ def _main(argv: list[str] | None = None) -> int:
         return _list_speedups(args.names)
     try:
         _check_target(args)
+        _check_fit_flags(args)
         _check_outputs(args)
-        if args.cmd in ("ladder", "ab") and getattr(args, "devices", 1) <= 1 and not getattr(args, "strategy", None):
+        fit = getattr(args, "fit", False)
+        if args.cmd in ("ladder", "ab") and not fit and getattr(args, "devices", 1) <= 1 and not args.strategy:
             from fastloop.drivers.subproc import prestart_fork_server
 
             prestart_fork_server()  # its imports run while this process imports torch and Lightning
@@ -380,8 +455,8 @@ def _main(argv: list[str] | None = None) -> int:
         from fastloop.drivers.commands import run_command
 
         doc = run_command(args)
-        if doc.get("global_rank", 0) != 0:
-            return 0  # a rank Lightning started: rank 0 reports for all of them
+        if doc.get("global_rank", 0) != 0 or doc.get("fit_child"):
+            return 0  # a rank Lightning started, or a fit's own process: rank 0, the parent, reports
         from fastloop.report import write_reports
 
         write_reports(doc, args.out, args.json)

@@ -31,6 +31,8 @@ __all__ = [
     "set_train_source",
     "swap_logger_connector",
     "train_source",
+    "wrap_logged_metrics",
+    "wrap_validation_loop",
 ]
 
 
@@ -212,3 +214,26 @@ def progress_bar_values_as_tensors() -> Iterator[None]:
         yield
     finally:
         result.convert_tensors_to_scalars = original
+
+
+def wrap_validation_loop(trainer: Trainer, wrap: Any) -> Any:
+    """Replace the fit's validation loop's ``run`` with ``wrap(run)`` on this Trainer
+    (``trainer.fit_loop.epoch_loop.val_loop.run``; the sanity check runs it too); returns the undo.
+    Why: ``fastloop fit`` charges a whole validation run to its validation phase, from the
+    validation loader's set-up to the model back in train mode; Lightning's hooks and profiler
+    actions begin inside it (``on_validation_start`` runs after the loader is set up and the
+    model put in eval mode), and no public hook spans it."""
+    loop = trainer.fit_loop.epoch_loop.val_loop
+    loop.run = wrap(loop.run)
+    return lambda: loop.__dict__.pop("run", None)
+
+
+def wrap_logged_metrics(trainer: Trainer, wrap: Any) -> Any:
+    """Replace the Trainer's metric logging (``trainer._logger_connector.log_metrics``: logged
+    tensors turned into Python numbers, a read to the host, then every logger's ``log_metrics``
+    and ``save``) with ``wrap(log_metrics)``; returns the undo. Why: ``fastloop fit`` charges that
+    read and the loggers' writes to its host-sync phase; the loggers' own public ``log_metrics``
+    is called after the read, and no public hook sees it."""
+    connector = trainer._logger_connector
+    connector.log_metrics = wrap(connector.log_metrics)
+    return lambda: connector.__dict__.pop("log_metrics", None)

@@ -90,10 +90,19 @@ def run_command(args: argparse.Namespace) -> dict:
     from fastloop.device import resolve_device
 
     device = resolve_device(args.device).type  # children get "cuda"/"cpu" (the CLI's own choices)
+    if args.cmd == "fit" or getattr(args, "fit", False):
+        from fastloop.drivers.fit_commands import run_fit_commands
+
+        return run_fit_commands(args, device, lambda doc: _stamp(doc, args, device), _progress(args))
     commands = {"run": _run, "ladder": _ladder_or_ab, "ab": _ladder_or_ab, "batch-size": _batch_size, "doctor": _doctor}
     if args.cmd not in commands:
         raise FastloopError(f"unknown command {args.cmd!r}")
-    return commands[args.cmd](args, device)
+    doc = commands[args.cmd](args, device)
+    if args.cmd in ("run", "ladder", "ab"):
+        from fastloop.drivers.fit_share import fit_share
+
+        doc["fit_share"] = fit_share(doc, args.out)  # what share of the target's fit the step figures cover
+    return doc
 
 
 def _run(args: argparse.Namespace, device: str) -> dict:

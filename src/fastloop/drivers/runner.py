@@ -31,6 +31,7 @@ from fastloop.adapters.lightning import SpeedupCallback
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.drivers.exits import leave_now
+from fastloop.drivers.fit_share import fit_parts
 from fastloop.drivers.run_document import (
     data_checks,
     describe_dataset,
@@ -376,11 +377,11 @@ def _run_once(
 
     t_build = time.perf_counter()
     module, data, user_trainer = build_target(target, **(target_kwargs or {}))
+    extra: dict = {"fit_parts": fit_parts(module, data, user_trainer)}  # what the fit has beside its steps
     length = TrainingLength.asked(user_trainer)  # what configure_optimizers sees (estimated_stepping_batches)
     user_trainer, left_out = check_trainer_kwargs(target, user_trainer)
     build_s = time.perf_counter() - t_build
     model_checks = model_checks_of(module)
-    extra: dict = {}
     prepared: list[Record] = []
     in_training = [s for s in chosen if not s.prepares_run]
     for s in chosen:

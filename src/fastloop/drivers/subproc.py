@@ -28,7 +28,7 @@ from pathlib import Path
 from fastloop.drivers.reaper import run_folder, unwatch_group, watch_group
 from fastloop.errors import ConfigurationFailed
 
-__all__ = ["ConfigurationFailed", "run_in_subprocess"]
+__all__ = ["ConfigurationFailed", "run_fresh", "run_in_subprocess"]
 
 
 def die_with_parent() -> None:
@@ -325,3 +325,10 @@ def _plain_run(cmd: list[str], env: dict, err_path: str, timeout: float, speedup
             raise
         _kill_group(proc)  # loader workers the child left behind
     return rc
+
+
+def run_fresh(cmd: list[str], env: dict, err_path: str, timeout: float, what: str) -> int:
+    """``cmd`` as a new interpreter (never forked from the server: a fit pays its own imports, as
+    the user's command does), in its own process group, its stderr to ``err_path``; its exit
+    status. ``what`` names it in the message of a run past ``timeout``."""
+    return _plain_run(cmd, env, err_path, timeout, what)

@@ -37,6 +37,7 @@ __all__ = [
     "build_target",
     "check_trainer_kwargs",
     "load_target",
+    "recipe_fit_settings",
     "recipe_rungs",
 ]
 
@@ -134,6 +135,15 @@ def recipe_rungs(name: str | None) -> tuple[list[str] | None, list[str]]:
     module = importlib.import_module(RECIPES[name].partition(":")[0])
     own = getattr(module, "LADDER", None)
     return (list(own) if own else None), list(getattr(module, "EXTRA_RUNGS", []))
+
+
+def recipe_fit_settings(name: str | None) -> dict[str, Any]:
+    """A built-in recipe's Trainer settings for ``fastloop fit`` (``FIT_TRAINER`` in its target
+    module: how often it validates, as its own training script does); {} for any other target."""
+    if name not in RECIPES:
+        return {}
+    module = importlib.import_module(RECIPES[name].partition(":")[0])
+    return dict(getattr(module, "FIT_TRAINER", {}))
 
 
 def load_target(spec: str) -> Callable[..., Any]:
@@ -300,12 +310,22 @@ def check_trainer_kwargs(spec: str, kwargs: object) -> tuple[dict[str, Any], dic
 
 
 def build_target(
-    spec: str, **kwargs: Any
+    spec: str, *, optional_kwargs: dict[str, Any] | None = None, **kwargs: Any
 ) -> tuple[LightningModule, LightningDataModule | DataLoader | None, dict[str, Any]]:
     """Call the target and check what it returned: ``(module, data, trainer_kwargs)`` (data None:
     the module's own ``train_dataloader()``; ``trainer_kwargs`` the user's Trainer settings, ``{}``
-    when the target returned two elements)."""
+    when the target returned two elements). ``optional_kwargs``: keyword arguments passed only where the
+    target's function takes them (a fit's ``seed``)."""
     fn = load_target(spec)
+    if optional_kwargs:
+        import inspect
+
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # a builtin or C function: no signature to read
+            params = {}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        kwargs = {**{k: v for k, v in optional_kwargs.items() if takes_any or k in params}, **kwargs}
     try:
         out = fn(**kwargs)
     except TypeError as err:

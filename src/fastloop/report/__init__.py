@@ -2,6 +2,7 @@
 
 from fastloop.errors import FastloopError
 from fastloop.report.files import atomic_write, to_json
+from fastloop.report.fit import FIT_KINDS, render_fit_html, render_fit_markdown
 from fastloop.report.html import render_html
 from fastloop.report.markdown import render_markdown
 from fastloop.report.terminal import print_document
@@ -30,10 +31,11 @@ def write_reports(doc: dict, out_dir: str | None, json_path: str | None, html: b
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
             atomic_write(out / "report.json", text)
-            atomic_write(out / "report.md", render_markdown(doc))
+            fit = doc.get("kind") in FIT_KINDS  # fastloop fit and ab --fit have pages of their own
+            atomic_write(out / "report.md", render_fit_markdown(doc) if fit else render_markdown(doc))
             written += [str(out / "report.json"), str(out / "report.md")]
             if html:
-                atomic_write(out / "report.html", render_html(doc))
+                atomic_write(out / "report.html", render_fit_html(doc) if fit else render_html(doc))
                 written.append(str(out / "report.html"))
     except OSError as err:
         raise FastloopError(

@@ -27,7 +27,10 @@ __all__ = ["MARKER", "REPORT_FILES", "atomic_write", "check_json_path", "check_o
 
 MARKER = "fastloop-report"
 """Written into every Markdown and HTML report, so fastloop knows the file is its own."""
-REPORT_FILES = ("report.json", "report.md", "report.html")
+REPORT_FILES = ("report.json", "report.md", "report.html", "fit.json")
+OWNED_FOLDERS = {"fit_files": ".fastloop-fit"}
+"""Folders of an ``--out`` fastloop made (``fastloop fit``'s logs and checkpoints), each known by
+the marker file fastloop writes in it."""
 
 
 def _printable(path: str) -> str:
@@ -115,7 +118,9 @@ def check_out_dir(path: str, inputs: list[str] = ()) -> None:  # type: ignore[as
     foreign = sorted(
         e.name
         for e in p.iterdir()
-        if not (e.name in REPORT_FILES and e.is_file() and _ours(e)) and not e.name.startswith(".fastloop-")
+        if not (e.name in REPORT_FILES and e.is_file() and _ours(e))
+        and not e.name.startswith(".fastloop-")
+        and not (e.name in OWNED_FOLDERS and (e / OWNED_FOLDERS[e.name]).is_file())
     )
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")

@@ -11,6 +11,7 @@ import html
 
 from fastloop.compare import loss_line
 from fastloop.report.figures import figure_png, report_figures, short_labels
+from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import rows, selected_line, warning_lines
 
 __all__ = ["render_html"]
@@ -71,7 +72,7 @@ def render_html(doc: dict) -> str:
     stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
     # Interrupted: answer Ctrl-C at once; the plots (the slow part) wait for a finished run
     imgs, left_out = ("", "") if doc.get("interrupted") else _plots(doc)
-    notes = []
+    notes = [f"<p><b>The whole fit:</b> {e(note)}</p>" for note in fit_share_lines(doc)]
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
         top += (

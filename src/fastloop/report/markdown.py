@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastloop.compare import loss_line
 from fastloop.measure.stats import MIN_EFFECT
+from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 
 __all__ = ["applied_changes", "render_markdown"]
@@ -145,7 +146,7 @@ def render_markdown(doc: dict) -> str:
             f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
             f"average) in {doc.get('wall_s', 0):.0f} s."
         )
-    lines += search_story(doc)
+    lines += search_story(doc) + [f"\n**The whole fit:** {note}" for note in fit_share_lines(doc)]
     for move in doc.get("moves", []):
         lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastloop.compare import loss_line
+from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
 from fastloop.report.markdown import search_story
 
@@ -63,6 +64,8 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")
     for move in doc.get("moves", []):
         console.print(f"bottleneck moved {move}")
+    for note in fit_share_lines(doc):
+        console.print(f"the whole fit: {note}", highlight=False, markup=False)
     if selected_line(doc):
         console.print(f"[bold]{selected_line(doc)}[/bold]\n{doc.get('callbacks_line', '')}")
         if doc.get("loop_line"):
