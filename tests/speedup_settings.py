@@ -47,4 +47,5 @@ PARITY: dict[str, Parity] = {
     "fused_loss": Parity(MLP, 0.0, cpu=False),
     "gpu_augment": Parity("tests/targets.py:augmented_images", 0.0, cpu=False),  # the same seeded draws
     "pad_buckets": Parity("tests/targets.py:masked_text", 1e-5, cpu=True),  # the padding is masked
+    "async_checkpoint": Parity(MLP, 0.0, cpu=True),  # saves only; its files: tests/test_async_checkpoint.py
 }

@@ -144,6 +144,13 @@ class Run:
         nothing (the model's mode and the random state are put back)."""
         raise self._cannot("compute a batch's loss outside the step")
 
+    def save_checkpoints_with(self, writer: Any) -> None:
+        """The run's checkpoint saves go through ``writer`` (an
+        :class:`~fastloop.speedups.async_checkpoint.CheckpointWriter`): Lightning's saves and
+        deletions (``trainer.save_checkpoint``, ``ModelCheckpoint``), ``FastLoop.save_checkpoint``;
+        the writer's last write ends (or, after Ctrl-C, is abandoned) when the run ends."""
+        raise self._cannot("save checkpoints")
+
     def hold(self, context: Callable[[], AbstractContextManager]) -> None:
         """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""
         raise self._cannot("hold a context while it trains")
