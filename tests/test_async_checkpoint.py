@@ -23,7 +23,7 @@ import torch
 
 import fastloop.adapters.lightning_checkpoint as lightning_checkpoint
 import fastloop.speedups.async_checkpoint as ac
-from fastloop._compat import Callback, Trainer
+from fastloop._compat import Callback, Logger, Trainer
 from fastloop.lightning import callbacks, records_of
 from fastloop.loop import FastLoop
 from fastloop.speedups.async_checkpoint import STATS_KEY, CheckpointWriter, write_checkpoint
@@ -71,11 +71,11 @@ class _SaveAt(Callback):
                 raise self.then
 
 
-def _trainer(callbacks_: list, steps: int = 8, enable_checkpointing: bool = False, **kw) -> Trainer:
+def _trainer(callbacks_: list, steps: int = 8, enable_checkpointing: bool = False, logger=False, **kw) -> Trainer:
     return Trainer(
         max_steps=steps,
         accelerator="cpu",
-        logger=False,
+        logger=logger,
         enable_checkpointing=enable_checkpointing,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -212,6 +212,40 @@ def test_model_checkpoint_top_k_keeps_the_best_k_and_nothing_else(tmp_path, monk
 
 class Tagged(torch.Tensor):
     """A tensor subclass (the snapshot copies plain tensors and Parameters only)."""
+
+
+class ReadingLogger(Logger):
+    """A logger that reads each checkpoint as soon as it is saved (as W&B's uploads it)."""
+
+    name, version = "reading", 0
+    read: list = []
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def after_save_checkpoint(self, checkpoint_callback) -> None:
+        with open(checkpoint_callback.last_model_path, "rb") as f:
+            self.read.append(f.read())
+
+
+def test_a_logger_that_reads_each_checkpoint_as_it_is_saved_reads_it_whole(tmp_path, monkeypatch):
+    from fastloop._compat import pl
+
+    _slow(monkeypatch, delay=0.005)
+    logger = ReadingLogger()
+    logger.read = []
+    module, loader = tiny_mlp()
+    last = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2, save_top_k=0)
+    trainer = _trainer([last, *callbacks("async_checkpoint")], steps=6, enable_checkpointing=True, logger=logger)
+    trainer.fit(module, train_dataloaders=loader)
+    steps = [torch.load(io.BytesIO(b), weights_only=False)["global_step"] for b in logger.read]
+    assert steps == [2, 4, 6], steps  # each read whole, and the one just saved
+    assert logger.read[-1] == (tmp_path / "last.ckpt").read_bytes()
+    cb = next(c for c in trainer.callbacks if getattr(c, "speedup", None) is not None)
+    assert cb.ctx.stats[STATS_KEY]["waits_for_loggers"] == ["ReadingLogger"]
 
 
 def test_what_a_snapshot_cannot_copy_is_written_at_once_and_the_record_says_why(tmp_path):
