@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fastloop._compat import Trainer
+from fastloop._compat import Logger, Trainer
+from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.speedups.async_checkpoint import CheckpointWriter, closing_after_interrupt
 from fastloop.speedups.base import Skip
 
@@ -87,9 +88,29 @@ def why_not_writer(trainer: Trainer) -> str | None:
     return None
 
 
+def _hand_loggers_whole_files(trainer: Trainer, writer: CheckpointWriter, undo: list) -> list[str]:
+    """A logger that reads each checkpoint as soon as it is saved (its ``after_save_checkpoint``:
+    W&B, MLflow and Neptune upload them) is called after the write has ended: such a save waits
+    for its write. Returns the loggers' class names."""
+    names = []
+    for logger in trainer.loggers:
+        if type(logger).after_save_checkpoint is Logger.after_save_checkpoint:
+            continue  # the base logger's does nothing
+        names.append(type(logger).__name__)
+        original = logger.after_save_checkpoint
+
+        def after_save_checkpoint(checkpoint_callback: Any, original: Any = original) -> None:
+            writer.wait()
+            original(checkpoint_callback)
+
+        patch_attr(logger, "after_save_checkpoint", after_save_checkpoint, undo)
+    return names
+
+
 def install_checkpoint_writer(trainer: Trainer, writer: CheckpointWriter, undo: list) -> None:
-    """Wrap the strategy's checkpoint IO for this fit; ``undo`` gets the function that ends the
-    write in flight (abandoned after Ctrl-C, else waited for) and puts the original back. Raises
+    """Wrap the strategy's checkpoint IO for this fit (a logger that reads each checkpoint as it is
+    saved gets it once written); ``undo`` gets the functions that end the write in flight
+    (abandoned after Ctrl-C, else waited for) and put the originals back. Raises
     :class:`~fastloop.speedups.base.Skip` where :func:`why_not_writer` says why not."""
     why = why_not_writer(trainer)
     if why:
@@ -97,6 +118,9 @@ def install_checkpoint_writer(trainer: Trainer, writer: CheckpointWriter, undo: 
     strategy = trainer.strategy
     original = strategy.checkpoint_io
     strategy.checkpoint_io = WriterCheckpointIO(original, writer)
+    readers = _hand_loggers_whole_files(trainer, writer, undo)
+    if readers:
+        writer.record["waits_for_loggers"] = readers
 
     def restore() -> None:
         try:
