@@ -171,3 +171,12 @@ def test_a_second_process_compiles_warm_and_no_cache_compiles_cold_leaving_the_c
     off = run_in_subprocess("tests/targets.py:tiny_mlp", "compile", compile_cache=False, **kw)
     assert off["extra"]["compile_cache"]["state"] == "cold" and off["run_inputs"]["compile_cache"] is False
     assert _listing(tmp_path) == before, "--no-cache changed the cache"
+
+
+def test_the_reports_compile_column_says_what_the_cache_did():
+    from fastloop.report.format import compile_cell
+
+    assert compile_cell({"compile_s": 12.5, "extra": {"compile_cache": {"state": "warm"}}}) == "12.50 s (warm cache)"
+    assert compile_cell({"compile_s": 40.0, "extra": {"compile_cache": {"state": "cold"}}}) == "40.00 s (cold cache)"
+    assert compile_cell({"compile_s": 2.0, "extra": {"compile_cache": {"state": "none"}}}) == "2.00 s"
+    assert compile_cell({"compile_s": None, "extra": {"compile_cache": {"state": "warm"}}}) == "-"
