@@ -10,6 +10,7 @@ hold the pickled structure, which storages are shared, and each storage's device
 from __future__ import annotations
 
 import doctest
+import importlib.util
 import io
 import os
 import pickle
@@ -17,6 +18,7 @@ import signal
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -334,3 +336,16 @@ def test_a_gpu_snapshot_in_pinned_memory_is_saved_as_the_gpu_tensors_it_copied(t
     assert (tmp_path / "gpu.ckpt").read_bytes() == want
     back = torch.load(tmp_path / "gpu.ckpt")
     assert back["state_dict"]["weight"].device.type == "cuda"
+
+
+def test_the_checkpoint_benchmark_runs_on_a_cpu_and_finds_the_files_equal(monkeypatch, capsys):
+    """``benchmarks/run.py checkpoint`` in small (the GPU's run is the must-show): both modes time
+    their saves, and the same-step files compare equal."""
+    monkeypatch.delenv("OUT", raising=False)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoint_bench.py"
+    spec = importlib.util.spec_from_file_location("checkpoint_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--device", "cpu", "--mb", "1", "--saves", "2", "--every", "2"]) == 0
+    out = capsys.readouterr().out
+    assert '"files_equal": true' in out and "| async_checkpoint |" in out
