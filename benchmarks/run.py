@@ -18,6 +18,10 @@ Benchmarks:
 - ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
 - ``graph-schedules``: the whole-step graph beside eager under SGD + StepLR and AdamW + OneCycleLR,
   both adapters: the tier, the reason and the weights after 16 steps (benchmarks/graph_schedules.py)
+- ``checkpoint``: how long a save blocks training, synchronous against ``async_checkpoint``, on a
+  model of 512 MB, and whether the two files are equal (benchmarks/checkpoint_bench.py)
+- ``compile-cache``: a configuration's compile seconds cold (``--no-cache``) against warm (the
+  compile cache), fresh processes, on the ViT zoo module and the GPT recipe (benchmarks/compile_cache_bench.py)
 - ``gpu-tests``: the GPU test suite (``pytest -m gpu``)
 
 Probes (where a step's time goes; their output explains a benchmark's figure):
@@ -45,6 +49,8 @@ SCRIPTS = {
     "tiers": "benchmarks/tiers_bench.py",
     "pad-lm": "benchmarks/pad_lm.py",
     "graph-schedules": "benchmarks/graph_schedules.py",
+    "checkpoint": "benchmarks/checkpoint_bench.py",
+    "compile-cache": "benchmarks/compile_cache_bench.py",
 }
 PROBES = {
     "gpt-profile": "benchmarks/gpt_profile.py",

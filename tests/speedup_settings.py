@@ -51,4 +51,5 @@ PARITY: dict[str, Parity] = {
     # the values are read later, the training is the same; the plain loop has no logging (it skips:
     # tests/test_deferred_logging.py)
     "deferred_logging": Parity(MLP, 0.0, cpu=True, plain_loop=False),
+    "async_checkpoint": Parity(MLP, 0.0, cpu=True),  # saves only; its files: tests/test_async_checkpoint.py
 }

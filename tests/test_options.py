@@ -27,6 +27,8 @@ def _values(t: type[Options], f: dataclasses.Field) -> list:
     m, default = f.metadata, f.default
     if m.get("choices"):
         return [c for c in m["choices"] if c != default]
+    if isinstance(default, bool):
+        return [not default]
     kind = type(default) if default is not None else int
     low, high = m.get("low"), m.get("high")
     if kind is float or (low is not None and isinstance(low, float)) or (high is not None and isinstance(high, float)):

@@ -7,7 +7,7 @@ timed with and without it on the user's own model and hardware.
 Example:
     >>> import fastloop
     >>> sorted(fastloop.speedup_names())[:3]
-    ['batch_size', 'bf16', 'channels_last']
+    ['async_checkpoint', 'batch_size', 'bf16']
 """
 
 from __future__ import annotations

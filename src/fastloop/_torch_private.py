@@ -6,6 +6,7 @@ Supported: torch 2.11 to 2.14 (the GPU machine and CI).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -19,6 +20,8 @@ __all__ = [
     "draw_loader_base_seed",
     "dynamo_counters",
     "found_inf",
+    "inductor_cache_counters",
+    "inductor_default_cache_dir",
     "is_compiled",
     "loader_auto_collation",
     "loader_iterator",
@@ -80,6 +83,36 @@ def compiled_graph_count() -> tuple[int, int]:
     left no graph fell back to eager; no frame tried at all is a cache hit (a second fit)."""
     c = dynamo_counters()
     return int(c["stats"].get("unique_graphs", 0)), int(c["frames"].get("total", 0))
+
+
+INDUCTOR_CACHE_COUNTERS = {
+    "fxgraph_hit": ("inductor", "fxgraph_cache_hit"),
+    "fxgraph_miss": ("inductor", "fxgraph_cache_miss"),
+    "fxgraph_bypass": ("inductor", "fxgraph_cache_bypass"),
+    "autograd_hit": ("aot_autograd", "autograd_cache_hit"),
+    "autograd_miss": ("aot_autograd", "autograd_cache_miss"),
+    "autograd_bypass": ("aot_autograd", "autograd_cache_bypass"),
+}
+
+
+def inductor_cache_counters() -> dict[str, int]:
+    """How often Inductor's FX graph cache and AOTAutograd's cache were hit, missed and bypassed in
+    this process so far (``counters["inductor"]["fxgraph_cache_*"]``,
+    ``counters["aot_autograd"]["autograd_cache_*"]``). Why: the compile cache's record says
+    whether a run's compiles were read from the cache (warm) or made (cold); torch logs its cache
+    lookups but has no public count of them."""
+    c = dynamo_counters()
+    return {name: int(c[group].get(key, 0)) for name, (group, key) in INDUCTOR_CACHE_COUNTERS.items()}
+
+
+def inductor_default_cache_dir() -> str:
+    """The directory Inductor caches in when ``TORCHINDUCTOR_CACHE_DIR`` is not set
+    (``torch._inductor.runtime.cache_dir_utils.default_cache_dir``: ``$TMPDIR/torchinductor_$USER``).
+    Why: Inductor writes that default into ``TORCHINDUCTOR_CACHE_DIR`` at its first compile, after
+    which the variable no longer says whether the user chose the directory."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
 
 
 def recompile_limit() -> tuple[int, bool]:

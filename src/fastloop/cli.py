@@ -86,6 +86,8 @@ def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
 
 
 def _ranks(sp: argparse.ArgumentParser) -> None:
+    """What a command that trains the target in processes of its own takes (run, ladder, ab): the
+    devices and strategy of its ranks, and whether its compiles use the compile cache."""
     sp.add_argument(
         "--devices",
         type=_positive("--devices", most=1024),
@@ -94,6 +96,16 @@ def _ranks(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument(
         "--strategy", choices=["ddp", "fsdp"], default=None, help="Lightning's strategy for --devices > 1 (default ddp)"
+    )
+    _no_cache(sp)
+
+
+def _no_cache(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile cold, in a fresh directory removed after each run, leaving the compile cache "
+        "(~/.cache/fastloop/compile, or $FASTLOOP_CACHE_DIR/compile) as it was",
     )
 
 

@@ -34,6 +34,7 @@ from fastloop.adapters.lightning_changes import (
     patch_attr,
     trainer_precision_conflict,
 )
+from fastloop.adapters.lightning_checkpoint import install_checkpoint_writer
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.adapters.lightning_logging import defer_logged_reads
 from fastloop.speedups.base import Context, Skip
@@ -244,6 +245,10 @@ class LightningRun(Run):
                 module.trainer = trainer
 
         return eval_loss(module, loss)
+
+    def save_checkpoints_with(self, writer: Any) -> None:
+        # the strategy's checkpoint IO, through which trainer.save_checkpoint and ModelCheckpoint save and delete
+        install_checkpoint_writer(self.trainer, writer, self.undo)
 
     def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
         held = contextlib.ExitStack()  # from setup until teardown (or until it did not apply)

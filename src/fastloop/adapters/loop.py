@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from fastloop.data import to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
+from fastloop.speedups.async_checkpoint import CheckpointWriter
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
 from fastloop.speedups.compile import (
     CUDAGRAPH_MODES,
@@ -87,6 +89,8 @@ class LoopRun(Run):
         """Contexts entered while the loop trains (TF32, cuDNN autotuning)."""
         self.mark_steps = False
         """Forward and backward run through compile's CUDA graphs: each step is marked."""
+        self.checkpoint_writer: CheckpointWriter | None = None
+        """Where :meth:`FastLoop.save_checkpoint` saves (async_checkpoint's writer; None: at once)."""
 
     def _need(self, value: Any, what: str) -> Any:
         if value is None:
@@ -143,6 +147,10 @@ class LoopRun(Run):
             self.model = apply_compile(self._need(self.model, "model"), mode)
             self.compile_mode = mode
         self.mark_steps = mark_steps or self.compile_mode in CUDAGRAPH_MODES
+
+    def save_checkpoints_with(self, writer: CheckpointWriter) -> None:
+        self.checkpoint_writer = writer
+        self.ctx.undo.append(lambda: setattr(self, "checkpoint_writer", None))  # if the speedup then does not apply
 
     def hold(self, context: Callable[[], contextlib.AbstractContextManager]) -> None:
         self.held.append(context)
@@ -260,6 +268,32 @@ class FastLoop:
                     on_fallback=lambda reason: below_whole(self.run, owner, reason),
                 )
         self.model = self.run.model  # a tier below the whole step compiled it (in place)
+        self._writer_at_once = CheckpointWriter(background=False)
+
+    def save_checkpoint(self, path: str | os.PathLike, **extra: Any) -> None:
+        """Save the training state to ``path`` as ``torch.save`` does (``torch.load`` reads it):
+        ``{"model": model.state_dict(), "optimizer": ..., "scheduler": ... (given one), **extra}``,
+        written whole or not at all (under a temporary name, then renamed). Under
+        ``async_checkpoint`` the state is copied now and written while training goes on (a save
+        while one is in flight waits for it); else it is written now.
+
+        Args:
+            path: the file to write (its folder must exist).
+            extra: more entries of the checkpoint (the epoch, the step, ...).
+        """
+        reserved = sorted({"model", "optimizer", "scheduler"} & set(extra))
+        if reserved:
+            raise ValueError(f"save_checkpoint writes {', '.join(reserved)} itself; give other names for extra entries")
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        state.update(extra)
+        (self.run.checkpoint_writer or self._writer_at_once).save(state, path)
+
+    def wait_for_checkpoints(self) -> None:
+        """Wait until the last checkpoint is written (raising its error, if its write failed)."""
+        if self.run.checkpoint_writer is not None:
+            self.run.checkpoint_writer.close()
 
     @property
     def mark_steps(self) -> bool:

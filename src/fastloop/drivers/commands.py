@@ -51,6 +51,8 @@ def _measure_on(args: argparse.Namespace):
     from fastloop.drivers.subproc import run_in_subprocess
 
     kw: dict = {"measure_s": args.measure_s} if getattr(args, "measure_s", None) else {}
+    if getattr(args, "no_cache", False):
+        kw["compile_cache"] = False
     if args.devices > 1 or args.strategy:
         kw.update(devices=args.devices, strategy=args.strategy or "ddp")
     return functools.partial(run_in_subprocess, **kw) if kw else run_in_subprocess
@@ -63,7 +65,7 @@ def _scaling_run(args: argparse.Namespace, device: str) -> dict:
     from fastloop.drivers.doctor import diagnose
     from fastloop.drivers.subproc import run_in_subprocess
 
-    kw = dict(steps=args.steps, warmup=args.warmup, device=device)
+    kw = dict(steps=args.steps, warmup=args.warmup, device=device, compile_cache=not args.no_cache)
     one = run_in_subprocess(args.target, args.speedups, **kw)
     many = run_in_subprocess(args.target, args.speedups, **kw, devices=args.devices, strategy=args.strategy or "ddp")
     t1, tn = one["throughput"]["value"], many["throughput"]["value"]
@@ -123,6 +125,7 @@ def _run(args: argparse.Namespace, device: str) -> dict:
                 strategy=args.strategy,
                 measure_s=args.measure_s,
                 step_rate=args.step_rate,
+                compile_cache=not args.no_cache,
             ),
         },
         args,

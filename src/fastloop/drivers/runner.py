@@ -103,8 +103,12 @@ def run_configuration(
     strategy: str | None = None,
     measure_s: float | None = None,
     step_rate: float | None = None,
+    compile_cache: bool = True,
 ) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
+
+    ``compile_cache``: compiles read and write the project's compile cache (False: cold, in a
+    fresh directory; :class:`~fastloop.speedups.base.RunInputs`).
 
     ``step_rate``: steps/s the step reaches without data wait, when a driver measured it: declared
     to the run's speedups (:class:`~fastloop.speedups.base.RunInputs`; ``workers`` sizes itself
@@ -165,7 +169,7 @@ def run_configuration(
                 devices,
                 strategy,
                 measure_s,
-                RunInputs(step_rate=step_rate),
+                RunInputs(step_rate=step_rate, compile_cache=compile_cache),
             )
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = (
@@ -449,7 +453,7 @@ def _run_once(
     doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
     doc["built_checks"] = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
     doc["model_checks"] = {**doc["data_checks"], **doc["built_checks"]}
-    doc["run_inputs"] = {"step_rate": inputs.step_rate}  # what the driver declared to the speedups
+    doc["run_inputs"] = {"step_rate": inputs.step_rate, "compile_cache": inputs.compile_cache}  # told to the speedups
     doc["trainer_settings"] = {
         "used": {k: repr(v) for k, v in user_trainer.items()},
         "callbacks": [type(c).__name__ for c in user_callbacks],

@@ -229,8 +229,12 @@ def run_in_subprocess(
     profile: bool = True,
     measure_s: float | None = None,
     step_rate: float | None = None,
+    compile_cache: bool = True,
 ) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
+
+    ``compile_cache=False``: the child compiles cold and leaves the compile cache as it was
+    (``--no-cache``); else its compiles read and write the project's cache, which outlives it.
 
     ``step_rate``: the step rate (steps/s) the driver declares to the run (``--step-rate``).
 
@@ -264,6 +268,8 @@ def run_in_subprocess(
             cmd += ["--measure-s", repr(float(measure_s))]
         if step_rate is not None:
             cmd += ["--step-rate", repr(float(step_rate))]
+        if not compile_cache:
+            cmd += ["--no-cache"]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = child_env(profile)

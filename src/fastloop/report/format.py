@@ -6,13 +6,25 @@ import re
 
 from fastloop.measure.stats import MIN_EFFECT
 
-__all__ = ["config_label", "fmt_ratio", "fmt_s", "rows", "selected_line", "warning_lines"]
+__all__ = ["compile_cell", "config_label", "fmt_ratio", "fmt_s", "rows", "selected_line", "warning_lines"]
 
 
 def fmt_s(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def compile_cell(conf: dict) -> str:
+    """A configuration's compile seconds, with what the compile cache did where it did something.
+
+    Example:
+        >>> compile_cell({"compile_s": 12.5, "extra": {"compile_cache": {"state": "warm"}}})
+        '12.50 s (warm cache)'
+    """
+    text = fmt_s(conf.get("compile_s"))
+    state = ((conf.get("extra") or {}).get("compile_cache") or {}).get("state")
+    return f"{text} ({state} cache)" if text != "-" and state in ("cold", "warm", "partly warm") else text
 
 
 def fmt_ratio(r: dict | None) -> str:
@@ -72,7 +84,7 @@ def rows(doc: dict) -> list[dict]:
                 "throughput": f"{tp['value']:,.0f} {tp['unit']}" if tp.get("value") else "-",
                 "wait": f"{100 * c['data_wait_frac']:.0f}%" if c.get("data_wait_frac") is not None else "-",
                 "mem": f"{c['peak_mem_bytes'] / 2**30:.2f} GiB" if c.get("peak_mem_bytes") else "-",
-                "compile": fmt_s(c.get("compile_s")),
+                "compile": compile_cell(c),
                 "mfu": f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-",
                 "vs_prev": fmt_ratio(c.get("speedup_vs_prev")),
                 "vs_base": fmt_ratio(c.get("speedup_vs_baseline")),

@@ -10,6 +10,7 @@ Example:
     True
 """
 
+from fastloop.speedups.async_checkpoint import AsyncCheckpoint
 from fastloop.speedups.base import (
     REGISTRY,
     Context,
@@ -50,6 +51,7 @@ __all__ = [
     "FP8",
     "REGISTRY",
     "TF32",
+    "AsyncCheckpoint",
     "BatchSize",
     "ChannelsLast",
     "Compile",

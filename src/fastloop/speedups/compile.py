@@ -17,6 +17,7 @@ import torch
 
 from fastloop._torch_private import compiled_graph_count, dynamo_counters, first_graph_break
 from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.compile_cache import hold_compile_cache
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
@@ -105,6 +106,7 @@ class Compile(Speedup):
 
     def apply(self, run: Run) -> None:
         run.compile_step(self.opts.mode, shapes=self.opts.shapes)
+        hold_compile_cache(run)  # compile is lazy: the cache is in place before the first step compiles
 
     def uses_cudagraphs(self) -> bool:
         return self.compile_mode() in CUDAGRAPH_MODES

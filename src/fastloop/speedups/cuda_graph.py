@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from fastloop.errors import GraphIneligible
 from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.compile import CUDAGRAPH_MODES, GRAPHED_BY_COMPILE
+from fastloop.speedups.compile_cache import hold_compile_cache
 from fastloop.speedups.graph_capture import MAX_GRAPHS
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
@@ -158,6 +159,7 @@ class CudaGraph(Speedup):
 
     def apply(self, run: Run) -> None:
         run.graph_step()
+        hold_compile_cache(run)  # its tier below the whole step compiles
 
     def uses_cudagraphs(self) -> bool:
         return True

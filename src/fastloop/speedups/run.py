@@ -150,6 +150,13 @@ class Run:
         in one transfer, instead of after each step: every value still reaches the logger, at its step."""
         raise self._cannot("defer the reads of logged values")
 
+    def save_checkpoints_with(self, writer: Any) -> None:
+        """The run's checkpoint saves go through ``writer`` (an
+        :class:`~fastloop.speedups.async_checkpoint.CheckpointWriter`): Lightning's saves and
+        deletions (``trainer.save_checkpoint``, ``ModelCheckpoint``), ``FastLoop.save_checkpoint``;
+        the writer's last write ends (or, after Ctrl-C, is abandoned) when the run ends."""
+        raise self._cannot("save checkpoints")
+
     def hold(self, context: Callable[[], AbstractContextManager]) -> None:
         """Hold ``context()`` while the run trains (a global switch such as TF32, put back on exit)."""
         raise self._cannot("hold a context while it trains")
