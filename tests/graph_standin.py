@@ -20,7 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastloop.speedups import captured_step, cuda_graph
-from fastloop.speedups.graph_capture import StepGraphs, host_rng_changed, host_rng_snapshot
+from fastloop.speedups.graph_capture import StepGraphs, draw_reason
+from fastloop.speedups.graph_guard import HostDraws
 
 
 class StandInGraph(TorchDispatchMode):
@@ -77,13 +78,12 @@ class StandInGraphs(StepGraphs):
     """Set by :func:`install`: a function giving the optimizer the current run prepared."""
 
     @staticmethod
-    def checked(step: Any) -> tuple[Any, str | None]:
-        rng = host_rng_snapshot()
+    def checked(step: Any, draws: HostDraws | None = None) -> tuple[Any, str | None]:
+        draws = draws or HostDraws()
+        rng = draws.snapshot()
         out = step()
-        drew = host_rng_changed(rng)
-        return out, (
-            f"the step draws random numbers on the host ({drew}): a graph would replay the first draw" if drew else None
-        )
+        drew = draws.changed(rng)
+        return out, (draw_reason(drew) if drew else None)
 
     def capture(self, step: Any) -> tuple[StandInGraph, Any]:
         """Record ``step()``; the weights and the optimizer's state are put back afterwards (a
@@ -110,9 +110,9 @@ def install(monkeypatch: Any) -> None:
     engines: list[captured_step.CapturedStep] = []
     original = captured_step.CapturedStep.prepare
 
-    def prepare(self: Any, optimizer: Any, schedulers: Any = ()) -> bool:
+    def prepare(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> bool:
         engines.append(self)
-        return original(self, optimizer, schedulers)
+        return original(self, optimizer, *args, **kwargs)
 
     StandInGraphs.optimizer = staticmethod(
         lambda: next((e.prepared.optimizer for e in reversed(engines) if e.prepared is not None), None)

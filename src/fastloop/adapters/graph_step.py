@@ -46,7 +46,7 @@ class GraphedStep:
         self.model, self.optimizer, self.step_fn = model, optimizer, step_fn
         self.autocast_dtype = autocast_dtype
         self.engine = CapturedStep(on_fallback=on_fallback)
-        self.engine.prepare(optimizer, schedulers)
+        self.engine.prepare(optimizer, schedulers, model=model, roots=[step_fn])
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
