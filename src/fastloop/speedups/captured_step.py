@@ -237,7 +237,8 @@ class CapturedStep:
     changes: list[str] = field(default_factory=list)
     """Each change of the step's state seen while the run trained (``step N: what``)."""
     _checks_left: int = CHECKED_STEPS
-    _clean: bool = False
+    _clean_keys: set = field(default_factory=set)
+    """Keys whose checked step was clean: the first capture takes the next step of one of them."""
     _warm_key: Any = None
     _key: Any = None
     _static: Any = None
@@ -290,7 +291,7 @@ class CapturedStep:
             return batch
         key = (batch_key(batch), self._state_id)
         if not self.graphs.entries:
-            if not self._clean or key != self._warm_key:  # checked before its capture (a short batch, a new state)
+            if key not in self._clean_keys:  # each key checked before its capture (a short batch, a new state)
                 self.route, self._warm_key = "check", key
                 return batch
             return self._to_capture(key, batch)
@@ -387,8 +388,9 @@ class CapturedStep:
 
     def _check(self, eager: Callable[[], Any]) -> Any:
         out, why = self.graphs.checked(eager, self._draws)
-        self._clean = why is None
-        if why is not None:
+        if why is None:
+            self._clean_keys.add(self._warm_key)
+        else:
             self._checks_left -= 1
             if "random numbers" in why or self._checks_left <= 0:  # a draw: at once; a sync: the second time
                 self.fail(why)
