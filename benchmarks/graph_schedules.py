@@ -233,6 +233,8 @@ class Case:
     """The whole step is replayed (else the record names why it is not, before or during the run)."""
     why: str | None = None
     """Words of the reason recorded when the whole step is not replayed."""
+    change: tuple[str, ...] = ()
+    """Words of the state change the record names, with its step (a graph captured for the new state)."""
 
 
 CASES: dict[str, Case] = {
@@ -262,20 +264,24 @@ CASES: dict[str, Case] = {
         plain_setup=_freeze,
         plain_events={BATCHES: _unfreeze_backbone},
         epochs=3,
+        change=(f"step {BATCHES}: param groups 1 -> 2", "backbone.0.weight, ", "now require grad"),
     ),
     "requires_grad_toggle": Case(
         "the first layer frozen at step 5, unfrozen at step 11",
         events={5: _requires_grad(False), 11: _requires_grad(True)},
+        change=("step 5: ", "0.bias no longer require grad", "step 11: ", "0.bias now require grad"),
     ),
     "submodule_eval": Case(
         "BatchNorm put in eval() at step 6",
         model=_Scaled,
         events={6: lambda net, opt: net.bn.eval()},
+        change=("step 6: ", "bn.training True -> False"),
     ),
     "module_attribute": Case(
         "a Python number forward reads changed at step 6",
         model=_Scaled,
         events={6: lambda net, opt: setattr(net, "factor", 0.5)},
+        change=("step 6: ", "factor 1.0 -> 0.5"),
     ),
     "accumulation_schedule": Case(
         "GradientAccumulationScheduler({0: 1, 2: 4})",
@@ -493,12 +499,15 @@ def run_case(name: str, adapter: str, device: str, width: int = WIDTH) -> dict:
     tier = got["tier"]
     why = got["why_not_whole"]
     ok = diff <= TOLERANCE and got["status"] == "applied" and (tier == "whole step" or bool(why))
+    case = CASES[name]
+    as_expected = (tier == "whole step") == case.whole and (case.why is None or case.why in (why or ""))
     return {
         "adapter": adapter,
         "case": name,
         "what": CASES[name].what,
         "max_abs_diff_over_scale": diff,
         "ok": ok,
+        "as_expected": as_expected,
         "replays": engine.replays if engine is not None else 0,
         "state_changes": list(engine.changes) if engine is not None else [],
         **{k: v for k, v in got.items() if k != "extra"},
@@ -518,10 +527,13 @@ def main(argv: list[str]) -> int:
     emit("graph_schedules", {"device": torch.cuda.get_device_name(), "tolerance": TOLERANCE, "rows": rows})
     print(f"\n{'adapter':10} {'case':22} {'tier':26} {'diff/scale':>10} {'replays':>7}  why not the whole step")
     for r in rows:
+        note = "" if r["as_expected"] else "  (not the tier this case expects)"
         print(
             f"{r['adapter']:10} {r['case']:22} {str(r['tier']):26} {r['max_abs_diff_over_scale']:10.2e} "
-            f"{r['replays']:7d}  {r['why_not_whole'] or '-'}"
+            f"{r['replays']:7d}  {r['why_not_whole'] or '-'}{note}"
         )
+        for change in r["state_changes"]:
+            print(f"{'':10} {'':22} new state, new graph: {change}")
     bad = [f"{r['adapter']} {r['case']}" for r in rows if not r["ok"]]
     print(f"all within {TOLERANCE:g} of the parameters' scale" if not bad else f"NOT within {TOLERANCE:g}: {bad}")
     return 0 if not bad else 1

@@ -277,11 +277,11 @@ def _reachable_from(fn: types.FunctionType, add: Any) -> None:
     code = fn.__code__
     for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
         try:
-            add(f"{fn.__qualname__}'s {var}", cell.cell_contents)
+            add(f"{fn.__name__}'s {var}", cell.cell_contents)
         except ValueError:  # an empty cell
             continue
     for v in fn.__defaults__ or ():
-        add(f"{fn.__qualname__}'s default", v)
+        add(f"{fn.__name__}'s default", v)
     for var in _names_in(code) & fn.__globals__.keys():
         add(f"{fn.__module__}.{var}", fn.__globals__[var])
 
