@@ -222,6 +222,8 @@ class Case:
     """FastLoop's events where they differ (what a Lightning callback of the case does by hand)."""
     plain_setup: Callable[[torch.nn.Module], None] | None = None
     """Done to the model before FastLoop's optimizer is built (what the callback does in setup)."""
+    trains: Callable[[torch.nn.Module], Iterable] | None = None
+    """The parameters the optimizer is built over (None: all that require grad)."""
     lightning_callbacks: Callable[[], list] = list
     adapters: tuple[str, ...] = ADAPTERS
     epochs: int = 2
@@ -265,6 +267,13 @@ CASES: dict[str, Case] = {
         plain_events={BATCHES: _unfreeze_backbone},
         epochs=3,
         change=(f"step {BATCHES}: param groups 1 -> 2", "backbone.0.weight, ", "now require grad"),
+    ),
+    "param_group_added": Case(
+        "a param group added at step 7 for parameters that already required grad",
+        model=_WithBackbone,
+        trains=lambda net: net.head.parameters(),
+        events={7: lambda net, opt: opt.add_param_group({"params": list(net.backbone.parameters()), "lr": 1e-4})},
+        change=("step 7: param groups 1 -> 2",),
     ),
     "requires_grad_toggle": Case(
         "the first layer frozen at step 5, unfrozen at step 11",
@@ -359,9 +368,13 @@ def _plain_objects(case: Case, width: int, device: str) -> tuple:
     model = _build(case, width).to(device)
     if case.plain_setup is not None:
         case.plain_setup(model)
-    opt = case.optimizer([p for p in model.parameters() if p.requires_grad])
+    opt = case.optimizer(_trained(case, model))
     sched = case.scheduler(opt) if case.scheduler is not None else None
     return model, opt, sched
+
+
+def _trained(case: Case, net: torch.nn.Module) -> list:
+    return list(case.trains(net)) if case.trains is not None else [p for p in net.parameters() if p.requires_grad]
 
 
 def plain(name: str, spec: str, device: str = "cuda", width: int = WIDTH) -> tuple[torch.nn.Module, dict]:
@@ -417,7 +430,7 @@ class Lit(LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        opt = self.case.optimizer([p for p in self.parameters() if p.requires_grad])
+        opt = self.case.optimizer(_trained(self.case, self.net))
         if self.case.scheduler is None:
             return opt
         conf = {"scheduler": self.case.scheduler(opt), "interval": "step"}
