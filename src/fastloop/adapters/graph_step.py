@@ -3,7 +3,9 @@ engine is :class:`fastloop.speedups.captured_step.CapturedStep`, the same for Li
 module hands it the loop's step function and batch.
 
 The warm-up steps are real steps (the engine's rule, as under Lightning): nothing is rolled
-back, and a run graphed from its fourth step trains as the eager run does.
+back, and a run graphed from its fourth step trains as the eager run does. The engine guards the
+model (its modes and Python attributes, which parameters train) and searches the model and the
+step function (its closure, the globals it names) for host generators.
 """
 
 from __future__ import annotations

@@ -13,9 +13,13 @@ step.
 What only Lightning has is checked here (:func:`whole_step_blocker`, before the first step):
 a step counter or the batch index read by ``training_step`` (an annealed weight would freeze),
 hooks of the module or of a callback that run inside the step (they would run once), manual
-optimization, gradient accumulation, fp16's GradScaler, more than one process; and at capture, a
-value logged from ``training_step`` that is not a tensor (it would freeze). Python side effects of
-``training_step`` other than ``self.log`` (a counter, a print) run once, at capture.
+optimization, gradient accumulation, fp16's GradScaler, more than one process; before every step,
+``accumulate_grad_batches`` (:func:`accumulating`: a ``GradientAccumulationScheduler`` raises it
+at an epoch's start); and at capture, a value logged from ``training_step`` that is not a tensor
+(it would freeze). Python side effects of ``training_step`` other than ``self.log`` (a counter, a
+print) run once, at capture. A fit resumed with ``ckpt_path`` restores the optimizer after
+``on_fit_start``: the engine sees the replaced param groups at the first step and prepares them
+again, so the resumed fit replays the whole step.
 
 Example (needs a GPU):
     ``Trainer(callbacks=fastloop.lightning.callbacks("bf16,compile,cuda_graph"))``
