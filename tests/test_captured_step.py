@@ -54,7 +54,7 @@ def _loader():
 
 
 def test_an_sgd_planned_for_a_whole_step_graph_keeps_its_lr_as_a_tensor_that_follows_steplr():
-    """Issue 63: plain SGD's lr stayed a Python float after make_capturable, so every replay
+    """Plain SGD's lr would stay a Python float after make_capturable, so every replay
     used the capture step's lr. Prepared for a graph with its scheduler, it is fused and its lr is
     a tensor the scheduler fills in place every step (or the whole step is refused)."""
     model = _model()
@@ -146,7 +146,7 @@ def _row(name: str, adapter: str) -> dict:
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("name, adapter", ROWS, ids=[f"{a}-{n}" for n, a in ROWS])
 def test_each_case_trains_as_eager_replayed_whole_or_one_tier_down_with_its_cause(standin, name, adapter):
-    """Issue 69's must-show on the CPU stand-in (the GPU's: benchmarks/graph_schedules.py): each
+    """The must-show on the CPU stand-in (the GPU's: benchmarks/graph_schedules.py): each
     case eager and with cuda_graph on the same weights and batches. The parameters agree with
     eager's within 1e-5 of their scale whatever the tier, the record is "applied", and the tier
     is the one the case expects: the whole step (replayed, a new graph for each new state, the

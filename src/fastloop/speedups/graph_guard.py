@@ -23,8 +23,8 @@ added or replaced after the capture, generators reached only through other code'
 created inside the step (``step_source`` refuses a step whose source calls ``np.random``,
 ``random`` or a device-less ``torch.rand`` directly).
 
-The per-step cost is O(param groups + modules + parameters), each a C-level map over lists
-cached at capture (``benchmarks/run.py graph-guard`` measures it).
+The per-step cost is O(param groups + module attributes + parameters), each a C-level map over
+lists built once (``benchmarks/run.py graph-guard`` measures it).
 
 Example:
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
@@ -54,8 +54,8 @@ __all__ = ["Baked", "HostDraws", "StepState", "global_generators", "plain_value"
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-_GET = operator.itemgetter.__call__
-"""``_GET(getter, mapping)``: mapped over (getters, dicts), one C call per module."""
+_GET = dict.__getitem__
+"""``_GET(mapping, key)``: mapped over (dicts, keys), one C-level map over every attribute watched."""
 
 
 def plain_value(value: Any) -> bool:
@@ -151,9 +151,10 @@ class StepState:
     """The fingerprint of what a step's Python reads besides its batch and the hyperparameters:
     the optimizer's param groups (their dicts and parameter lists, by identity, and their
     lengths), which parameters require grad, and each module's public attributes that are Python
-    scalars or tuples of them (``training`` included). :meth:`now` is cheap (maps over lists
-    built here: no per-parameter Python loop) and hashable; :meth:`describe` says what differs
-    between two fingerprints (only when one changed).
+    scalars or tuples of them (``training`` included), as the modules held them when this was
+    built. :meth:`now` is cheap (C-level maps over lists built here: no Python loop per parameter
+    or attribute) and hashable; :meth:`describe` says what differs between two fingerprints (only
+    when one changed).
 
     Args:
         optimizer: the optimizer the step updates.
@@ -168,17 +169,16 @@ class StepState:
             named += [(f"param group {i}[{j}]", p) for j, p in enumerate(g["params"]) if id(p) not in seen]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.module_names: list[str] = []
-        self.module_keys: list[tuple[str, ...]] = []
-        self.getters: list[Any] = []
-        self.dicts: list[dict] = []
+        self.attr_names: list[str] = []
+        """Each module attribute watched, as ``path.name``."""
+        self.attr_dicts: list[dict] = []
+        self.attr_keys: list[str] = []
         for name, m in model.named_modules() if model is not None else ():
-            keys = tuple(k for k, v in vars(m).items() if not k.startswith("_") and plain_value(v))
-            if keys:
-                self.module_names.append(name)
-                self.module_keys.append(keys)
-                self.getters.append(operator.itemgetter(*keys))
-                self.dicts.append(vars(m))
+            for k, v in vars(m).items():
+                if not k.startswith("_") and plain_value(v):
+                    self.attr_names.append(f"{name}.{k}" if name else k)
+                    self.attr_dicts.append(vars(m))
+                    self.attr_keys.append(k)
         self._held: tuple = ()
 
     def now(self) -> tuple:
@@ -191,7 +191,7 @@ class StepState:
             tuple(map(id, lists)),
             tuple(map(len, lists)),
             tuple(map(_REQUIRES_GRAD, self.params)),
-            tuple(map(_GET, self.getters, self.dicts)),
+            tuple(map(_GET, self.attr_dicts, self.attr_keys)),
         )
 
     def describe(self, before: tuple, now: tuple) -> str:
@@ -201,13 +201,7 @@ class StepState:
             out.append(f"param groups {len(before[2])} -> {len(now[2])} (sizes {list(before[2])} -> {list(now[2])})")
         elif before[:2] != now[:2]:
             out.append("the optimizer's param groups were replaced (load_state_dict?)")
-        for (name, keys), b, n in zip(zip(self.module_names, self.module_keys), before[4], now[4]):
-            if b == n:
-                continue
-            b, n = ((b,), (n,)) if len(keys) == 1 else (b, n)
-            for k, x, y in zip(keys, b, n):
-                if x != y:
-                    out.append(f"{name + '.' if name else ''}{k} {x!r} -> {y!r}")
+        out += [f"{name} {b!r} -> {n!r}" for name, b, n in zip(self.attr_names, before[4], now[4]) if b != n]
         flips = [(name, n) for name, b, n in zip(self.param_names, before[3], now[3]) if b != n]
         for value, words in ((True, "now require grad"), (False, "no longer require grad")):
             names = [name for name, n in flips if n is value]
