@@ -50,13 +50,13 @@ def _plain(target: str, spec: str, device: str = "cpu"):
     return loop.train(steps=STEPS, warmup=WARMUP)
 
 
-def _close(a: list[float], b: list[float], rtol: float) -> float:
+def _close(a: list[float], b: list[float], rtol: float, what: str = "the adapters' losses") -> float:
     """The largest relative difference of two loss trajectories (the steps both trained), which
     must be within ``rtol``."""
     n = min(len(a), len(b))
     assert n >= STEPS, (len(a), len(b))
     diff = max(abs(x - y) / max(abs(x), 1e-8) for x, y in zip(a[:n], b[:n]))
-    assert diff <= rtol, f"the adapters' losses differ by {diff:.2e} > {rtol}"
+    assert diff <= rtol, f"{what} differ by {diff:.2e} > {rtol}"
     return diff
 
 
@@ -121,12 +121,12 @@ def test_both_adapters_agree(name, monkeypatch):
     assert lit_rec["status"] == "applied", lit_rec
     eager_rtol = EAGER_RTOL[name]
     if eager_rtol is not None:
-        _close(_eager(p.target)[0], lit["losses"], eager_rtol)
+        _close(_eager(p.target)[0], lit["losses"], eager_rtol, "Lightning's losses with and without it")
     if not p.plain_loop:
         return
     plain = _plain(p.target, spec)
     if eager_rtol is not None:
-        _close(_eager(p.target)[1], plain.losses, eager_rtol)
+        _close(_eager(p.target)[1], plain.losses, eager_rtol, "FastLoop's losses with and without it")
     plain_rec = next(r for r in plain.records if r.name == name)
     assert (lit_rec["status"], lit_rec["reason"]) == (plain_rec.status, plain_rec.reason)
     assert _tier(lit["extra"]) == _tier(plain.extra), (lit["extra"], plain.extra)
