@@ -536,7 +536,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         sys.stderr.write(f"unknown case {', '.join(unknown)}; the cases: {', '.join(CASES)}\n")
         return 2
-    rows = [run_case(n, a, "cuda") for n in names for a in CASES[n].adapters]
+    rows = []
+    for n in names:
+        for a in CASES[n].adapters:
+            rows.append(run_case(n, a, "cuda"))
+            r = rows[-1]
+            print(f"done: {a} {n}: {r['tier']}, {r['max_abs_diff_over_scale']:.2e}", flush=True)
     emit("graph_schedules", {"device": torch.cuda.get_device_name(), "tolerance": TOLERANCE, "rows": rows})
     print(f"\n{'adapter':10} {'case':22} {'tier':26} {'diff/scale':>10} {'replays':>7}  why not the whole step")
     for r in rows:
