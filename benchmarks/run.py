@@ -16,8 +16,11 @@ Benchmarks:
 - ``pad-lm``: a causal LM on per-batch padded rows, without and with pad_buckets: the loss
   trajectories and real tokens/s (benchmarks/pad_lm.py)
 - ``gpt-ladder``: ``fastloop ladder gpt`` (the GPT-2 recipe's default ladder), report under $OUT
-- ``graph-schedules``: the whole-step graph beside eager under SGD + StepLR and AdamW + OneCycleLR,
-  both adapters: the tier, the reason and the weights after 16 steps (benchmarks/graph_schedules.py)
+- ``graph-schedules``: the whole-step graph beside eager, both adapters, in every case where the
+  step's Python reads something that changes mid-run (schedulers, a CPU-tensor lr, param groups
+  added, requires_grad, module modes and attributes, accumulation, the batch's strings and key
+  order, a host generator, a resumed fit): the tier, the cause and the parameters after the run
+  (benchmarks/graph_schedules.py)
 - ``checkpoint``: how long a save blocks training, synchronous against ``async_checkpoint``, on a
   model of 512 MB, and whether the two files are equal (benchmarks/checkpoint_bench.py)
 - ``compile-cache``: a configuration's compile seconds cold (``--no-cache``) against warm (the
@@ -27,7 +30,7 @@ Benchmarks:
 Probes (where a step's time goes; their output explains a benchmark's figure):
 ``gpt-profile``, ``host-profile``, ``dali-trace``, ``h2d-feed``, ``loader-throughput``,
 ``timer-overhead``, ``liger-fusions``, ``augment-host`` (gpu_augment's host time per batch, fused
-against the ops one by one).
+against the ops one by one), ``graph-guard`` (the whole-step graph's guard per replay, on the host).
 
 Example:
     ``python3 benchmarks/run.py zoo --modules cifar_resnet --rounds 3``
@@ -61,6 +64,7 @@ PROBES = {
     "timer-overhead": "benchmarks/timer_overhead.py",
     "liger-fusions": "benchmarks/liger_fusions.py",
     "augment-host": "benchmarks/augment_host.py",
+    "graph-guard": "benchmarks/graph_guard.py",
 }
 COMMANDS = ("gpt-ladder", "gpu-tests")
 

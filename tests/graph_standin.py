@@ -20,7 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastloop.speedups import captured_step, cuda_graph
-from fastloop.speedups.graph_capture import StepGraphs, host_rng_changed, host_rng_snapshot
+from fastloop.speedups.graph_capture import StepGraphs, draw_reason
+from fastloop.speedups.graph_guard import HostDraws
 
 
 class StandInGraph(TorchDispatchMode):
@@ -35,9 +36,14 @@ class StandInGraph(TorchDispatchMode):
         super().__init__()
         self.tape: list[tuple[Any, tuple, dict, Any]] = []
         self.replays = 0
+        self.written: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Each tensor the capture wrote in place, with its value before (put back after it)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        for t in _written(func, args, kwargs):
+            if id(t) not in self.written:
+                self.written[id(t)] = (t, t.detach().clone())
         out = func(*args, **kwargs)
         self.tape.append((func, args, kwargs, out))
         return out
@@ -50,6 +56,20 @@ class StandInGraph(TorchDispatchMode):
                     if o is not r and not _shares(o, r):
                         o.copy_(r)
         self.replays += 1
+
+
+_UNDECLARED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
+"""Operators that write arguments their schema does not mark as written (BatchNorm's statistics)."""
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors ``func`` writes in place (its schema's mutable arguments)."""
+    out: list[torch.Tensor] = []
+    undeclared = _UNDECLARED_WRITES.get(func._schema.name, ())
+    for i, arg in enumerate(func._schema.arguments):
+        if (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in undeclared:
+            out += _flat(args[i] if i < len(args) else kwargs.get(arg.name))
+    return out
 
 
 def _flat(x: Any) -> list[torch.Tensor]:
@@ -77,18 +97,18 @@ class StandInGraphs(StepGraphs):
     """Set by :func:`install`: a function giving the optimizer the current run prepared."""
 
     @staticmethod
-    def checked(step: Any) -> tuple[Any, str | None]:
-        rng = host_rng_snapshot()
+    def checked(step: Any, draws: HostDraws | None = None) -> tuple[Any, str | None]:
+        draws = draws or HostDraws()
+        rng = draws.snapshot()
         out = step()
-        drew = host_rng_changed(rng)
-        return out, (
-            f"the step draws random numbers on the host ({drew}): a graph would replay the first draw" if drew else None
-        )
+        drew = draws.changed(rng)
+        return out, (draw_reason(drew) if drew else None)
 
     def capture(self, step: Any) -> tuple[StandInGraph, Any]:
-        """Record ``step()``; the weights and the optimizer's state are put back afterwards (a
-        CUDA graph records its kernels without running them). The gradients stay the capture's
-        tensors, as they are a real graph's."""
+        """Record ``step()``; every tensor it wrote in place (the weights, the optimizer's state,
+        BatchNorm's running statistics) is put back afterwards (a CUDA graph records its kernels
+        without running them; the engine replays the graph at once). The gradients stay the
+        capture's tensors, as they are a real graph's."""
         opt = StandInGraphs.optimizer() if StandInGraphs.optimizer else None
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
         saved = [(p, p.detach().clone()) for p in params] + [(t, t.detach().clone()) for t in _state(opt)]
@@ -96,7 +116,7 @@ class StandInGraphs(StepGraphs):
         with torch.random.fork_rng(devices=[]), graph:
             out = step()
         with torch.no_grad():
-            for t, v in saved:
+            for t, v in [*saved, *graph.written.values()]:
                 t.copy_(v)
         return graph, out
 
@@ -110,9 +130,9 @@ def install(monkeypatch: Any) -> None:
     engines: list[captured_step.CapturedStep] = []
     original = captured_step.CapturedStep.prepare
 
-    def prepare(self: Any, optimizer: Any, schedulers: Any = ()) -> bool:
+    def prepare(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> bool:
         engines.append(self)
-        return original(self, optimizer, schedulers)
+        return original(self, optimizer, *args, **kwargs)
 
     StandInGraphs.optimizer = staticmethod(
         lambda: next((e.prepared.optimizer for e in reversed(engines) if e.prepared is not None), None)

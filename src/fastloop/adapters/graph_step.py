@@ -3,7 +3,9 @@ engine is :class:`fastloop.speedups.captured_step.CapturedStep`, the same for Li
 module hands it the loop's step function and batch.
 
 The warm-up steps are real steps (the engine's rule, as under Lightning): nothing is rolled
-back, and a run graphed from its fourth step trains as the eager run does.
+back, and a run graphed from its fourth step trains as the eager run does. The engine guards the
+model (its modes and Python attributes, which parameters train) and searches the model and the
+step function (its closure, the globals it names) for host generators.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class GraphedStep:
         self.model, self.optimizer, self.step_fn = model, optimizer, step_fn
         self.autocast_dtype = autocast_dtype
         self.engine = CapturedStep(on_fallback=on_fallback)
-        self.engine.prepare(optimizer, schedulers)
+        self.engine.prepare(optimizer, schedulers, model=model, roots=[step_fn])
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -13,9 +13,13 @@ step.
 What only Lightning has is checked here (:func:`whole_step_blocker`, before the first step):
 a step counter or the batch index read by ``training_step`` (an annealed weight would freeze),
 hooks of the module or of a callback that run inside the step (they would run once), manual
-optimization, gradient accumulation, fp16's GradScaler, more than one process; and at capture, a
-value logged from ``training_step`` that is not a tensor (it would freeze). Python side effects of
-``training_step`` other than ``self.log`` (a counter, a print) run once, at capture.
+optimization, gradient accumulation, fp16's GradScaler, more than one process; before every step,
+``accumulate_grad_batches`` (:func:`accumulating`: a ``GradientAccumulationScheduler`` raises it
+at an epoch's start); and at capture, a value logged from ``training_step`` that is not a tensor
+(it would freeze). Python side effects of ``training_step`` other than ``self.log`` (a counter, a
+print) run once, at capture. A fit resumed with ``ckpt_path`` restores the optimizer after
+``on_fit_start``: the engine sees the replaced param groups at the first step and prepares them
+again, so the resumed fit replays the whole step.
 
 Example (needs a GPU):
     ``Trainer(callbacks=fastloop.lightning.callbacks("bf16,compile,cuda_graph"))``
@@ -33,7 +37,7 @@ from fastloop.adapters.step_source import step_reads_counters
 from fastloop.speedups.captured_step import CapturedStep, Entry
 from fastloop.speedups.cuda_graph import SCALER_BLOCKS
 
-__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "whole_step_blocker"]
+__all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "accumulating", "whole_step_blocker"]
 
 HOOKS_IN_STEP = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 """Callback and module hooks that Lightning calls inside the optimizer step."""
@@ -109,6 +113,24 @@ def whole_step_blocker(trainer: Trainer, pl_module: LightningModule) -> str | No
     return None
 
 
+def accumulating(trainer: Trainer) -> str | None:
+    """Why the next step cannot replay the whole step for the Trainer's accumulation now (a
+    callback such as ``GradientAccumulationScheduler`` changes ``accumulate_grad_batches`` at an
+    epoch's start), or None: one attribute read per step.
+
+    Example:
+        >>> from fastloop._compat import Trainer
+        >>> trainer = Trainer(accelerator="cpu", logger=False)
+        >>> print(accumulating(trainer))
+        None
+        >>> trainer.accumulate_grad_batches = 4
+        >>> accumulating(trainer)
+        'accumulate_grad_batches became 4: the graph would step the optimizer every batch'
+    """
+    n = trainer.accumulate_grad_batches
+    return None if n == 1 else f"accumulate_grad_batches became {n}: the graph would step the optimizer every batch"
+
+
 class WholeStepGraph:
     """Lightning's driver of the captured-step engine (see the module's docstring).
 
@@ -126,7 +148,7 @@ class WholeStepGraph:
 
     def __init__(self, trainer: Trainer, pl_module: LightningModule, patch: Any, on_fallback: Any = None) -> None:
         self.trainer, self.module = trainer, pl_module
-        self.engine = CapturedStep(on_fallback=on_fallback)
+        self.engine = CapturedStep(on_fallback=on_fallback, blocker=lambda: accumulating(trainer))
         original_b2d = trainer.strategy.batch_to_device
         self._original_step = pl_module.optimizer_step
 
@@ -142,14 +164,15 @@ class WholeStepGraph:
 
     def prepare(self, undo: list) -> None:
         """When the optimizers exist: one optimizer, ready for the graph given the schedulers
-        (fused or capturable, lr a device tensor); ``undo`` gets the float lrs back."""
+        (fused or capturable, lr a device tensor); ``undo`` gets the lrs back as they were given.
+        A fit resumed from a checkpoint restores the optimizer after this (``load_state_dict``
+        replaces its param groups): the engine prepares the new groups at the first step."""
         if len(self.trainer.optimizers) != 1:
             self.engine.fail(f"{len(self.trainer.optimizers)} optimizers (the graph takes one)")
             return
         schedulers = [c.scheduler for c in getattr(self.trainer, "lr_scheduler_configs", []) or []]
-        if self.engine.prepare(self.trainer.optimizers[0], schedulers):
-            assert self.engine.prepared is not None
-            undo.append(self.engine.prepared.restore)
+        if self.engine.prepare(self.trainer.optimizers[0], schedulers, model=self.module):
+            undo.append(self.engine.restore)
 
     def _step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any, *args: Any, **kwargs: Any) -> Any:
         def eager() -> Any:

@@ -18,17 +18,27 @@ The warm-up, the same in both adapters (also in docs/speedups/cuda_graph.md):
    draw fails the whole step at once (a graph would replay the first draw); a sync is tolerated
    in one checked step of :data:`CHECKED_STEPS` (a first-step-only sync such as a logger's first
    call), a second one fails;
-3. the next step whose batch has the checked step's shapes is captured (nothing runs while a
-   graph records) and replayed at once, for real; every later step of those shapes replays; a
-   batch of other shapes is captured at its second step (:meth:`StepGraphs.route`).
+3. the next step whose key (the batch's :func:`~fastloop.speedups.graph_capture.batch_key` and
+   the step's state) was checked clean is captured (nothing runs while a graph records) and
+   replayed at once, for real; every later step of that key replays; a key first seen later (a
+   batch shape, a task string, a new state) runs eagerly once, watched for host draws (a branch
+   the first graph did not take), and is captured at its second step (:meth:`StepGraphs.route`).
 
 The optimizer (:func:`prepare_for_capture`): fused where it can be (its lr then a device tensor
-that the scheduler fills in place), else its capturable form; a scheduler that cycles a
-hyperparameter the graph bakes in (momentum, betas) or an lr that would stay a Python number
-while a scheduler changes it refuses the whole step before the first step, with a reason that
-names the optimizer or the scheduler. Before every replay the numbers the graph baked in are
-compared with the optimizer's (:class:`Baked`): a change made another way (by hand, by a
-callback) ends the replays, and the driver drops one tier.
+that the scheduler fills in place; an lr given as a CPU tensor is copied there and followed),
+else its capturable form; a scheduler that cycles a hyperparameter the graph bakes in (momentum,
+betas) or an lr that would stay a Python number while a scheduler changes it refuses the whole
+step before the first step, with a reason that names the optimizer or the scheduler.
+
+The guard, before every step (:meth:`CapturedStep._guard`, :mod:`fastloop.speedups.graph_guard`;
+docs/speedups/cuda_graph.md says what it covers and what it does not): the driver's own check
+(Lightning's ``accumulate_grad_batches``) and a changed hyperparameter (:class:`Baked`: every
+one of every group, whatever its type) end the replays, and the driver drops one tier; param
+groups added or replaced (``add_param_group``, ``load_state_dict`` in a resumed fit) are prepared
+again; a new state of the step (:class:`~fastloop.speedups.graph_guard.StepState`: the groups,
+``requires_grad``, module modes and Python attributes) is a new key, captured as its own graph
+(up to :data:`~fastloop.speedups.graph_capture.MAX_GRAPHS` states), each change named in the
+record with its step.
 
 Example (no GPU: a stand-in for the graphs, as the CPU tests use):
     >>> import torch
@@ -42,6 +52,7 @@ Example (no GPU: a stand-in for the graphs, as the CPU tests use):
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -52,7 +63,17 @@ import torch
 from fastloop.data import map_tensors
 from fastloop.errors import GraphIneligible
 from fastloop.speedups.fused_optimizer import apply_fused_optimizer, why_not_fused
-from fastloop.speedups.graph_capture import StepGraphs, copy_into, make_capturable, sync_lr
+from fastloop.speedups.graph_capture import (
+    MAX_GRAPHS,
+    LrTensor,
+    StepGraphs,
+    batch_key,
+    copy_into,
+    draw_reason,
+    make_capturable,
+    sync_lr,
+)
+from fastloop.speedups.graph_guard import Baked, HostDraws, StepState
 
 __all__ = [
     "CHECKED_STEPS",
@@ -108,69 +129,57 @@ def cycled_hyperparameters(schedulers: Iterable[Any]) -> str | None:
     return None
 
 
-class Baked:
-    """What a graph baked in of an optimizer: every number of every param group that is not a
-    tensor the graph reads (a tensor lr is followed: :func:`~fastloop.speedups.graph_capture.sync_lr`),
-    and which tensor each other tensor hyperparameter was. :meth:`changed` names the first that
-    differs now.
-
-    Example:
-        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1, momentum=0.9)
-        >>> baked = Baked(opt)
-        >>> print(baked.changed())
-        None
-        >>> opt.param_groups[0]["momentum"] = 0.8
-        >>> baked.changed()
-        "param group 0's momentum (0.9 when captured, 0.8 now)"
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.values = [
-            (i, g, k, v)
-            for i, g in enumerate(optimizer.param_groups)
-            for k, v in g.items()
-            if k != "params" and not (k == "lr" and torch.is_tensor(v))
-        ]
-
-    def changed(self) -> str | None:
-        for i, g, k, v in self.values:
-            now = g.get(k)
-            if now is v or (not torch.is_tensor(v) and not torch.is_tensor(now) and now == v):
-                continue
-            return f"param group {i}'s {k} ({v!r} when captured, {now!r} now)"
-        return None
-
-
 @dataclass
 class PreparedOptimizer:
     """An optimizer made ready for a whole-step graph (:func:`prepare_for_capture`)."""
 
     optimizer: torch.optim.Optimizer
-    lr_pairs: list[tuple[dict, torch.Tensor]]
-    """(param group, its lr tensor): a float a scheduler puts back is copied into the tensor."""
-    floats: list[Any]
-    """The lrs before (put back by :meth:`restore`)."""
+    lr_pairs: list[LrTensor]
+    """Each group's lr as the graph reads it (a float a scheduler puts back is copied into it)."""
     fused: bool
     """It was switched to its fused implementation for the graph."""
+    groups: list[dict] = field(default_factory=list)
+    """The param groups as prepared: another list (a group added, the groups replaced by
+    ``load_state_dict``) is prepared again (:meth:`stale`)."""
 
     def sync(self) -> None:
-        """Before a replay: a float lr put back into a group reaches the graph's lr tensor."""
+        """Before a replay: a float lr put back into a group, or the user's CPU lr tensor changed
+        in place, reaches the graph's lr tensor."""
         sync_lr(self.lr_pairs)
 
+    def stale(self) -> bool:
+        """The optimizer's param groups are not the ones prepared (O(groups): identities)."""
+        groups = self.optimizer.param_groups
+        return len(groups) != len(self.groups) or not all(map(operator.is_, groups, self.groups))
+
     def restore(self) -> None:
-        """The float lrs back (after the fit: the user's optimizer as it was, but fused)."""
-        for g, old in zip(self.optimizer.param_groups, self.floats):
-            if torch.is_tensor(g["lr"]) and not torch.is_tensor(old):
-                g["lr"] = float(g["lr"])
+        """The lrs as they were given, with their current values (after the fit: the user's
+        optimizer as it was, but fused): a float back where there was one, the user's own lr
+        tensor back where it was not on the device."""
+        self.sync()
+        current = {id(g) for g in self.optimizer.param_groups}
+        for lr in self.lr_pairs:
+            if id(lr.group) not in current:
+                continue
+            if lr.source is not None:
+                with torch.no_grad():
+                    lr.source.copy_(lr.tensor)
+                lr.group["lr"] = lr.source
+            elif not torch.is_tensor(lr.original):
+                lr.group["lr"] = float(lr.group["lr"])
 
 
-def prepare_for_capture(optimizer: torch.optim.Optimizer, schedulers: Iterable[Any] = ()) -> PreparedOptimizer:
+def prepare_for_capture(
+    optimizer: torch.optim.Optimizer, schedulers: Iterable[Any] = (), before: PreparedOptimizer | None = None
+) -> PreparedOptimizer:
     """Make ``optimizer`` ready for a graph that follows ``schedulers`` (the schedulers of the run),
-    in place: fused where it can be, its lr a device tensor the schedulers fill, else its
-    capturable form. Raises GraphIneligible, naming the optimizer or the scheduler, where the
-    graph could not follow them: a scheduler cycles momentum or betas; the lr would stay a Python
-    number (no fused or capturable implementation reads a tensor) while a scheduler changes it;
-    the optimizer has no capturable implementation.
+    in place: fused where it can be, its lr a device tensor the schedulers fill (a CPU tensor lr
+    copied to the device and followed), else its capturable form. ``before``: a preparation of
+    the same optimizer whose groups changed since (a group added, the groups replaced); its lr
+    tensors stay for the groups it holds. Raises GraphIneligible, naming the optimizer or the
+    scheduler, where the graph could not follow them: a scheduler cycles momentum or betas; the
+    lr would stay a Python number (no fused or capturable implementation reads a tensor) while a
+    scheduler changes it; the optimizer has no capturable implementation.
 
     Example:
         >>> p = torch.nn.Parameter(torch.ones(2))
@@ -184,11 +193,10 @@ def prepare_for_capture(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
     why = cycled_hyperparameters(scheds)
     if why:
         raise GraphIneligible(why)
-    floats = [g["lr"] for g in optimizer.param_groups]
     not_fused = why_not_fused(optimizer)
-    if not_fused is None and not any(g.get("fused") for g in optimizer.param_groups):
+    if not_fused is None and not all(g.get("fused") for g in optimizer.param_groups):
         apply_fused_optimizer(optimizer)
-    pairs = make_capturable(optimizer)
+    pairs = make_capturable(optimizer, keep=before.lr_pairs if before is not None else ())
     if scheds and len(pairs) < len(optimizer.param_groups):
         names = ", ".join(dict.fromkeys(type(s).__name__ for s in scheds))
         because = not_fused or "no fused or capturable form of it reads a tensor lr"
@@ -196,13 +204,13 @@ def prepare_for_capture(optimizer: torch.optim.Optimizer, schedulers: Iterable[A
             f"{type(optimizer).__name__} reads its lr as a Python number ({because}), which a graph "
             f"would bake in while {names} changes it"
         )
-    return PreparedOptimizer(optimizer, pairs, floats, fused=not_fused is None)
+    return PreparedOptimizer(optimizer, pairs, fused=not_fused is None, groups=list(optimizer.param_groups))
 
 
 @dataclass
 class Entry:
-    """One captured batch shape: its graph, static batch, what the step returned while it was
-    captured, what the driver keeps for its replays, and what the graph baked in."""
+    """One captured key (batch and state): its graph, static batch, what the step returned while
+    it was captured, what the driver keeps for its replays, and what the graph baked in."""
 
     graph: Any
     static: Any
@@ -220,10 +228,13 @@ class CapturedStep:
         on_fallback: called once with the reason when the whole step stops being replayed (the
             driver drops one tier).
         graphs: the capture core (a stand-in in the CPU tests).
+        blocker: the driver's check before every step (None: nothing to check); a reason ends
+            the replays (Lightning: ``accumulate_grad_batches`` changed by a callback).
     """
 
     on_fallback: Callable[[str], None] | None = None
     graphs: StepGraphs = field(default_factory=lambda: GRAPH_CORE())
+    blocker: Callable[[], str | None] | None = None
     prepared: PreparedOptimizer | None = None
     """The optimizer as :func:`prepare_for_capture` left it (None: not prepared, nothing baked is guarded)."""
     failed: str | None = None
@@ -231,16 +242,39 @@ class CapturedStep:
     replays: int = 0
     eager_after_capture: int = 0
     route: str = "eager"
-    """What :meth:`step` does with this step: eager, check, capture or replay."""
+    """What :meth:`step` does with this step: eager, check, watch (eager, watched for host draws),
+    capture or replay."""
+    changes: list[str] = field(default_factory=list)
+    """Each change of the step's state seen while the run trained (``step N: what``)."""
     _checks_left: int = CHECKED_STEPS
-    _clean: bool = False
-    _warm_key: tuple | None = None
-    _key: tuple | None = None
+    _clean_keys: set = field(default_factory=set)
+    """Keys whose checked step was clean: the first capture takes the next step of one of them."""
+    _warm_key: Any = None
+    _key: Any = None
     _static: Any = None
     _entry: Entry | None = None
+    _schedulers: list = field(default_factory=list)
+    _model: torch.nn.Module | None = None
+    _state: StepState | None = None
+    _draws: HostDraws = field(default_factory=HostDraws)
+    _fingerprint: tuple | None = None
+    _states: dict = field(default_factory=dict)
+    _state_id: int = 0
 
-    def prepare(self, optimizer: torch.optim.Optimizer, schedulers: Iterable[Any] = ()) -> bool:
-        """:func:`prepare_for_capture`; a refusal fails the whole step (False)."""
+    def prepare(
+        self,
+        optimizer: torch.optim.Optimizer,
+        schedulers: Iterable[Any] = (),
+        *,
+        model: torch.nn.Module | None = None,
+        roots: Iterable[Any] = (),
+    ) -> bool:
+        """:func:`prepare_for_capture`; a refusal fails the whole step (False). ``model``: the
+        module the step runs (its state is guarded: :class:`StepState`); ``roots``: what else the
+        step's Python reads (the step function), searched with the model for host generators."""
+        self._schedulers, self._model = list(schedulers), model
+        self._state = StepState(optimizer, model)
+        self._draws = HostDraws([model, *roots])
         try:
             self.prepared = prepare_for_capture(optimizer, schedulers)
         except GraphIneligible as err:
@@ -248,24 +282,27 @@ class CapturedStep:
             return False
         return True
 
+    def restore(self) -> None:
+        """After the run: the optimizer's lrs as they were given (:meth:`PreparedOptimizer.restore`)."""
+        if self.prepared is not None:
+            self.prepared.restore()
+
     @property
     def captured(self) -> bool:
         return bool(self.graphs.entries) and self.failed is None
 
     def batch(self, batch: Any) -> Any:
-        """Decide this step's route from ``batch``'s shapes and return the batch the step is to
-        see: the graph's static buffers (this batch copied in) where it is captured or replayed."""
+        """Decide this step's route from ``batch``'s key (:func:`batch_key` and the step's state)
+        and return the batch the step is to see: the graph's static buffers (this batch copied
+        in) where it is captured or replayed."""
         self._entry = None
         if self.failed is not None or self.steps < EAGER_STEPS:
             self.route = "eager"
             return batch
-        key = StepGraphs.key(batch)
+        key = (batch_key(batch), self._state_id)
         if not self.graphs.entries:
-            if not self._clean:
+            if key not in self._clean_keys:  # each key checked before its capture (a short batch, a new state)
                 self.route, self._warm_key = "check", key
-                return batch
-            if key != self._warm_key:  # not the checked step's shapes (a short last batch): a later one
-                self.route = "eager"
                 return batch
             return self._to_capture(key, batch)
         route = self.graphs.route(key)
@@ -275,11 +312,11 @@ class CapturedStep:
             return self._entry.static
         if route == "capture":
             return self._to_capture(key, batch)
-        self.route = "eager"
+        self.route = "watch" if key in self.graphs.seen_once else "eager"  # its first step: watched for draws
         self.eager_after_capture += 1
         return batch
 
-    def _to_capture(self, key: tuple, batch: Any) -> Any:
+    def _to_capture(self, key: Any, batch: Any) -> Any:
         self.route, self._key = "capture", key
         self._static = map_tensors(lambda t: t.clone(), batch)
         return self._static
@@ -293,14 +330,18 @@ class CapturedStep:
         kept: Callable[[Any], tuple[Any, str | None]] | None = None,
     ) -> Any:
         """Run this step by :attr:`route`: ``eager()`` (the step as the user's code runs it, on the
-        batch :meth:`batch` returned), checked, captured then replayed, or replayed.
-        ``replayed(entry)`` gives the step's result after a replay; ``recorded()``: the step as
-        the capture records it (default ``eager``; Lightning's notes what it logs); ``kept(out)``,
-        after a capture, what the driver keeps for the replays and why they could not be right
-        (None: they can)."""
+        batch :meth:`batch` returned), checked, captured then replayed, or replayed. The guard
+        runs first (:meth:`_guard`). ``replayed(entry)`` gives the step's result after a replay;
+        ``recorded()``: the step as the capture records it (default ``eager``; Lightning's notes
+        what it logs); ``kept(out)``, after a capture, what the driver keeps for the replays and
+        why they could not be right (None: they can)."""
         try:
+            if self.failed is None and self.prepared is not None:
+                self._guard()
             if self.route == "check":
                 return self._check(eager)
+            if self.route == "watch":
+                return self._watch(eager)
             if self.route == "capture":
                 return self._capture(eager, recorded or eager, replayed, kept)
             if self.route == "replay":
@@ -310,13 +351,69 @@ class CapturedStep:
             self.steps += 1
             self.route = "eager"  # a step not announced by batch() runs eagerly
 
+    def _guard(self) -> None:
+        """Before every step (what the step's Python reads may have changed since :meth:`batch`, in
+        a hook that ran in between): the driver's blocker (ends the replays); param groups that
+        are not the prepared ones (prepared again); the step's state (:class:`StepState`): a new
+        state is a new key, this step runs eagerly and the next ones capture a graph for it."""
+        assert self.prepared is not None and self._state is not None
+        why = self.blocker() if self.blocker is not None else None
+        if why:
+            self.fail(f"{why} (from step {self.steps})")
+            self.route = "eager"
+            return
+        if self.prepared.stale():
+            try:
+                self.prepared = prepare_for_capture(self.prepared.optimizer, self._schedulers, before=self.prepared)
+            except GraphIneligible as err:
+                self.fail(f"{err} (the param groups changed at step {self.steps})")
+                self.route = "eager"
+                return
+        try:
+            now = self._state.now()
+            same = self._fingerprint is None or now == self._fingerprint
+        except Exception as err:  # an attribute deleted, or no longer a Python scalar (a tensor compared)
+            self.fail(f"a module attribute the captured step read changed kind at step {self.steps} ({err})")
+            self.route = "eager"
+            return
+        if self._fingerprint is None:
+            self._fingerprint, self._states[now] = now, 0
+        elif not same:
+            self._new_state(now)
+
+    def _new_state(self, now: tuple) -> None:
+        assert self._state is not None and self._fingerprint is not None
+        what = self._state.describe(self._fingerprint, now)
+        self._fingerprint = now
+        self._state_id = self._states.setdefault(now, len(self._states))
+        if len(self._states) > MAX_GRAPHS:
+            self.fail(
+                f"the step's state changed at step {self.steps} ({what}), its state number {len(self._states)}: "
+                f"more than the {MAX_GRAPHS} graphs kept (a Python value that changes every step?)"
+            )
+        else:
+            self.changes.append(f"step {self.steps}: {what}")
+        if self.route in ("capture", "replay"):  # its key was the old state's: this step runs eagerly
+            self.route = "eager"
+
     def _check(self, eager: Callable[[], Any]) -> Any:
-        out, why = self.graphs.checked(eager)
-        self._clean = why is None
-        if why is not None:
+        out, why = self.graphs.checked(eager, self._draws)
+        if why is None:
+            self._clean_keys.add(self._warm_key)
+        else:
             self._checks_left -= 1
             if "random numbers" in why or self._checks_left <= 0:  # a draw: at once; a sync: the second time
                 self.fail(why)
+        return out
+
+    def _watch(self, eager: Callable[[], Any]) -> Any:
+        """A new key's first step, eager: a host draw there (a branch the first graph did not take)
+        fails the whole step, as in a checked step."""
+        before = self._draws.snapshot()
+        out = eager()
+        drew = self._draws.changed(before)
+        if drew:
+            self.fail(f"{draw_reason(drew)} (step {self.steps}, a new batch key or state)")
         return out
 
     def _capture(
@@ -338,12 +435,15 @@ class CapturedStep:
             extra, err = kept(out)
         if err is not None:
             self.graphs.synchronize()
-            if late:  # this shape stays eager; the shapes captured before replay on
+            if late:  # this key stays eager; the keys captured before replay on
                 self.graphs.refuse(self._key, err)
             else:
                 self.fail(err)
             return eager()  # nothing of the captured step ran: run it for real
-        entry = Entry(graph, self._static, out, extra, Baked(self.prepared.optimizer) if self.prepared else None)
+        baked = None
+        if self.prepared is not None:
+            baked = Baked(self.prepared.optimizer, followed=[lr.tensor for lr in self.prepared.lr_pairs])
+        entry = Entry(graph, self._static, out, extra, baked)
         self.graphs.add(self._key, entry, time.perf_counter() - t0)
         graph.replay()  # this step, for real
         return replayed(entry)
@@ -356,8 +456,8 @@ class CapturedStep:
         changed = entry.baked.changed() if entry.baked is not None else None
         if changed:
             self.fail(
-                f"{changed}: a scheduler or your code changed a hyperparameter the graph baked in; "
-                f"the steps from here on do not replay it"
+                f"{changed} at step {self.steps}: a scheduler or your code changed a hyperparameter the graph "
+                f"baked in; the steps from here on do not replay it"
             )
             return eager()
         entry.graph.replay()
@@ -383,7 +483,10 @@ class CapturedStep:
             f"{self.replays} replays" + self.graphs.describe()
         )
         if self.eager_after_capture:
-            out += f", {self.eager_after_capture} steps of another batch shape eager"
+            out += f", {self.eager_after_capture} steps of another batch shape or state eager"
+        if self.changes:
+            shown = self.changes[:4] + ([f"{len(self.changes) - 4} more"] if len(self.changes) > 4 else [])
+            out += "; the step's state changed (a graph per state): " + "; ".join(shown)
         return out
 
     def finish(self, ctx: Any, owner: str) -> None:
