@@ -201,3 +201,26 @@ def test_a_model_made_to_learn_worse_does_not_learn_the_same(tmp_path):
         == [f["settings"]["seed"] for f in doc["fits"]["b"]]
     )
     assert doc["verdicts"][0].startswith("whole fit: ") and doc["verdicts"][1].startswith("step only: ")
+
+
+def test_no_cache_reaches_the_fits_own_process_and_its_run_inputs():
+    """``fastloop fit --no-cache`` (and ``ab --fit --no-cache``): the fit's own process is started with
+    --no-cache, and parses back to the options that compile cold."""
+    from fastloop.cli import _parser
+    from fastloop.drivers.fit import _child_command
+    from fastloop.drivers.fit_commands import fit_options
+
+    for argv, cached in (
+        (["fit", "demo", "--epochs", "1"], True),
+        (["fit", "demo", "--epochs", "1", "--no-cache"], False),
+    ):
+        opts = fit_options(_parser().parse_args(argv), "cpu")
+        assert opts.compile_cache is cached
+        child = _child_command(opts, "compile", "/tmp/r.json", "/tmp/root", 0.0)
+        assert ("--no-cache" in child) is not cached
+        back = fit_options(_parser().parse_args(child[3:]), "cpu")
+        assert back.compile_cache is cached and isinstance(back, type(opts))
+    ab = fit_options(
+        _parser().parse_args(["ab", "demo", "--a", "none", "--b", "compile", "--fit", "--no-cache"]), "cpu"
+    )
+    assert ab.compile_cache is False

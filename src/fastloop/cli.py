@@ -250,6 +250,7 @@ def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -
     sp.add_argument("--seed", type=_positive("--seed", allow_zero=True, most=2**31 - 1), default=0)
     sp.add_argument("--child-of", type=float, default=None, help=argparse.SUPPRESS)  # the fit's own process
     sp.add_argument("--root-dir", default=None, help=argparse.SUPPRESS)
+    _no_cache(sp)
     _common(sp)
     ab = sub.choices["ab"]
     ab.add_argument(

@@ -78,6 +78,8 @@ class FitOptions:
     until: str | None = None
     """``METRIC>=X`` or ``METRIC<=X``: stop at the first validation run that reaches it."""
     seed: int = 0
+    compile_cache: bool = True
+    """Compiles use the project's compile cache (False: ``--no-cache``, a cold compile)."""
 
     def length_args(self) -> list[str]:
         """The length and target flags as the command line spells them."""
@@ -144,7 +146,7 @@ def _build(opts: FitOptions) -> tuple[Any, Any, dict, list, list[dict], list, di
             data, record, stats = s.prepare_run(module, data, in_training, dev, precision=user_trainer.get("precision"))
             prepared.append(record.to_dict())
             extra.update(stats)
-    inputs = RunInputs()
+    inputs = RunInputs(compile_cache=opts.compile_cache)
     callbacks = [SpeedupCallback(s, inputs=inputs) for s in in_training]
     return module, data, user_trainer, chosen, prepared, callbacks, extra
 
@@ -348,6 +350,7 @@ def _child_command(opts: FitOptions, speedups: str, record_path: str, root_dir: 
         repr(spawned_at),
         "--root-dir",
         root_dir,
+        *([] if opts.compile_cache else ["--no-cache"]),
     ]
 
 

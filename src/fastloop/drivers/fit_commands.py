@@ -30,6 +30,7 @@ def fit_options(args: argparse.Namespace, device: str, speedups: str | None = No
         max_time=args.max_time,
         until=args.until,
         seed=getattr(args, "seed", 0),
+        compile_cache=not getattr(args, "no_cache", False),
     )
 
 
