@@ -42,10 +42,12 @@ __all__ = [
     "DaliSettings",
     "FolderPlan",
     "NotTranslated",
+    "ReaderShard",
     "check_folder",
     "default_hw_decoder_load",
     "plan_folder",
     "rank_world",
+    "reader_shard",
 ]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -191,15 +193,53 @@ def plan_folder(transform: Any) -> FolderPlan:
     return plan
 
 
+@dataclass(frozen=True)
+class ReaderShard:
+    """Which files of the list this rank's DALI reader reads, and in what order: what the
+    loader's sampler says (:func:`reader_shard`)."""
+
+    shard_id: int
+    num_shards: int
+    shuffle: bool
+    seed: int | None
+    """The reader's permutation seed, the same on every rank (a DistributedSampler's); None: the run's."""
+
+
+def reader_shard(sampler: Any) -> ReaderShard:
+    """The DALI reader's share for a loader with ``sampler``: a ``DistributedSampler`` (Lightning
+    gives a training loader one under DDP and FSDP; a plain loop's own) reads its rank's shard of
+    the list, shuffled each epoch when the sampler shuffles, from the sampler's seed so that the
+    ranks' shards stay disjoint; a ``RandomSampler`` or ``SequentialSampler`` reads every file, as
+    the loader does; anything else (a wrapper around a sampler of one's own included) raises
+    :class:`NotTranslated` naming it. DALI's shards are contiguous slices of the permuted list,
+    a ``DistributedSampler``'s are every k-th index: both disjoint, together the whole list.
+
+    Example:
+        >>> from torch.utils.data.distributed import DistributedSampler
+        >>> reader_shard(DistributedSampler(range(10), num_replicas=4, rank=3, seed=5))
+        ReaderShard(shard_id=3, num_shards=4, shuffle=True, seed=5)
+        >>> reader_shard(SequentialSampler(range(10)))
+        ReaderShard(shard_id=0, num_shards=1, shuffle=False, seed=None)
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    if type(sampler) is DistributedSampler:
+        return ReaderShard(int(sampler.rank), int(sampler.num_replicas), bool(sampler.shuffle), int(sampler.seed))
+    if type(sampler) in (RandomSampler, SequentialSampler):
+        return ReaderShard(0, 1, type(sampler) is RandomSampler, None)
+    raise NotTranslated(f"the loader has a custom sampler ({type(sampler).__name__})")
+
+
 def check_folder(loader: Any) -> FolderPlan:
     """The plan for ``loader`` without building a pipeline; :class:`NotTranslated` naming what does not fit."""
     ds, _, _ = _check_loader(loader)
     return plan_folder(ds.transform)
 
 
-def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
+def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], ReaderShard]:
     """The folder dataset (inside ``Subset`` wrappers: ``random_split``'s), the (file, label) pairs
-    the loader reads and whether it shuffles; NotTranslated naming what does not fit."""
+    the loader reads and this rank's share of them (:func:`reader_shard`); NotTranslated naming
+    what does not fit."""
     try:
         from torchvision.datasets import DatasetFolder
     except ImportError as err:  # pragma: no cover - torchvision is a dependency
@@ -223,15 +263,14 @@ def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
         raise NotTranslated(f"the loader has a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')})")
     if loader.batch_size is None:
         raise NotTranslated("the loader has a custom batch_sampler")
-    if type(loader.sampler) not in (RandomSampler, SequentialSampler):
-        raise NotTranslated(f"the loader has a custom sampler ({type(loader.sampler).__name__})")
+    shard = reader_shard(loader.sampler)
     samples = list(ds.samples) if indices is None else [ds.samples[i] for i in indices]
     bad = next((p for p, _ in samples if not p.lower().endswith(IMAGE_SUFFIXES)), None)
     if bad is not None:
         raise NotTranslated(f"{os.path.basename(bad)} is not a JPEG or PNG file")
     if not samples:
         raise NotTranslated("the folder holds no images")
-    return ds, samples, isinstance(loader.sampler, RandomSampler)
+    return ds, samples, shard
 
 
 def default_hw_decoder_load(device_id: int | None) -> float:
@@ -331,6 +370,12 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
     )
 
 
+def _reader_seed(share: ReaderShard | None, seed: int) -> int:
+    """The reader's permutation seed: the sampler's where it has one (the same on every rank, so
+    that the shards of one epoch's permutation are disjoint), else the pipeline's."""
+    return seed if share is None or share.seed is None else share.seed
+
+
 class DaliPipeline:
     """One DALI pipeline: ``files`` with ``labels`` read (this rank's shard; the whole list permuted
     each epoch when ``shuffle``), decoded (on the GPU's "mixed" decoder with ``device_id``, else on
@@ -350,13 +395,14 @@ class DaliPipeline:
         drop_last: bool,
         seed: int = 0,
         settings: DaliSettings | None = None,
+        share: ReaderShard | None = None,
     ) -> None:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         st = settings or DaliSettings()
         self.plan, self.batch_size, self.drop_last, self.n = plan, batch_size, drop_last, len(files)
-        self.shard, self.num_shards = rank_world()
+        self.shard, self.num_shards = (share.shard_id, share.num_shards) if share is not None else rank_world()
         self.channels_last = st.channels_last
         gpu = device_id is not None
         if gpu:
@@ -384,7 +430,7 @@ class DaliPipeline:
         )
         layout = "HWC" if st.channels_last else "CHW"
         out_type = types.FLOAT if st.dtype == torch.float32 else types.FLOAT16
-        shard, shards = self.shard, self.num_shards
+        shard, shards, reader_seed = self.shard, self.num_shards, _reader_seed(share, seed)
         antialias = st.antialias and plan.interp != "INTERP_NN"  # DALI: nearest has no antialiasing (nor PIL's)
 
         @pipeline_def
@@ -393,7 +439,7 @@ class DaliPipeline:
                 files=files,
                 labels=labels,
                 shuffle_after_epoch=shuffle,
-                seed=seed,
+                seed=reader_seed,
                 shard_id=shard,
                 num_shards=shards,
                 pad_last_batch=not drop_last,
@@ -464,7 +510,7 @@ class DaliFolderLoader(DaliPipeline):
     def __init__(
         self, loader: DataLoader, *, device_id: int | None, seed: int = 0, settings: DaliSettings | None = None
     ) -> None:
-        ds, samples, shuffle = _check_loader(loader)
+        ds, samples, share = _check_loader(loader)
         self.dataset = loader.dataset
         super().__init__(
             [p for p, _ in samples],
@@ -472,8 +518,9 @@ class DaliFolderLoader(DaliPipeline):
             plan_folder(ds.transform),
             int(loader.batch_size),
             device_id=device_id,
-            shuffle=shuffle,
+            shuffle=share.shuffle,
             drop_last=loader.drop_last,
             seed=seed,
             settings=settings,
+            share=share,
         )
