@@ -44,6 +44,7 @@ from fastloop.speedups.resident_pad import (
     batch_indices,
     host_available_bytes,
     learn_padded,
+    size_text,
     why_not_padded,
 )
 from fastloop.speedups.run import Run
@@ -161,14 +162,14 @@ def _fits(size: int, device: torch.device, share: float, what: str = "the datase
     available = host_available_bytes() if on_host else None
     if available is not None and size > HOST_SHARE * available:
         raise NotResident(
-            f"{what} {size / 2**30:.2f} GiB, more than {HOST_SHARE:.0%} of the {available / 2**30:.1f} GiB "
+            f"{what} {size_text(size)}, more than {HOST_SHARE:.0%} of the {size_text(available)} "
             f"of available host memory, where it is built first"
         )
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if size > share * free:
             raise NotResident(
-                f"{what} {size / 2**30:.2f} GiB, more than {share:.0%} of the {free / 2**30:.1f} GiB of free GPU memory"
+                f"{what} {size_text(size)}, more than {share:.0%} of the {size_text(free)} of free GPU memory"
             )
 
 

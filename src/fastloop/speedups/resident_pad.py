@@ -53,6 +53,7 @@ __all__ = [
     "host_available_bytes",
     "host_parts",
     "learn_padded",
+    "size_text",
     "why_not_padded",
 ]
 
@@ -372,12 +373,21 @@ def host_available_bytes() -> int | None:
         return None
 
 
+def size_text(nbytes: float) -> str:
+    """Bytes for a reason a person reads.
+
+    >>> size_text(3 * 2**30), size_text(334_400)
+    ('3.00 GiB', '0.32 MiB')
+    """
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
+
+
 def _fits_host(nbytes: int, what: str) -> None:
     available = host_available_bytes()
     if available is not None and nbytes > HOST_SHARE * available:
         raise TooLarge(
-            f"the samples padded to their longest take {nbytes / 2**30:.2f} GiB ({what}), more than "
-            f"{HOST_SHARE:.0%} of the {available / 2**30:.1f} GiB of available host memory, where they are built"
+            f"the samples padded to their longest take {size_text(nbytes)} ({what}), more than "
+            f"{HOST_SHARE:.0%} of the {size_text(available)} of available host memory, where they are built"
         )
 
 
