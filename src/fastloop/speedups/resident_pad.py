@@ -285,10 +285,11 @@ def _learn(loader: DataLoader, check: int, *, all_samples: bool, fits: Callable 
             fits(nbytes, what)
     store = _store(ones, pads, theirs[0], per_sample, same)
     local = {i: k for k, i in enumerate(ones)}
-    named = [(f"batch {n}", b) for n, b in enumerate(_sample_batches(loader, None) if all_samples else batches)]
-    for label, b in named + _by_length(ones, pads, len(batches[0]), tensor_names(theirs[0])):
-        n = int(label.split()[1]) if label.startswith("batch ") else -1
-        want = theirs[n] if 0 <= n < len(batches) and batches[n] == b else collate([dataset[i] for i in b])
+    known = {tuple(b): out for b, out in zip(batches, theirs)}  # collated already
+    epoch = _sample_batches(loader, None) if all_samples else batches
+    checks = [(f"batch {n}", b) for n, b in enumerate(epoch)]
+    for label, b in checks + _by_length(ones, pads, len(batches[0]), tensor_names(theirs[0])):
+        want = known[tuple(b)] if tuple(b) in known else collate([dataset[i] for i in b])
         host = np.asarray([local[i] for i in b])
         diff = first_difference(want, store.cut(host, torch.as_tensor(host, dtype=torch.long)))
         if diff:
@@ -318,6 +319,9 @@ def _by_length(ones: dict[int, list[torch.Tensor]], pads: dict[int, tuple], widt
                 seen.add(tuple(b))
                 out.append((f"a batch of the {what} {names[k]} rows", b))
     return out
+
+
+_MISSING = object()
 
 
 def _plan_host_parts(outputs: dict[int, Any], batches: list[list[int]], theirs: list[Any]) -> tuple[dict, dict]:
@@ -353,9 +357,6 @@ def _plan_host_parts(outputs: dict[int, Any], batches: list[list[int]], theirs: 
     if any(set(host_parts(t)) != set(paths) for t in theirs):
         raise NotPadded("the collate_fn's batches do not hold the same parts without tensors each time")
     return per_sample, same
-
-
-_MISSING = object()
 
 
 def host_available_bytes() -> int | None:
