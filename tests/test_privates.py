@@ -178,3 +178,19 @@ def test_dynamos_recompile_limit_is_read():
     limit, dynamic = tp.recompile_limit()
     assert limit == getattr(config, "recompile_limit", getattr(config, "cache_size_limit", None)) and limit >= 1
     assert dynamic is config.automatic_dynamic_shapes
+
+
+def test_lightning_prepares_a_training_loader_with_its_distributed_sampler_and_worker_seeding(monkeypatch):
+    from torch.utils.data.distributed import DistributedSampler
+
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)  # not launched: rank 0 of 2
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")  # what seed_everything(workers=True) sets
+    loader = _loader()
+    prepared = lp.prepare_train_loader(trainer, loader)
+    assert isinstance(prepared.sampler, DistributedSampler) and prepared.sampler.num_replicas == 2, (
+        "Lightning's _data_connector._prepare_dataloader changed: update fastloop/adapters/_lightning_private.py"
+    )
+    assert prepared.worker_init_fn is not None, "fabric's _auto_add_worker_init_fn changed"
+    assert loader.worker_init_fn is None and lp.prepare_train_loader(trainer, prepared) is prepared
+    one = Trainer(accelerator="cpu", devices=1, logger=False)
+    assert lp.prepare_train_loader(one, loader) is loader  # one process: Lightning adds no sampler
