@@ -2,7 +2,9 @@
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/gpu_resident.md``.
 Semantics kept: the loader's own sampler (or batch sampler) decides the order, so shuffling
-follows the loader's generator and seed exactly; ``batch_size`` and ``drop_last`` as set.
+follows the loader's generator and seed exactly, and under DDP or FSDP each rank serves its
+``DistributedSampler``'s share (the Lightning callbacks hand over the loader as Lightning prepares
+it); ``batch_size`` and ``drop_last`` as set.
 Options: ``gpu_resident:SHARE``, the largest share of free GPU memory the data may take.
 Changes the data pipeline. For GPU versions of per-sample augmentations, see
 :mod:`fastloop.augment`.
