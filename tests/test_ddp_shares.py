@@ -132,17 +132,17 @@ def test_lightning_gives_a_feed_the_loader_with_its_distributed_sampler_under_dd
         assert len(dl) == len(loader) // 2 and loader.sampler is not dl.sampler  # the user's loader untouched
 
 
-def test_dali_reads_the_samplers_shard_with_its_seed():
-    """DALI's reader takes its shard, replica count, shuffling and permutation seed from the
-    loader's DistributedSampler (the same seed on every rank: the shards of an epoch stay disjoint
-    whatever each rank's own seed); a RandomSampler's loader reads every file on each rank."""
+def test_dali_reads_the_samplers_shard():
+    """DALI's reader takes its shard, the number of shards and shuffling from the loader's
+    DistributedSampler (tests/test_dali_folder.py reads the files on DALI's CPU backend); a
+    RandomSampler's loader reads every file on each rank; a sampler of one's own is refused."""
     from torch.utils.data import RandomSampler, WeightedRandomSampler
 
     from fastloop.dali_folder import NotTranslated, ReaderShard, reader_shard
 
-    shares = [reader_shard(DistributedSampler(range(21), num_replicas=2, rank=r, seed=3)) for r in (0, 1)]
-    assert shares == [ReaderShard(0, 2, True, 3), ReaderShard(1, 2, True, 3)]
-    assert reader_shard(RandomSampler(range(21))) == ReaderShard(0, 1, True, None)
+    shares = [reader_shard(DistributedSampler(range(21), num_replicas=2, rank=r, shuffle=r == 0)) for r in (0, 1)]
+    assert shares == [ReaderShard(0, 2, True), ReaderShard(1, 2, False)]
+    assert reader_shard(RandomSampler(range(21))) == ReaderShard(0, 1, True)
     with pytest.raises(NotTranslated, match="WeightedRandomSampler"):
         reader_shard(WeightedRandomSampler([1.0] * 4, 4))
     from lightning.fabric.utilities.distributed import DistributedSamplerWrapper

@@ -24,6 +24,7 @@ Example (a CPU pipeline; on a GPU pass ``device_id``):
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
 
 from fastloop.augment import torchvision_padding, unwrap_subsets
+from fastloop.cuda_env import cuda_queues_note
 from fastloop.errors import FastloopError
 
 __all__ = [
@@ -195,38 +197,37 @@ def plan_folder(transform: Any) -> FolderPlan:
 
 @dataclass(frozen=True)
 class ReaderShard:
-    """Which files of the list this rank's DALI reader reads, and in what order: what the
-    loader's sampler says (:func:`reader_shard`)."""
+    """Which files of the list this rank's DALI reader reads: what the loader's sampler says
+    (:func:`reader_shard`)."""
 
     shard_id: int
     num_shards: int
     shuffle: bool
-    seed: int | None
-    """The reader's permutation seed, the same on every rank (a DistributedSampler's); None: the run's."""
 
 
 def reader_shard(sampler: Any) -> ReaderShard:
     """The DALI reader's share for a loader with ``sampler``: a ``DistributedSampler`` (Lightning
     gives a training loader one under DDP and FSDP; a plain loop's own) reads its rank's shard of
-    the list, shuffled each epoch when the sampler shuffles, from the sampler's seed so that the
-    ranks' shards stay disjoint; a ``RandomSampler`` or ``SequentialSampler`` reads every file, as
-    the loader does; anything else (a wrapper around a sampler of one's own included) raises
-    :class:`NotTranslated` naming it. DALI's shards are contiguous slices of the permuted list,
-    a ``DistributedSampler``'s are every k-th index: both disjoint, together the whole list.
+    the list, shuffled each epoch when the sampler shuffles (DALI's reader permutes the whole list
+    from one seed of its own, the same on every rank, so the shards of an epoch are disjoint); a
+    ``RandomSampler`` or ``SequentialSampler`` reads every file, as the loader does; anything else
+    (a wrapper around a sampler of one's own included) raises :class:`NotTranslated` naming it.
+    DALI's shards are contiguous slices of the list, a ``DistributedSampler``'s every k-th index:
+    both disjoint, together the whole list.
 
     Example:
         >>> from torch.utils.data.distributed import DistributedSampler
         >>> reader_shard(DistributedSampler(range(10), num_replicas=4, rank=3, seed=5))
-        ReaderShard(shard_id=3, num_shards=4, shuffle=True, seed=5)
+        ReaderShard(shard_id=3, num_shards=4, shuffle=True)
         >>> reader_shard(SequentialSampler(range(10)))
-        ReaderShard(shard_id=0, num_shards=1, shuffle=False, seed=None)
+        ReaderShard(shard_id=0, num_shards=1, shuffle=False)
     """
     from torch.utils.data.distributed import DistributedSampler
 
     if type(sampler) is DistributedSampler:
-        return ReaderShard(int(sampler.rank), int(sampler.num_replicas), bool(sampler.shuffle), int(sampler.seed))
+        return ReaderShard(int(sampler.rank), int(sampler.num_replicas), bool(sampler.shuffle))
     if type(sampler) in (RandomSampler, SequentialSampler):
-        return ReaderShard(0, 1, type(sampler) is RandomSampler, None)
+        return ReaderShard(0, 1, type(sampler) is RandomSampler)
     raise NotTranslated(f"the loader has a custom sampler ({type(sampler).__name__})")
 
 
@@ -370,10 +371,13 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
     )
 
 
-def _reader_seed(share: ReaderShard | None, seed: int) -> int:
-    """The reader's permutation seed: the sampler's where it has one (the same on every rank, so
-    that the shards of one epoch's permutation are disjoint), else the pipeline's."""
-    return seed if share is None or share.seed is None else share.seed
+def _last_batch(drop_last: bool, shards: int) -> str:
+    """DALI's policy for an epoch's last batch: dropped with ``drop_last``; with several shards
+    (ranks) filled with repeats of the shard's last files, since DALI pads a shorter shard to the
+    longest one's batches and every rank must take the same number of steps (DDP's collectives
+    pair them; a ``DistributedSampler`` pads its shares with repeats alike); else partial, as the
+    DataLoader's."""
+    return "DROP" if drop_last else "FILL" if shards > 1 else "PARTIAL"
 
 
 class DaliPipeline:
@@ -405,12 +409,8 @@ class DaliPipeline:
         self.shard, self.num_shards = (share.shard_id, share.num_shards) if share is not None else rank_world()
         self.channels_last = st.channels_last
         gpu = device_id is not None
-        if gpu:
-            from fastloop.cuda_env import cuda_queues_note
-
-            note = cuda_queues_note()
-            if note:
-                warnings.warn(note, stacklevel=3)
+        if gpu and (note := cuda_queues_note()):
+            warnings.warn(note, stacklevel=3)
         load = st.hw_decoder_load if st.hw_decoder_load is not None else default_hw_decoder_load(device_id)
         # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a
         # large image does not trigger a reallocation mid-epoch, and size the hardware decoder's
@@ -430,7 +430,7 @@ class DaliPipeline:
         )
         layout = "HWC" if st.channels_last else "CHW"
         out_type = types.FLOAT if st.dtype == torch.float32 else types.FLOAT16
-        shard, shards, reader_seed = self.shard, self.num_shards, _reader_seed(share, seed)
+        shard, shards = self.shard, self.num_shards
         antialias = st.antialias and plan.interp != "INTERP_NN"  # DALI: nearest has no antialiasing (nor PIL's)
 
         @pipeline_def
@@ -439,9 +439,10 @@ class DaliPipeline:
                 files=files,
                 labels=labels,
                 shuffle_after_epoch=shuffle,
-                seed=reader_seed,
+                seed=seed,
                 shard_id=shard,
                 num_shards=shards,
+                stick_to_shard=not shuffle,  # as a DistributedSampler: the same files each epoch (DALI moves on)
                 pad_last_batch=not drop_last,
                 name="Reader",
             )
@@ -485,11 +486,14 @@ class DaliPipeline:
             ["images", "labels"],
             reader_name="Reader",
             auto_reset=True,
-            last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL,
+            last_batch_policy=getattr(LastBatchPolicy, _last_batch(drop_last, shards)),
         )
 
     def __len__(self) -> int:
-        # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k)
+        # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k); without drop_last, several
+        # shards are each filled to the longest one's batches (_last_batch)
+        if self.num_shards > 1 and not self.drop_last:
+            return math.ceil(math.ceil(self.n / self.num_shards) / self.batch_size)
         per_shard = self.n * (self.shard + 1) // self.num_shards - self.n * self.shard // self.num_shards
         return per_shard // self.batch_size if self.drop_last else -(-per_shard // self.batch_size)
 
