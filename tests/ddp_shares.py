@@ -16,7 +16,9 @@ speedup's record and, for ``prefetch``, where its batches were built.
 the CPU: prefetch's thread runs (a loader that draws no host random numbers is read on it), and
 gpu_resident serves batches from tensors on the CPU standing in for the device, as
 ``tests/test_gpu_resident.py`` runs it. SPEEDUP is ``prefetch``, ``gpu_resident``,
-``gpu_resident_padded`` (a padding collate), ``pad_buckets`` or ``workers``.
+``gpu_resident_padded`` (a padding collate), ``pad_buckets``, ``workers`` or ``dali`` (an image
+folder of 21 JPEGs, written to ``OUT_DIR/images`` before the ranks start, read by DALI's CPU
+pipeline; each image is known by its pixels, as DALI's batches carry no index).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ SPEC = {
     "gpu_resident_padded": "gpu_resident",
     "pad_buckets": "pad_buckets",
     "workers": "workers:2",
+    "dali": "dali",
 }
 PADDED = {"gpu_resident_padded", "pad_buckets"}
 
@@ -116,17 +119,63 @@ class Text(TextClassifier):
         return super().training_step(batch, batch_idx)
 
 
+FILES = 21
+"""Images in the folder of the ``dali`` case (two shards of 10 and 11)."""
+
+
+def write_images(root: Path) -> None:
+    """21 JPEGs of 3 classes, each of its own size and colours."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(SEED)
+    for c in ("cat", "dog", "emu"):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(FILES // 3):
+            h, w = 40 + 4 * i, 56 - 2 * i
+            img = (torch.rand(3, 1, 1, generator=g) * 200 + 40 * torch.rand(3, h, w, generator=g)).clamp(0, 255)
+            Image.fromarray(img.byte().permute(1, 2, 0).numpy()).save(root / c / f"{i}.jpg", quality=95)
+
+
+def image_loader(root: Path) -> DataLoader:
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    images = datasets.ImageFolder(str(root), transform=T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()]))
+    return DataLoader(images, batch_size=2, shuffle=True)
+
+
+class Images(LightningModule):
+    """Knows each image by a digest of its pixels (DALI's batches carry no index)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(3 * 32 * 32, 3)
+        self.seen: dict[int, list[str]] = {}
+
+    def training_step(self, batch, batch_idx):
+        import hashlib
+
+        x, y = batch
+        digests = [hashlib.sha1(image.cpu().numpy().tobytes()).hexdigest()[:12] for image in x]
+        self.seen.setdefault(self.current_epoch, []).extend(digests)
+        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
 def feed_mode(source) -> str | None:
     """How a background feed built its batches (None: no feed)."""
     return getattr(source, "mode", None) if type(source).__name__ == "BackgroundFeed" else None
 
 
-def lightning_case(case: str) -> dict:
+def lightning_case(case: str, out: str) -> dict:
     from fastloop._compat import pl
     from fastloop.lightning import callbacks, records_of
 
     pl.seed_everything(SEED, workers=True, verbose=False)
-    module = Text() if case in PADDED else Linear()
+    module = Images() if case == "dali" else Text() if case in PADDED else Linear()
+    data = image_loader(Path(out, "images")) if case == "dali" else loader(case)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
@@ -146,7 +195,7 @@ def lightning_case(case: str) -> dict:
             modes.append(feed_mode(trainer.train_dataloader))
 
     trainer.callbacks.append(Mode())
-    trainer.fit(module, train_dataloaders=loader(case))
+    trainer.fit(module, train_dataloaders=data)
     return {
         "rank": trainer.global_rank,
         "epochs": {str(e): v for e, v in module.seen.items()},
@@ -203,10 +252,12 @@ def loop_case(case: str) -> dict:
 def main(out: str, cases: list[str]) -> None:
     warnings.filterwarnings("ignore")
     on_the_cpu()
+    if "LOCAL_RANK" not in os.environ and any(c.endswith(":dali") for c in cases):  # before rank 1 starts
+        write_images(Path(out, "images"))
     for spec in cases:
         adapter, case = spec.split(":")
         t0 = time.perf_counter()
-        doc = lightning_case(case) if adapter == "lightning" else loop_case(case)
+        doc = lightning_case(case, out) if adapter == "lightning" else loop_case(case)
         doc["seconds"] = round(time.perf_counter() - t0, 2)
         Path(out, f"{adapter}-{case}.rank{doc['rank']}.json").write_text(json.dumps(doc))
 

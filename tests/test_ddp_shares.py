@@ -29,6 +29,12 @@ CASES = [
     for adapter in ("lightning", "loop")
     for case in ("prefetch", "gpu_resident", "gpu_resident_padded", "pad_buckets", "workers")
 ]
+try:
+    import nvidia.dali  # noqa: F401
+
+    DALI = ["lightning:dali"]
+except ImportError:
+    DALI = []
 
 
 def _expected(rank: int, epoch: int) -> list[int]:
@@ -43,7 +49,10 @@ def shares(tmp_path_factory) -> dict:
     """Every case, one after the other, in one pair of processes (starting them is most of the cost)."""
     out = tmp_path_factory.mktemp("shares")
     proc = subprocess.run(
-        [sys.executable, str(Path(ddp_shares.__file__)), str(out), *CASES], capture_output=True, text=True, timeout=400
+        [sys.executable, str(Path(ddp_shares.__file__)), str(out), *CASES, *DALI],
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {f.name.removesuffix(".json"): json.loads(f.read_text()) for f in out.glob("*.json")}
@@ -66,6 +75,25 @@ def test_each_rank_trains_on_its_share_and_the_next_epoch_reshuffles(shares, cas
         for rank, s in enumerate(seen):
             assert s == _expected(rank, int(epoch)), f"{case}, rank {rank}, epoch {epoch}: not its sampler's order"
     assert all(doc["epochs"]["1"] != doc["epochs"]["0"] for doc in ranks)  # set_epoch reshuffled
+
+
+@pytest.mark.skipif(not DALI, reason="NVIDIA DALI is not installed")
+def test_dali_under_lightning_ddp_reads_each_ranks_shard_of_the_folder(shares):
+    """DALI replaces the loader, so Lightning adds no sampler to it: the callbacks hand it the
+    loader with Lightning's DistributedSampler, whose rank and replica count its reader shards by.
+    The 21 files: 10 on one rank and 11 on the other, every file once an epoch, the shorter shard
+    filled with a repeat so both ranks take 6 steps; the next epoch in another order."""
+    ranks = [shares.get(f"lightning-dali.rank{r}") for r in (0, 1)]
+    assert all(ranks), sorted(shares)
+    for doc in ranks:
+        (record,) = doc["records"]
+        assert record[1] == "applied", record
+    for epoch in ("0", "1"):
+        seen = [doc["epochs"][epoch] for doc in ranks]
+        assert [len(s) for s in seen] == [12, 12]  # 6 steps of 2 on each rank
+        assert sorted(len(set(s)) for s in seen) == [10, 11] and not set(seen[0]) & set(seen[1])
+        assert len(set(seen[0]) | set(seen[1])) == ddp_shares.FILES
+    assert all(doc["epochs"]["1"] != doc["epochs"]["0"] for doc in ranks)
 
 
 def _loader_with_a_share(rank: int = 0) -> DataLoader:
