@@ -104,22 +104,41 @@ def test_values_match_torchvision_within_the_stated_tolerance(folder):
     assert max(diffs) < TOLERANCE, diffs
 
 
-def test_each_rank_reads_its_own_shard(folder, monkeypatch):
-    """Under DDP each rank reads its shard of the files (DALI's reader), and ``len`` is per rank."""
-    import fastloop.dali_folder as F
+def test_each_rank_reads_its_own_shard(folder):
+    """Under DDP (Lightning gives the loader its DistributedSampler; a plain loop gives its own)
+    each rank reads its shard of the files (DALI's reader, from the sampler's rank and replica
+    count), and ``len`` is per rank, every epoch; the shards of an epoch are disjoint, shuffled or
+    not, whatever each rank's own seed (DALI permutes from a seed of its own)."""
+    from torch.utils.data.distributed import DistributedSampler
 
     t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
-    loader = _loader(folder, t, batch_size=2, drop_last=False)  # 21 files
-    seen = []
-    for rank, files in ((0, 10), (1, 11)):  # DALI's split: shard i holds files [21*i//2, 21*(i+1)//2)
-        monkeypatch.setattr(F, "rank_world", lambda r=rank: (r, 2))
-        dali = DaliFolderLoader(loader, device_id=None)
-        batches = list(dali)
-        labels = [int(v) for _, y in batches for v in y]
-        assert (dali.shard, dali.num_shards) == (rank, 2) and len(labels) == files
-        assert len(dali) == -(-files // 2) == len(batches)
-        seen += labels
-    assert sorted(seen) == sorted(c for _, c in loader.dataset.samples)  # every file once, over the two ranks
+    ds = datasets.ImageFolder(str(folder), transform=t)  # 21 files
+    for shuffle in (False, True):
+        seen: list[list[set]] = [[], []]  # per epoch, per rank: the files read (by their pixels)
+        for rank in (0, 1):  # DALI's split: shard i holds files [21*i//2, 21*(i+1)//2): 10 and 11
+            sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=shuffle, seed=3)
+            loader = DataLoader(ds, batch_size=2, sampler=sampler)
+            dali = DaliFolderLoader(loader, device_id=None, seed=rank)  # the run's seeds may differ by rank
+            assert (dali.shard, dali.num_shards) == (rank, 2) and len(dali) == 6  # ceil(ceil(21 / 2) / 2) on both
+            for epoch in range(2):  # the same shard each epoch unshuffled; reshuffled after each epoch
+                batches = list(dali)  # the shorter shard filled with repeats: the ranks step together
+                assert len(batches) == len(dali) and [len(y) for _, y in batches] == [2] * 6
+                seen[epoch].append({image.numpy().tobytes() for images, _ in batches for image in images})
+        for ranks in seen:  # every file once an epoch, each on one rank
+            assert len(ranks[0] | ranks[1]) == 21 and not ranks[0] & ranks[1], shuffle
+        if not shuffle:  # each rank its own files every epoch, as the unshuffled DistributedSampler
+            assert seen[0] == seen[1]
+
+
+def test_a_loader_without_a_distributed_sampler_reads_every_file_on_each_rank(folder, monkeypatch):
+    """A plain loop's loader with a RandomSampler under torch.distributed reads the whole folder on
+    each rank (as the loader itself does); DALI does not shard behind its back."""
+    import fastloop.dali_folder as F
+
+    monkeypatch.setattr(F, "rank_world", lambda: (1, 2))
+    t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
+    dali = DaliFolderLoader(_loader(folder, t, batch_size=3, shuffle=True), device_id=None)
+    assert (dali.shard, dali.num_shards) == (0, 1) and sum(len(y) for _, y in dali) == 21
 
 
 def test_the_recipes_loader_and_the_speedup_share_one_pipeline_builder():

@@ -400,9 +400,9 @@ def test_a_padding_collate_is_served_from_padded_samples_with_the_collates_own_b
     from fastloop.speedups.resident_pad import PaddedResidentLoader
     from tests import targets
 
-    def make():
+    def make():  # 25 batches an epoch: more than the 8 the padding is read from
         return DataLoader(
-            targets.TextRows(n=60, causal=collate != "pad_collate"),
+            targets.TextRows(n=200, causal=collate != "pad_collate"),
             batch_size=8,
             shuffle=True,
             collate_fn=getattr(targets, collate),
@@ -479,3 +479,101 @@ def test_a_custom_collate_over_samples_that_are_not_fixed_keeps_the_refusal_befo
     assert why is not None and why.startswith("the loader has a custom collate_fn and the dataset (Drawn) holds no"), (
         why
     )
+
+
+class WithOutliers(Dataset):
+    """TextRows' 5-40 token rows, and four of 100 tokens far into the epoch (indices 180-183)."""
+
+    def __init__(self, n: int = 200) -> None:
+        from tests.targets import TextRows
+
+        self.rows = [
+            r if not 180 <= i < 184 else torch.arange(1, 101) % 49 + 1 for i, r in enumerate(TextRows(n=n).rows)
+        ]
+        self.labels = [i % 3 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.rows[i], "label": self.labels[i]}
+
+
+def _token_budget(samples):
+    """Pads to the batch's longest row, cut to a token budget of 512 a batch (64 a row in a batch
+    of 8; a sample alone keeps 512): only a batch holding a row over 64 tokens is truncated."""
+    from tests.targets import pad_collate
+
+    b = pad_collate(samples)
+    keep = max(64, 512 // len(samples))
+    return {k: v[:, :keep] if v.dim() == 2 else v for k, v in b.items()}
+
+
+def test_a_collate_that_truncates_only_the_longest_rows_is_refused_at_the_batch_that_shows_it():
+    """The cut batches are compared with the collate's on every batch of an epoch (and on batches
+    of the longest rows): a difference past the batches the padding is read from is caught."""
+    loader = DataLoader(WithOutliers(), batch_size=8, collate_fn=_token_budget)
+    with pytest.raises(NotResident, match=r"batch 22, batch\['input_ids'\]: shape \(8, 64\) vs \(8, 100\)"):
+        make_resident(loader, CPU)
+
+
+def test_the_padded_store_is_sized_before_it_is_built_and_refused_with_the_figure(monkeypatch):
+    """N x the longest row x the dtype, every field, from the samples' shapes: refused against the
+    host's available memory and the device's free memory before anything is padded."""
+    import fastloop.speedups.resident_pad as rp
+
+    def built(*args):
+        raise AssertionError("the padded samples were built before their size was checked")
+
+    monkeypatch.setattr(rp, "_store", built)
+    loader = DataLoader(WithOutliers(), batch_size=8, collate_fn=_multiple_of_8)
+    # input_ids and attention_mask, int64, 200 x 104 (the longest, 100, padded to a multiple of 8), and labels
+    want = 200 * 104 * 8 * 2 + 200 * 8
+    monkeypatch.setattr(rp, "host_available_bytes", lambda: 2 * want - 2)
+    with pytest.raises(NotResident, match=r"padded to their longest take 0.32 MiB \(200 samples; input_ids 104 long, "):
+        make_resident(loader, CPU)
+    monkeypatch.setattr(rp, "host_available_bytes", lambda: 2 * want)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * want - 2, 10**12))
+    with pytest.raises(NotResident, match="take 0.32 MiB, more than 50% of the 0.64 MiB of free GPU memory"):
+        make_resident(loader, torch.device("cuda"))
+    size, what = rp._padded_size(
+        {i: rp.tensors_of(_multiple_of_8([WithOutliers()[i]])) for i in range(200)},
+        {0: (1, "tail", 0), 1: (1, "tail", 0)},
+        ["input_ids", "attention_mask", "labels"],
+    )
+    assert size == want and what == "200 samples; input_ids 104 long, int64, attention_mask 104 long, int64"
+
+
+def _with_text(samples):
+    """A padding collate that also hands out each sample's raw text (a list of strings) and a tag."""
+    from tests.targets import pad_collate
+
+    return {
+        **pad_collate(samples),
+        "text": [" ".join(map(str, s["input_ids"][:3].tolist())) for s in samples],
+        "source": "train",
+    }
+
+
+def _with_longest(samples):
+    """A number that depends on the whole batch (its longest row), beside the tensors."""
+    from tests.targets import pad_collate
+
+    b = pad_collate(samples)
+    return {**b, "longest": b["input_ids"].shape[1]}
+
+
+def test_parts_without_tensors_are_built_per_batch_or_the_collate_is_refused():
+    """A list of one value per sample is gathered for each batch, a value the same in every batch
+    is kept; a part that depends on the batch otherwise is refused with its name (it would be
+    copied from one batch to all)."""
+    from tests.targets import TextRows
+
+    make = lambda: DataLoader(TextRows(n=200), batch_size=8, shuffle=True, collate_fn=_with_text)  # noqa: E731
+    resident = make_resident(make(), CPU)
+    assert _batches_equal(_two_epochs(make()), _two_epochs(resident))
+    assert resident.store.same == {("source",): "train"} and list(resident.store.per_sample) == [("text",)]
+    loader = DataLoader(TextRows(n=200), batch_size=8, shuffle=True, collate_fn=_with_longest)
+    with pytest.raises(NotResident, match=r"holds batch\['longest'\] \(int\), which is neither one value per sample"):
+        make_resident(loader, CPU)
+    assert "batch['longest'] (int)" in GPUResident().why_not_data(loader)

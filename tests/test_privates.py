@@ -311,3 +311,19 @@ def test_dynamos_compile_hooks_see_each_compile_begin_and_end():
     assert events[0][1].callback_trigger.name == "DYNAMO"
     torch.compile(lambda x: x * 3, backend="eager")(torch.ones(3))
     assert len(events) == 2  # undone: no more events
+
+
+def test_lightning_prepares_a_training_loader_with_its_distributed_sampler_and_worker_seeding(monkeypatch):
+    from torch.utils.data.distributed import DistributedSampler
+
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)  # not launched: rank 0 of 2
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")  # what seed_everything(workers=True) sets
+    loader = _loader()
+    prepared = lp.prepare_train_loader(trainer, loader)
+    assert isinstance(prepared.sampler, DistributedSampler) and prepared.sampler.num_replicas == 2, (
+        "Lightning's _data_connector._prepare_dataloader changed: update fastloop/adapters/_lightning_private.py"
+    )
+    assert prepared.worker_init_fn is not None, "fabric's _auto_add_worker_init_fn changed"
+    assert loader.worker_init_fn is None and lp.prepare_train_loader(trainer, prepared) is prepared
+    one = Trainer(accelerator="cpu", devices=1, logger=False)
+    assert lp.prepare_train_loader(one, loader) is loader  # one process: Lightning adds no sampler

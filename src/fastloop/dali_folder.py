@@ -24,6 +24,7 @@ Example (a CPU pipeline; on a GPU pass ``device_id``):
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
 
 from fastloop.augment import torchvision_padding, unwrap_subsets
+from fastloop.cuda_env import cuda_queues_note
 from fastloop.errors import FastloopError
 
 __all__ = [
@@ -42,10 +44,12 @@ __all__ = [
     "DaliSettings",
     "FolderPlan",
     "NotTranslated",
+    "ReaderShard",
     "check_folder",
     "default_hw_decoder_load",
     "plan_folder",
     "rank_world",
+    "reader_shard",
 ]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -191,15 +195,52 @@ def plan_folder(transform: Any) -> FolderPlan:
     return plan
 
 
+@dataclass(frozen=True)
+class ReaderShard:
+    """Which files of the list this rank's DALI reader reads: what the loader's sampler says
+    (:func:`reader_shard`)."""
+
+    shard_id: int
+    num_shards: int
+    shuffle: bool
+
+
+def reader_shard(sampler: Any) -> ReaderShard:
+    """The DALI reader's share for a loader with ``sampler``: a ``DistributedSampler`` (Lightning
+    gives a training loader one under DDP and FSDP; a plain loop's own) reads its rank's shard of
+    the list, shuffled each epoch when the sampler shuffles (DALI's reader permutes the whole list
+    from one seed of its own, the same on every rank, so the shards of an epoch are disjoint); a
+    ``RandomSampler`` or ``SequentialSampler`` reads every file, as the loader does; anything else
+    (a wrapper around a sampler of one's own included) raises :class:`NotTranslated` naming it.
+    DALI's shards are contiguous slices of the list, a ``DistributedSampler``'s every k-th index:
+    both disjoint, together the whole list.
+
+    Example:
+        >>> from torch.utils.data.distributed import DistributedSampler
+        >>> reader_shard(DistributedSampler(range(10), num_replicas=4, rank=3, seed=5))
+        ReaderShard(shard_id=3, num_shards=4, shuffle=True)
+        >>> reader_shard(SequentialSampler(range(10)))
+        ReaderShard(shard_id=0, num_shards=1, shuffle=False)
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    if type(sampler) is DistributedSampler:
+        return ReaderShard(int(sampler.rank), int(sampler.num_replicas), bool(sampler.shuffle))
+    if type(sampler) in (RandomSampler, SequentialSampler):
+        return ReaderShard(0, 1, type(sampler) is RandomSampler)
+    raise NotTranslated(f"the loader has a custom sampler ({type(sampler).__name__})")
+
+
 def check_folder(loader: Any) -> FolderPlan:
     """The plan for ``loader`` without building a pipeline; :class:`NotTranslated` naming what does not fit."""
     ds, _, _ = _check_loader(loader)
     return plan_folder(ds.transform)
 
 
-def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
+def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], ReaderShard]:
     """The folder dataset (inside ``Subset`` wrappers: ``random_split``'s), the (file, label) pairs
-    the loader reads and whether it shuffles; NotTranslated naming what does not fit."""
+    the loader reads and this rank's share of them (:func:`reader_shard`); NotTranslated naming
+    what does not fit."""
     try:
         from torchvision.datasets import DatasetFolder
     except ImportError as err:  # pragma: no cover - torchvision is a dependency
@@ -223,15 +264,14 @@ def _check_loader(loader: Any) -> tuple[Any, list[tuple[str, int]], bool]:
         raise NotTranslated(f"the loader has a custom collate_fn ({getattr(loader.collate_fn, '__name__', '?')})")
     if loader.batch_size is None:
         raise NotTranslated("the loader has a custom batch_sampler")
-    if type(loader.sampler) not in (RandomSampler, SequentialSampler):
-        raise NotTranslated(f"the loader has a custom sampler ({type(loader.sampler).__name__})")
+    shard = reader_shard(loader.sampler)
     samples = list(ds.samples) if indices is None else [ds.samples[i] for i in indices]
     bad = next((p for p, _ in samples if not p.lower().endswith(IMAGE_SUFFIXES)), None)
     if bad is not None:
         raise NotTranslated(f"{os.path.basename(bad)} is not a JPEG or PNG file")
     if not samples:
         raise NotTranslated("the folder holds no images")
-    return ds, samples, isinstance(loader.sampler, RandomSampler)
+    return ds, samples, shard
 
 
 def default_hw_decoder_load(device_id: int | None) -> float:
@@ -331,6 +371,15 @@ def _fixed_geometry(data: Any, images: Any, plan: FolderPlan, antialias: bool) -
     )
 
 
+def _last_batch(drop_last: bool, shards: int) -> str:
+    """DALI's policy for an epoch's last batch: dropped with ``drop_last``; with several shards
+    (ranks) filled with repeats of the shard's last files, since DALI pads a shorter shard to the
+    longest one's batches and every rank must take the same number of steps (DDP's collectives
+    pair them; a ``DistributedSampler`` pads its shares with repeats alike); else partial, as the
+    DataLoader's."""
+    return "DROP" if drop_last else "FILL" if shards > 1 else "PARTIAL"
+
+
 class DaliPipeline:
     """One DALI pipeline: ``files`` with ``labels`` read (this rank's shard; the whole list permuted
     each epoch when ``shuffle``), decoded (on the GPU's "mixed" decoder with ``device_id``, else on
@@ -350,21 +399,18 @@ class DaliPipeline:
         drop_last: bool,
         seed: int = 0,
         settings: DaliSettings | None = None,
+        share: ReaderShard | None = None,
     ) -> None:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         st = settings or DaliSettings()
         self.plan, self.batch_size, self.drop_last, self.n = plan, batch_size, drop_last, len(files)
-        self.shard, self.num_shards = rank_world()
+        self.shard, self.num_shards = (share.shard_id, share.num_shards) if share is not None else rank_world()
         self.channels_last = st.channels_last
         gpu = device_id is not None
-        if gpu:
-            from fastloop.cuda_env import cuda_queues_note
-
-            note = cuda_queues_note()
-            if note:
-                warnings.warn(note, stacklevel=3)
+        if gpu and (note := cuda_queues_note()):
+            warnings.warn(note, stacklevel=3)
         load = st.hw_decoder_load if st.hw_decoder_load is not None else default_hw_decoder_load(device_id)
         # nvJPEG settings from NVIDIA's ResNet-50 example: pad the decoder's buffers so that a
         # large image does not trigger a reallocation mid-epoch, and size the hardware decoder's
@@ -396,6 +442,7 @@ class DaliPipeline:
                 seed=seed,
                 shard_id=shard,
                 num_shards=shards,
+                stick_to_shard=not shuffle,  # as a DistributedSampler: the same files each epoch (DALI moves on)
                 pad_last_batch=not drop_last,
                 name="Reader",
             )
@@ -439,11 +486,14 @@ class DaliPipeline:
             ["images", "labels"],
             reader_name="Reader",
             auto_reset=True,
-            last_batch_policy=LastBatchPolicy.DROP if drop_last else LastBatchPolicy.PARTIAL,
+            last_batch_policy=getattr(LastBatchPolicy, _last_batch(drop_last, shards)),
         )
 
     def __len__(self) -> int:
-        # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k)
+        # DALI's reader gives shard i the files [n*i//k, n*(i+1)//k); without drop_last, several
+        # shards are each filled to the longest one's batches (_last_batch)
+        if self.num_shards > 1 and not self.drop_last:
+            return math.ceil(math.ceil(self.n / self.num_shards) / self.batch_size)
         per_shard = self.n * (self.shard + 1) // self.num_shards - self.n * self.shard // self.num_shards
         return per_shard // self.batch_size if self.drop_last else -(-per_shard // self.batch_size)
 
@@ -464,7 +514,7 @@ class DaliFolderLoader(DaliPipeline):
     def __init__(
         self, loader: DataLoader, *, device_id: int | None, seed: int = 0, settings: DaliSettings | None = None
     ) -> None:
-        ds, samples, shuffle = _check_loader(loader)
+        ds, samples, share = _check_loader(loader)
         self.dataset = loader.dataset
         super().__init__(
             [p for p, _ in samples],
@@ -472,8 +522,9 @@ class DaliFolderLoader(DaliPipeline):
             plan_folder(ds.transform),
             int(loader.batch_size),
             device_id=device_id,
-            shuffle=shuffle,
+            shuffle=share.shuffle,
             drop_last=loader.drop_last,
             seed=seed,
             settings=settings,
+            share=share,
         )

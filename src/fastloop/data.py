@@ -33,6 +33,7 @@ __all__ = [
     "materialize",
     "sample_keys",
     "rebuild_loader",
+    "set_sampler_epoch",
     "tensor_dataset_parts",
     "to_channels_last",
     "to_device",
@@ -312,6 +313,30 @@ def sample_keys(dataset: Any) -> tuple[str, ...] | None:
     """The keys of a dataset's dict samples, in order (None when a sample is not a dict)."""
     first = dataset[0]
     return tuple(first) if isinstance(first, dict) else None
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """Tell ``loader``'s sampler (and its batch sampler's) which epoch begins, where it has
+    ``set_epoch`` (a ``DistributedSampler`` reshuffles from its seed and the epoch; without the
+    call every epoch repeats the first one's order), as Lightning's fit loop does at each epoch's
+    start. Feeds that wrap a loader expose its ``sampler``.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from torch.utils.data.distributed import DistributedSampler
+        >>> ds = list(range(8))
+        >>> loader = DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=2, rank=0))
+        >>> set_sampler_epoch(loader, 3)
+        >>> loader.sampler.epoch
+        3
+    """
+    found: dict[int, Any] = {}  # by id: a sampler may be unhashable
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if sampler is not None:
+            found[id(sampler)] = sampler
+    for sampler in found.values():
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

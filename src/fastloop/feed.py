@@ -13,6 +13,10 @@ What it keeps (tests/test_feed.py):
   in ``__getitem__`` with no worker processes: seen in the second batch) is not read ahead at all,
   since the step's draws and the loader's would interleave differently: its batches are fetched on
   the calling thread when the step asks, and :attr:`BackgroundFeed.why_not_threaded` says why;
+- each rank's share: the loader is read through its own sampler (under Lightning's DDP or FSDP the
+  callbacks give the feed the loader Lightning prepared, with this rank's ``DistributedSampler``,
+  which Lightning could not add to the feed itself), and ``sampler`` is the loader's, so
+  ``set_epoch`` reaches it;
 - errors: an exception raised by the loader (a collate that fails) is raised in the step's
   thread with its own traceback (the user's line);
 - the thread's end: at the end of each epoch, on an exception, on Ctrl-C, when the iteration is

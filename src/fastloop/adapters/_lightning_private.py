@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastloop._compat import Trainer, pl
+from fastloop.adapters.lightning_changes import patch_attr
 
 __all__ = [
     "LOGGER_CONNECTOR_OVERRIDES",
@@ -25,6 +26,7 @@ __all__ = [
     "logger_connector",
     "on_a_failed_rank",
     "peek_closure_result",
+    "prepare_train_loader",
     "progress_bar_values",
     "progress_bar_values_as_tensors",
     "set_current_hook",
@@ -47,9 +49,44 @@ def train_source(trainer: Trainer) -> Any:
     return trainer.fit_loop._data_source.instance
 
 
-def set_train_source(trainer: Trainer, source: Any) -> None:
-    """Replace what ``train_source`` returns (same private, same reason)."""
-    trainer.fit_loop._data_source.instance = source
+def set_train_source(trainer: Trainer, source: Any, undo: list | None = None) -> None:
+    """Replace what ``train_source`` returns (same private, same reason); with ``undo``, for this
+    fit only: ``undo`` gets the function that puts back what ``fit`` was given (the first
+    replacement's original, whichever callback's undo runs first)."""
+    if undo is None:
+        trainer.fit_loop._data_source.instance = source
+    else:
+        patch_attr(trainer.fit_loop._data_source, "instance", source, undo)
+
+
+def prepare_train_loader(trainer: Trainer, loader: Any) -> Any:
+    """``loader`` as Lightning's fit loop prepares a training DataLoader before it iterates it:
+    under DDP or FSDP a copy with Lightning's ``DistributedSampler`` (this rank's share, its seed,
+    ``set_epoch`` each epoch), and Lightning's worker seeding where ``seed_everything(workers=True)``
+    asked for it (``trainer._data_connector._prepare_dataloader`` and fabric's
+    ``_auto_add_worker_init_fn``, the two steps of ``_process_dataloader`` that act on the loader);
+    anything but a DataLoader, or a loader already given its sampler, comes back as it is.
+
+    Why: a data speedup that hands Lightning something other than a DataLoader (``prefetch``'s
+    background feed, ``gpu_resident``'s loaders, ``dali``'s pipeline) hides the DataLoader inside
+    from that preparation, so every rank would read the whole data set; the speedups are given the
+    loader Lightning itself would have trained on. Lightning has no public function for it; the
+    public route is the user's own ``DistributedSampler`` with ``Trainer(use_distributed_sampler=False)``.
+    """
+    try:
+        from lightning.fabric.utilities.data import _auto_add_worker_init_fn
+        from lightning.pytorch.trainer.states import RunningStage
+    except ImportError:  # pragma: no cover
+        from lightning_fabric.utilities.data import _auto_add_worker_init_fn  # type: ignore[no-redef]
+        from pytorch_lightning.trainer.states import RunningStage  # type: ignore[no-redef]
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return loader
+    # shuffle=True: what Lightning's _process_dataloader passes for every training loader
+    prepared = trainer._data_connector._prepare_dataloader(loader, shuffle=True, mode=RunningStage.TRAINING)
+    _auto_add_worker_init_fn(prepared, trainer.global_rank)
+    return prepared
 
 
 def ddp_kwargs(strategy: Any) -> dict | None:

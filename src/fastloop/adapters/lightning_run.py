@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningModule, Trainer
 from fastloop._torch_private import compiled_call, set_compiled_call
-from fastloop.adapters._lightning_private import set_train_source, train_source
+from fastloop.adapters._lightning_private import prepare_train_loader, set_train_source, train_source
 from fastloop.adapters.lightning_changes import (
     compilable_children,
     describe_children,
@@ -192,14 +192,17 @@ class LightningRun(Run):
         self.fit_start.append(each)
 
     def change_loader(self, fn: Callable[[Iterable], Iterable]) -> None:
-        """``fn`` transforms the training loader the Trainer will ask for."""
+        """``fn`` transforms the training loader the Trainer will ask for, as Lightning prepares
+        it (:func:`~fastloop.adapters._lightning_private.prepare_train_loader`: under DDP or FSDP
+        with this rank's ``DistributedSampler``), so that a feed which is not a DataLoader keeps
+        each rank's share."""
         inst = train_source(self.trainer)
 
         def wrapped(loader: Any) -> Any:
             members = _loader_members(loader)  # several loaders (Lightning combines them): each changed alike
             parts = members or {None: loader}
             try:
-                changed = {k: fn(v) for k, v in parts.items()}
+                changed = {k: fn(prepare_train_loader(self.trainer, v)) for k, v in parts.items()}
             except Skip as why:  # asked for when the fit starts: the loader stays as it was
                 self._fail(why.status, why.reason)
                 return loader
@@ -209,7 +212,7 @@ class LightningRun(Run):
             return changed if isinstance(loader, dict) else type(loader)(changed.values())
 
         if isinstance(inst, DataLoader) or (inst is not None and not hasattr(inst, "train_dataloader")):
-            set_train_source(self.trainer, wrapped(inst))
+            set_train_source(self.trainer, wrapped(inst), self.undo)
             return
         if inst is None:
             raise RuntimeError("no training data source found on the Trainer")
@@ -271,7 +274,10 @@ class LightningRun(Run):
             from pytorch_lightning.plugins.precision import MixedPrecision  # type: ignore[no-redef]
         mode = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
         self.ctx.describe(self.speedup.name, f"Trainer precision {self.trainer.precision} -> {mode}")
-        self.trainer.strategy.precision_plugin = MixedPrecision(mode, device=self.ctx.device.type)
+        strategy = self.trainer.strategy
+        before = strategy.precision_plugin  # a property: set back through it (patch_attr restores instance attributes)
+        strategy.precision_plugin = MixedPrecision(mode, device=self.ctx.device.type)
+        self.undo.append(lambda: setattr(strategy, "precision_plugin", before))
         self.autocast_dtype, self.scale_loss = dtype, scale_loss
 
     def graph_step(self) -> None:

@@ -30,7 +30,7 @@ import torch
 from fastloop._torch_private import found_inf
 from fastloop.adapters.graph_step import GraphedStep
 from fastloop.adapters.step_source import host_draws
-from fastloop.data import to_device
+from fastloop.data import set_sampler_epoch, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
@@ -243,6 +243,8 @@ class FastLoop:
         self.model, self.optimizer, self.loader = self.run.model, self.run.optimizer, self.run.loader
         self.scaler = torch.amp.GradScaler("cuda") if self.run.scale_loss else None
         self.skipped_steps = 0
+        self.epoch = 0
+        """The epochs begun (each :meth:`train` call begins a new one: the loader is iterated anew)."""
         self._last_skipped = False
         self._scheduler_step = scheduler.step if scheduler is not None else None
         if scheduler is not None and self.scaler is not None:  # fp16's rule, as under Lightning
@@ -343,8 +345,11 @@ class FastLoop:
         return loss
 
     def batches(self) -> Iterator[Any]:
-        """Batches forever: the loader is restarted at the end of each epoch."""
+        """Batches forever: the loader is restarted at the end of each epoch, its sampler told
+        the epoch first (a ``DistributedSampler`` reshuffles: :func:`~fastloop.data.set_sampler_epoch`)."""
         while True:
+            set_sampler_epoch(self.loader, self.epoch)
+            self.epoch += 1
             empty = True
             for batch in self.loader:
                 empty = False

@@ -6,12 +6,14 @@ Changes the optimizer. Other optimizers are left as they are, with the reason re
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fastloop.speedups.base import Skip, Speedup, register
 from fastloop.speedups.run import Run
 
-__all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer"]
+__all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer", "fused_undo"]
 
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
@@ -47,6 +49,43 @@ def apply_fused_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return opt
 
 
+def fused_undo(opt: torch.optim.Optimizer) -> Callable[[], None]:
+    """What puts ``opt`` back as it is now, after :func:`apply_fused_optimizer` (called at the end
+    of a fit, so that the optimizer a checkpoint saves afterwards resumes as the user's own): each
+    group's and the defaults' ``fused`` and ``foreach``, and the ``step`` counters on the host where
+    the unfused optimizer keeps them there (neither fused nor capturable).
+
+    Example:
+        >>> opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+        >>> undo = fused_undo(opt)
+        >>> _ = apply_fused_optimizer(opt)
+        >>> undo()
+        >>> opt.param_groups[0]["fused"], opt.defaults["foreach"]
+        (None, None)
+    """
+    keys = ("fused", "foreach")
+    groups = [(g, {k: g[k] for k in keys if k in g}) for g in opt.param_groups]
+    defaults = {k: opt.defaults[k] for k in keys if k in opt.defaults}
+
+    def undo() -> None:
+        for target, before in [*groups, (opt.defaults, defaults)]:
+            for k in keys:
+                if k in before:
+                    target[k] = before[k]
+                else:
+                    target.pop(k, None)
+        host = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # torch's own choice
+        for group in opt.param_groups:
+            if group.get("fused") or group.get("capturable"):
+                continue
+            for p in group["params"]:
+                step = opt.state.get(p, {}).get("step")
+                if torch.is_tensor(step) and step.device.type != "cpu":
+                    opt.state[p]["step"] = step.to("cpu", host)
+
+    return undo
+
+
 @register
 class FusedOptimizer(Speedup):
     __doc__ = __doc__
@@ -63,6 +102,7 @@ class FusedOptimizer(Speedup):
             reason = why_not_fused(optimizer)
             if reason:
                 raise Skip(reason)
+            run.ctx.undo.append(fused_undo(optimizer))  # at the end of a Lightning fit; at once if it fails
             apply_fused_optimizer(optimizer)
             fused.append(type(optimizer).__name__)
             run.ctx.describe(self.name, "fused " + ", ".join(fused))

@@ -2,7 +2,9 @@
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/gpu_resident.md``.
 Semantics kept: the loader's own sampler (or batch sampler) decides the order, so shuffling
-follows the loader's generator and seed exactly; ``batch_size`` and ``drop_last`` as set.
+follows the loader's generator and seed exactly, and under DDP or FSDP each rank serves its
+``DistributedSampler``'s share (the Lightning callbacks hand over the loader as Lightning prepares
+it); ``batch_size`` and ``drop_last`` as set.
 Options: ``gpu_resident:SHARE``, the largest share of free GPU memory the data may take.
 Changes the data pipeline. For GPU versions of per-sample augmentations, see
 :mod:`fastloop.augment`.
@@ -38,11 +40,13 @@ from fastloop.data import (
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.resident_pad import (
-    CHECK_BATCHES,
+    HOST_SHARE,
     NotPadded,
     PaddedResidentLoader,
     batch_indices,
+    host_available_bytes,
     learn_padded,
+    size_text,
     why_not_padded,
 )
 from fastloop.speedups.run import Run
@@ -96,19 +100,22 @@ class GPUResidentLoader:
         return len(self.loader)
 
 
-def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]], int, bool, tuple[str, ...] | None]:
+def _resident_parts(
+    dataset: Any,
+) -> tuple[Callable[[], tuple[torch.Tensor, ...]], int, bool, tuple[str, ...] | None, bool]:
     """How to get the dataset's tensors (deferred: a dataset read sample by sample is read only
     once the size check passed), their size in bytes, whether a sample is one bare tensor or
-    number (the loader then yields a tensor, not a list), and a dict sample's keys."""
+    number (the loader then yields a tensor, not a list), a dict sample's keys, and whether
+    getting them builds a copy on the host (all but a whole TensorDataset's own tensors)."""
     parts = tensor_dataset_parts(dataset)
     if parts is not None:
         tensors, indices = parts
         n = len(tensors[0]) if indices is None else len(indices)
         size = n * sum(t[0].numel() * t.element_size() for t in tensors) if len(tensors[0]) else 0
         if indices is None:
-            return (lambda: tensors), size, False, None
+            return (lambda: tensors), size, False, None, False
         index = torch.as_tensor(indices, dtype=torch.long)
-        return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False, None
+        return (lambda: tuple(t.index_select(0, index) for t in tensors)), size, False, None, True
     found = fixed_samples(dataset)  # a Subset or ConcatDataset: its parts decide, its own indices are read
     if isinstance(found, str):
         raise NotResident(
@@ -119,7 +126,7 @@ def _resident_parts(dataset: Any) -> tuple[Callable[[], tuple[torch.Tensor, ...]
         )
     keys = sample_keys(dataset)
     single = keys is None and not isinstance(dataset[0], (list, tuple))
-    return (lambda: materialize(dataset)), found.n * found.item_bytes, single, keys
+    return (lambda: materialize(dataset)), found.n * found.item_bytes, single, keys, True
 
 
 def make_resident(
@@ -138,8 +145,8 @@ def make_resident(
         raise NotResident(WHOLE_BATCHES)
     if loader.collate_fn is not default_collate:
         return _padded(loader, device, share)
-    get, size, single, keys = _resident_parts(loader.dataset)
-    _fits(size, device, share)
+    get, size, single, keys, on_host = _resident_parts(loader.dataset)
+    _fits(size, device, share, on_host=on_host)
     try:
         tensors = get()
     except (TypeError, RuntimeError, ValueError) as err:  # samples default_collate cannot stack together
@@ -150,24 +157,36 @@ def make_resident(
     return GPUResidentLoader(tuple(t.to(device) for t in tensors), loader, single=single, keys=keys)
 
 
-def _fits(size: int, device: torch.device, share: float) -> None:
+def _fits(size: int, device: torch.device, share: float, what: str = "the dataset takes", *, on_host: bool) -> None:
+    """Refuse (:class:`NotResident`, with the figures) ``size`` bytes that would take more than
+    ``share`` of the free GPU memory, or, where they are built on the host first (``on_host``),
+    more than :data:`~fastloop.speedups.resident_pad.HOST_SHARE` of its available memory."""
+    available = host_available_bytes() if on_host else None
+    if available is not None and size > HOST_SHARE * available:
+        raise NotResident(
+            f"{what} {size_text(size)}, more than {HOST_SHARE:.0%} of the {size_text(available)} "
+            f"of available host memory, where it is built first"
+        )
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if size > share * free:
             raise NotResident(
-                f"the dataset takes {size / 2**30:.2f} GiB, more than {share:.0%} of the "
-                f"{free / 2**30:.1f} GiB of free GPU memory"
+                f"{what} {size_text(size)}, more than {share:.0%} of the {size_text(free)} of free GPU memory"
             )
 
 
 def _padded(loader: DataLoader, device: torch.device, share: float) -> PaddedResidentLoader:
     """A loader with its own collate: the samples stored padded and every batch cut as the collate
-    builds it, where the cut batches equal the collate's (:mod:`fastloop.speedups.resident_pad`)."""
+    builds it, where the cut batches equal the collate's (:mod:`fastloop.speedups.resident_pad`);
+    the padded size is checked against the host's and the device's memory before it is built."""
+
+    def fits(nbytes: int, what: str) -> None:
+        _fits(nbytes, device, share, f"the samples padded to their longest ({what}) take", on_host=False)
+
     try:
-        store = learn_padded(loader)
+        store = learn_padded(loader, fits=fits)
     except NotPadded as why:
         raise NotResident(str(why)) from None
-    _fits(store.nbytes, device, share)
     return PaddedResidentLoader(store.to(device), loader)
 
 
@@ -222,7 +241,7 @@ class GPUResident(Speedup):
                 self.name,
                 f"{len(loader.dataset):,} samples stored padded to their longest on the GPU "
                 f"({resident.store.nbytes / 2**20:,.1f} MiB); each batch cut as your collate_fn "
-                f"builds it (equal on the first {CHECK_BATCHES} batches)",
+                f"builds it (equal on every batch of an epoch and on batches of the longest and shortest rows)",
             )
         else:
             ctx.stats["gpu_resident_bytes"] = sum(t.numel() * t.element_size() for t in resident.tensors)

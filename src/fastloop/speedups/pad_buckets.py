@@ -44,7 +44,7 @@ import math
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ from fastloop._torch_private import recompile_limit
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.options import Options, option
-from fastloop.speedups.pad_check import check_equivalence, tensors_of
+from fastloop.speedups.pad_check import check_equivalence, tensor_names, tensors_of
 from fastloop.speedups.run import Run
 
 __all__ = ["PadBuckets", "PadOptions", "PadPlan", "PaddedCollate", "TensorPad", "find_padding", "tensor_names"]
@@ -105,28 +105,6 @@ class PadOptions(Options):
     def check(self) -> None:
         if self.check_batches > self.sample_batches:
             raise self.refuse("check_batches", self.check_batches, f"at most sample_batches ({self.sample_batches})")
-
-
-def tensor_names(batch: Any) -> list[str]:
-    """A name for each tensor of ``batch``, in :func:`~fastloop.data.map_tensors`'s order
-    (``input_ids``, ``0``, ``inputs.mask``)."""
-    names: list[str] = []
-
-    def walk(x: Any, prefix: str) -> None:
-        if torch.is_tensor(x):
-            names.append(prefix or "batch")
-        elif isinstance(x, Mapping):
-            for k, v in x.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, f"{prefix}.{i}" if prefix else str(i))
-        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, type):
-            for f in x.__dataclass_fields__.values():
-                walk(getattr(x, f.name), f"{prefix}.{f.name}" if prefix else f.name)
-
-    walk(batch, "")
-    return names
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,29 @@ from fastloop.data import map_tensors
 from fastloop.speedups.records import Skip
 from fastloop.speedups.run import Run, eval_call
 
-__all__ = ["check_equivalence", "tensors_of"]
+__all__ = ["check_equivalence", "tensor_names", "tensors_of"]
+
+
+def tensor_names(batch: Any) -> list[str]:
+    """A name for each tensor of ``batch``, in :func:`~fastloop.data.map_tensors`'s order
+    (``input_ids``, ``0``, ``inputs.mask``)."""
+    names: list[str] = []
+
+    def walk(x: Any, prefix: str) -> None:
+        if torch.is_tensor(x):
+            names.append(prefix or "batch")
+        elif isinstance(x, Mapping):
+            for k, v in x.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{prefix}.{i}" if prefix else str(i))
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, type):
+            for f in x.__dataclass_fields__.values():
+                walk(getattr(x, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+
+    walk(batch, "")
+    return names
 
 
 def tensors_of(batch: Any) -> list[torch.Tensor]:
