@@ -345,7 +345,7 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
 
 
 def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
-    import fastloop.drivers.ladder as ladder_mod
+    import fastloop.drivers.ladder.run as ladder_mod  # where run_ladder finds its process runner
 
     seen = []
     fake = _fake()
