@@ -41,6 +41,10 @@ class SequentialSearch:
             if state.base_runs is None:
                 state.set_baseline(move.fresh[state.base_spec])
                 moved_from = (state.rungs[0].bottleneck or {}).get("bottleneck")
+            if not (move.cand.docs or move.cand.failures or move.base.failures):
+                # the budget ended the comparison before the candidate's first run
+                state.not_tried([s.spec], plan=state.plan(state.first_look(base_spec), cand_spec))
+                continue
             rung, keep = self.decide(state, move, s, moved_from)
             if keep:
                 # against the baseline, these runs are the final comparison's (its interval computed then)
