@@ -144,7 +144,7 @@ class Moves:
             rung = replace(Rung.of_runs(label, move.cand_spec, cand, "failed", why), stage=stage, members=specs)
             return Decision(rung)
         own = own_records(cand, specs)
-        inactive = {n: f"{r['status']}: {r['reason']}" for n, r in own.items() if r["status"] != "applied"}
+        inactive = {n: wording.inactive_member(r) for n, r in own.items() if r["status"] != "applied"}
         rung = replace(
             Rung.of_runs(label, move.cand_spec, cand, "applied"),
             compared=True,

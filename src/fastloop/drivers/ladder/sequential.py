@@ -79,7 +79,7 @@ class SequentialSearch:
         cumulative = state.mode == "cumulative"
         keep = cumulative or bool(ci and ci["significant"] and ci["ratio"] > 1)
         if cumulative:
-            decision = "kept (cumulative ladder)"
+            decision = wording.KEPT_CUMULATIVE
         elif keep and ci:
             decision = wording.kept_faster(ci["ratio"], move.base_spec, ci.get("per"))
         elif ci and n == 1:

@@ -19,19 +19,56 @@ from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups.base import name_of
 
 __all__ = [
+    "ALONE_BUDGET",
+    "BUNDLE_NOT_FASTER",
+    "NOTHING_KEPT",
+    "KEPT_CUMULATIVE",
     "TIE_WHY",
+    "ablation_action",
     "ablation_budget_ended",
+    "ablation_failed",
     "ablation_kept",
     "ablation_removed",
+    "ablation_waits",
     "answer_lines",
+    "baseline_label",
     "budget_ended",
+    "comparison_failed",
+    "compute_action",
+    "compute_feed_note",
     "dropped",
+    "dropped_after_one_run",
+    "dropped_futile",
+    "dropped_inactive",
+    "feed_action",
+    "feed_busy_gpu",
+    "feed_host_bound",
     "feed_line",
     "filter_advice",
+    "in_progress",
+    "inactive_in_run",
+    "inactive_member",
+    "inactive_reasons",
     "kept_faster",
+    "larger_cannot_help",
+    "measured_again",
     "measured_not_faster",
     "method",
+    "model_rules_out",
     "moved_head",
+    "one_at_a_time",
+    "pinned",
+    "pooled_verdict",
+    "retry_label",
+    "retry_note",
+    "shapes_padded",
+    "size_above_label",
+    "size_failed",
+    "size_kept",
+    "size_label",
+    "size_not_kept",
+    "sizes_above_kept",
+    "sizes_around",
     "tie_text",
 ]
 
@@ -56,6 +93,9 @@ def budget_ended(runs: int) -> str:
     return f" (the budget ended the comparison after {runs} run(s) of it)"
 
 
+KEPT_CUMULATIVE = "kept (cumulative ladder)"
+
+
 def dropped_after_one_run(ci: dict, base_runs: int, base_spec: str) -> str:
     return (
         f"dropped after one run: {ci['verdict']}, against the spread of "
@@ -78,6 +118,11 @@ def dropped_inactive(record: dict) -> str:
 def inactive_in_run(name: str, status: str) -> str:
     """Why a configuration is not run again: its candidate skipped itself or fell back in a run."""
     return f"{name} {status} inside its process"
+
+
+def inactive_member(record: dict) -> str:
+    """What a member that did nothing inside its process did (its own record: status, reason)."""
+    return f"{record['status']}: {record['reason']}"
 
 
 def inactive_reasons(inactive: dict[str, str]) -> str:
