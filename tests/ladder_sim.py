@@ -201,13 +201,23 @@ def shape(value: object) -> object:
     return "null" if value is None else type(value).__name__
 
 
-def shape_differences(want: object, got: object, path: str = "$", optional: frozenset[str] = frozenset()) -> list[str]:
+def shape_differences(
+    want: object,
+    got: object,
+    path: str = "$",
+    optional: frozenset[str] = frozenset(),
+    open_keys: frozenset[str] = frozenset(),
+) -> list[str]:
     """Where two shapes differ: a key one has and the other lacks (but the ``optional`` keys), or a
-    type. A null or an empty list matches anything: a value can be missing in one run only.
+    type. A null or an empty list matches anything: a value can be missing in one run only. The
+    dicts under ``open_keys`` are compared as dicts only (a speedup's own statistics, keyed by what
+    the speedup did in that run).
 
     Example:
         >>> shape_differences({"a": "number", "b": "str"}, {"a": "null", "c": "str"})
         ['$: missing b', '$: unexpected c']
+        >>> shape_differences({"extra": {"x": "number"}}, {"extra": {"y": "str"}}, open_keys=frozenset({"extra"}))
+        []
     """
     if want in ("null", []) or got in ("null", []):
         return []
@@ -215,10 +225,13 @@ def shape_differences(want: object, got: object, path: str = "$", optional: froz
         out = [f"{path}: missing {k}" for k in want if k not in got and k not in optional]
         out += [f"{path}: unexpected {k}" for k in got if k not in want and k not in optional]
         for k in want.keys() & got.keys():
-            out += shape_differences(want[k], got[k], f"{path}.{k}", optional)
+            if k in open_keys:
+                out += [] if isinstance(want[k], dict) == isinstance(got[k], dict) else [f"{path}.{k}: not a dict"]
+            else:
+                out += shape_differences(want[k], got[k], f"{path}.{k}", optional, open_keys)
         return out
     if isinstance(want, list) and isinstance(got, list):
-        return shape_differences(want[0], got[0], f"{path}[0]", optional)
+        return shape_differences(want[0], got[0], f"{path}[0]", optional, open_keys)
     return [] if want == got else [f"{path}: {want} became {got}"]
 
 
