@@ -105,7 +105,7 @@ def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
     ms of the host's time. The rate the feed must reach is the step's demand, and the rate said to
     be delivered is the pipeline's (not the loader's rate as if it ran alone, which can exceed it)."""
     from fastloop.drivers.doctor import diagnose
-    from fastloop.drivers.ladder_report import _feed_line
+    from fastloop.drivers.ladder.wording import feed_line
 
     doc = {
         "step_s": {"mean": 0.010, "median": 0.010},
@@ -116,7 +116,7 @@ def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
         "peak_mem_bytes": None,
         "mfu": None,
     }
-    line = _feed_line(doc)
+    line = feed_line(doc)
     assert line.startswith("the loader delivers ~3,200 items/s and the step alone would consume ~4,848/s")
     assert "getting a batch takes 3.40 ms of the host's time (the copy to the device 0.20 ms of it)" in line
     d = diagnose(doc)
@@ -124,4 +124,4 @@ def test_the_feed_lines_give_the_pipelines_rate_and_the_hosts_time_a_batch():
     assert "the feed delivers 3,200 items/s (getting a batch takes 3.40 ms" in d["evidence"]
     assert "the feed must reach 4,848/s" in d["evidence"]
     doc.pop("host_fetch_s")
-    assert "getting a batch" not in _feed_line(doc)
+    assert "getting a batch" not in feed_line(doc)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastloop.drivers.doctor import diagnose
-from fastloop.drivers.ladder_report import _breakdown
+from fastloop.drivers.ladder.rung import breakdown
 from fastloop.measure.gpu_busy import busy_span, summarize_trace
 from fastloop.report.html import render_html
 
@@ -57,10 +57,10 @@ def test_doctor_calls_a_mostly_idle_gpu_host_bound_and_names_the_syncs():
 
 def test_ladder_breakdown_and_html_split_the_step_three_ways():
     cfg = _cfg(0.5, wait=0.2)
-    b = _breakdown(cfg)
+    b = breakdown(cfg)
     assert b["gpu_busy_s"] == pytest.approx(0.005) and b["data_wait_s"] == pytest.approx(0.002)
     assert b["host_idle_s"] == pytest.approx(0.003)
-    assert "host_idle_s" not in _breakdown({**cfg, "gpu_profile": None})  # CPU: no profile, no split
+    assert "host_idle_s" not in breakdown({**cfg, "gpu_profile": None})  # CPU: no profile, no split
     doc = {"kind": "run", "target": "x", **cfg, "throughput": {"value": 1.0, "unit": "samples/s"}}
     assert 'id="plot-breakdown"' in render_html(doc)
 

@@ -1,8 +1,9 @@
 """The import graph of fastloop's modules has no cycle.
 
 How it is checked: every module under ``src/fastloop`` (and the recipes) is parsed with ``ast``;
-its module-level imports of ``fastloop.*`` (not those inside functions, nor under
-``TYPE_CHECKING``) are edges; ``from fastloop.a import b`` points at ``fastloop.a.b`` when that
+its module-level imports of ``fastloop.*`` (those under ``TYPE_CHECKING`` too: a type that needs
+a module is a dependency on it, and a cycle hidden there is a cycle in the design; not those
+inside functions) are edges; ``from fastloop.a import b`` points at ``fastloop.a.b`` when that
 is a module, else at ``fastloop.a``. A depth-first search over that graph must find no cycle.
 Importing a submodule runs its package's ``__init__`` first, so an import of
 ``fastloop.speedups.base`` from outside ``fastloop.speedups`` is also an edge to the package
@@ -13,6 +14,7 @@ gets no such edge (the package is already being imported when it runs).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +38,7 @@ def _top_level_imports(tree: ast.Module) -> list[ast.stmt]:
         for node in body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 found.append(node)
-            elif isinstance(node, ast.If):
-                if "TYPE_CHECKING" in ast.unparse(node.test):
-                    continue
+            elif isinstance(node, ast.If):  # TYPE_CHECKING's imports count
                 visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
@@ -109,6 +109,17 @@ def test_the_checker_sees_cycles_through_a_package_init():
     graph = import_graph()
     assert "fastloop.speedups" in graph["fastloop.adapters.loop"]
     assert "fastloop.speedups" not in graph["fastloop.speedups.workers"]
+
+
+def test_the_checker_counts_an_import_under_type_checking(tmp_path, monkeypatch):
+    fake = tmp_path / "m.py"
+    fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fastloop.b import B\n")
+    other = tmp_path / "b.py"
+    other.write_text("from fastloop.m import f\n")
+    monkeypatch.setattr(__import__(__name__), "_modules", lambda: {"fastloop.m": fake, "fastloop.b": other})
+    graph = import_graph()
+    assert graph == {"fastloop.m": {"fastloop.b"}, "fastloop.b": {"fastloop.m"}}
+    assert find_cycle(graph) == ["fastloop.b", "fastloop.m", "fastloop.b"]
 
 
 def test_the_checker_finds_a_cycle():
@@ -189,8 +200,6 @@ def _all_imports() -> dict[str, set[str]]:
 
 def layers() -> dict[str, int]:
     """The layer of each module name or package prefix (``fastloop.measure.*``), from docs/layers.md."""
-    import re
-
     out = {}
     for line in (ROOT / "docs" / "layers.md").read_text().splitlines():
         m = re.match(r"\| (\d) \| (.*?) \|", line)
@@ -256,22 +265,74 @@ def test_the_layer_check_sees_an_arrow_back_up_and_lets_the_written_exception_th
     ]
 
 
-def ladder_state_private_uses() -> list[str]:
-    """``X._name`` where X is the ladder's state (``L``, ``ladder``, ``self.L``) in the modules
-    that drive it: the search, the sequential path and the gates."""
+STATE_NAMES = ("state", "self.state", "ladder", "L", "self.L")
+"""How the ladder's modules name the ladder's state."""
+MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "sort", "add"}
+
+
+def _into_state(node: ast.expr) -> bool:
+    """Is ``node`` a member of the ladder's state, or something inside one (``state.x``, ``state.x[i].y``)?"""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+        if ast.unparse(node) in STATE_NAMES:
+            return True
+    return False
+
+
+def ladder_state_misuses(modules: dict[str, Path] | None = None) -> list[str]:
+    """In the ladder's modules but the state's own: a private member of the state used
+    (``state._x``), a member of the state assigned or deleted (``state.x = ...``,
+    ``state.x[i] = ...``), or changed in place (``state.x.append(...)``)."""
     found = []
-    for name, path in _modules().items():
-        if not name.startswith("fastloop.drivers.ladder_") or name.endswith("ladder_state"):
+    for name, path in (modules or _modules()).items():
+        if not name.startswith("fastloop.drivers.ladder.") or name == "fastloop.drivers.ladder.state":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{name}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-                owner = ast.unparse(node.value)
-                if owner in ("L", "ladder", "self.L"):
-                    found.append(f"{name}:{node.lineno}: {owner}.{node.attr}")
-    return found
+                if ast.unparse(node.value) in STATE_NAMES:
+                    found.append(f"{where}: private {ast.unparse(node)}")
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                found += [f"{where}: writes {ast.unparse(t)}" for t in flat if _into_state(t)]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                if _into_state(node.func):
+                    found.append(f"{where}: changes {ast.unparse(node.func.value)} in place")
+    return sorted(found)
 
 
-def test_the_ladders_state_is_used_through_its_public_members_only():
-    """Issue 47: the ladder's state is one public object the search, the sequential path and the
-    gates use without private members (there were 46 such uses)."""
-    assert ladder_state_private_uses() == []
+def test_only_the_ladders_state_changes_the_ladders_state():
+    """Issue 70: the search, its moves and sizes read the state and ask it to change through its
+    methods (keep, drop, record_rung, ...); none writes its members or uses its private ones."""
+    assert ladder_state_misuses() == []
+
+
+def test_the_state_check_sees_a_write_a_change_in_place_and_a_private_member(tmp_path):
+    fake = tmp_path / "m.py"
+    fake.write_text(
+        "def f(state, self):\n"
+        "    state.selected.append('x')\n"
+        "    self.state.rungs[0].decision = 'y'\n"
+        "    state._best_runs = {}\n"
+        "    self.state = state\n"
+        "    state.keep(['x'])\n"
+    )
+    assert ladder_state_misuses({"fastloop.drivers.ladder.fake": fake}) == [
+        "fastloop.drivers.ladder.fake:2: changes state.selected in place",
+        "fastloop.drivers.ladder.fake:3: writes self.state.rungs[0].decision",
+        "fastloop.drivers.ladder.fake:4: private state._best_runs",
+        "fastloop.drivers.ladder.fake:4: writes state._best_runs",
+    ]
+
+
+def test_no_module_takes_an_untyped_search_or_names_the_state_by_one_letter():
+    """Issue 70: the sizes took the search as ``search: Any`` and the search held the state as
+    ``self.L``; the pieces now have typed interfaces."""
+    hits = [
+        f"{name}: {line.strip()}"
+        for name, path in _modules().items()
+        for line in path.read_text().splitlines()
+        if "search: Any" in line or re.search(r"self\.L\b", line)
+    ]
+    assert hits == []

@@ -1,4 +1,4 @@
-"""The ladder's budget predictions (fastloop.drivers.ladder_budget): a run is predicted at its
+"""The ladder's budget predictions (fastloop.drivers.ladder.budget): a run is predicted at its
 configuration's warm cost (a cold compiler cache is paid once), a configuration not yet run at the
 median warm run, plus that one-off where it compiles a graph no run has compiled; the final
 comparison's reserve is one baseline and one selected run a side where each has run 3 times in
@@ -8,34 +8,43 @@ from __future__ import annotations
 
 import pytest
 
-from fastloop.drivers.ladder_state import LadderState
+from fastloop.compare import Runs
+from fastloop.drivers.ladder.budget import Budget
+from fastloop.drivers.ladder.state import LadderState
 
 
 def _state(runs: list[tuple[str, float, float | None]], selected: list[str] | None = None) -> LadderState:
-    """A ladder state whose runs cost ``(spec, seconds, warm-up overhead)``, measured through its timer."""
-    queue = list(runs)
-
-    def measure(target, spec, **kw):
-        return {"warmup_overhead_s": queue.pop(0)[2]}
-
+    """A ladder state whose budget recorded runs that cost ``(spec, seconds, warm-up overhead)``, and
+    that kept ``selected`` in a comparison with another configuration than the baseline (so the
+    final comparison is still to come, and reserved)."""
+    budget = Budget(300.0)
+    for spec, seconds, warm in runs:
+        budget.record(spec, seconds, warm)
     L = LadderState(
         "x",
         steps=10,
         warmup=2,
         device="cpu",
-        measure=measure,
-        progress=None,
-        on_update=None,
+        measure=lambda target, spec, **kw: {},
+        budget=budget,
         max_repeats=5,
-        budget=300.0,
-        mode="staged",
+        mode="select",
     )
-    for spec, seconds, _ in runs:
-        L.measure("x", spec)
-        L.process_s[-1] = seconds  # the clock's reading replaced by the cost under test
-        L.spec_s[spec][-1] = seconds
-    L.selected = list(selected or [])
+    if selected:
+        spec = ",".join(selected)
+        L.keep(list(selected), Runs(spec), vs_spec="bf16", vs_runs=Runs("bf16"), ci=None)
     return L
+
+
+def test_the_timer_records_each_runs_cost_less_its_start_up():
+    """A run's cost for planning is its wall time less the fork server's one-off start; the log
+    keeps both."""
+    budget = Budget(None)
+    timed = budget.timed(lambda target, spec, **kw: {"timings": {"startup_s": 0.25}, "warmup_overhead_s": 0.1})
+    timed("x", "bf16")
+    (entry,) = budget.run_log
+    assert entry["spec"] == "bf16" and entry["startup_s"] == 0.25 and budget.runs == 1
+    assert budget.per_run_s("bf16") == pytest.approx(max(0.0, entry["s"] - 0.25), abs=1e-3)
 
 
 # a ResNet-50 on an H100 (round 22's figures): the baseline 10 s a run; the compiled bundle's first
@@ -52,31 +61,34 @@ _R50 = [
 
 def test_a_cold_compile_is_predicted_once_not_for_every_run():
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
-    assert L.warm_costs("bf16,channels_last,compile") == pytest.approx([12.0, 12.0, 12.0])
-    assert L.per_run_s("bf16,channels_last,compile") == pytest.approx(12.0)  # the mean cost was 33 s
-    assert L.one_off_s() == pytest.approx(62.9)
+    assert L.budget.warm_costs("bf16,channels_last,compile") == pytest.approx([12.0, 12.0, 12.0])
+    assert L.budget.per_run_s("bf16,channels_last,compile") == pytest.approx(12.0)  # the mean cost was 33 s
+    assert L.budget.one_off_s() == pytest.approx(62.9)
     # the final comparison's reserve at each side's own warm cost: one run a side, as both ran 3 times
     assert L.plan(1, "bf16,channels_last,compile")["reserve_s"] == pytest.approx(10.0 + 12.0)
     # a selected set that ran twice (an ablation's candidate just kept): 3 runs a side
     L2 = _state(_R50[:-1], selected=["bf16", "channels_last", "compile"])
-    assert L2.final_runs() == 3 and L2.plan(1)["reserve_s"] == pytest.approx(3 * (10.0 + 12.0))
+    assert L2.budget.final_runs("none", "bf16,channels_last,compile", 3) == 3 and L2.plan(1)[
+        "reserve_s"
+    ] == pytest.approx(3 * (10.0 + 12.0))
 
 
 def test_a_configuration_that_compiles_a_new_graph_is_predicted_with_the_cold_compile():
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
-    # the median warm run of all: 11 s (10, 10, 10, 12, 12, 12); without compile: nothing compiles, the median warm run; a precision or layout taken out of a
-    # compiled configuration: a graph no run compiled, so the cache misses once more
-    assert L.per_run_s("bf16,channels_last") == pytest.approx(11.0)
-    assert L.per_run_s("channels_last,compile") == pytest.approx(11.0 + 62.9)
-    assert L.per_run_s("bf16,compile") == pytest.approx(11.0 + 62.9)
+    # the median warm run of all: 11 s (10, 10, 10, 12, 12, 12); without compile: nothing compiles, the
+    # median warm run; a precision or layout taken out of a compiled configuration: a graph no run
+    # compiled, so the cache misses once more
+    assert L.budget.per_run_s("bf16,channels_last") == pytest.approx(11.0)
+    assert L.budget.per_run_s("channels_last,compile") == pytest.approx(11.0 + 62.9)
+    assert L.budget.per_run_s("bf16,compile") == pytest.approx(11.0 + 62.9)
     # the same graph as a measured one (a feed speedup added): warm
-    assert L.per_run_s("bf16,channels_last,compile,workers") == pytest.approx(11.0)
+    assert L.budget.per_run_s("bf16,channels_last,compile,workers") == pytest.approx(11.0)
 
 
 def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fit():
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
     assert L.fits(1, spec="bf16,channels_last")  # 11 s + 22 s reserve: fits in ~300 s
-    L.budget = L.elapsed() + 22.0 + 11.0 + 5.0  # 38 s left
+    L.budget.limit_s = L.budget.elapsed() + 22.0 + 11.0 + 5.0  # 38 s left
     assert L.fits(1, spec="bf16,channels_last")
     assert not L.fits(1, spec="channels_last,compile")  # 73.9 s + 22 s > 38 s
     plan = L.plan(1, "channels_last,compile")
@@ -92,10 +104,10 @@ def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     at its own prediction: one that compiles a new graph is kept at its cold compile, not at the
     median run (round 24: otherwise an extension of one ablation spends what the next one needs)."""
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
-    L.queued = [(1, "channels_last,compile"), (1, "bf16,channels_last")]
+    L.queue([(1, "channels_last,compile"), (1, "bf16,channels_last")])
     plan = L.plan(2, queued=True)
     assert plan["reserve_s"] == pytest.approx((10.0 + 12.0) + (11.0 + 62.9) + 11.0)
-    L.queued = []
+    L.queue([])
     assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(10.0 + 12.0)
 
 

@@ -1,4 +1,4 @@
-"""The staged ladder search (fastloop.drivers.ladder_search) on fakes with known effects: the feed first
+"""The staged ladder search (fastloop.drivers.ladder.search) on fakes with known effects: the feed first
 when the baseline is data-bound; the compute stack as one bundle, then its ablation, so that two
 speedups that help only together are found; the feed re-checked after the bottleneck moved (a
 rung dropped before it moved tried again); the budget bounding the whole ladder; the log lines."""
@@ -246,8 +246,7 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
     attributes (replaces_loader, changes_workload, ablation_rank, advice_pattern), as a new
     speedup module would be: no list of names in the drivers to extend."""
     from fastloop.drivers.doctor import without_measured
-    from fastloop.drivers.ladder_gates import ablation_order, split_groups
-    from fastloop.drivers.ladder_gates import replaces_loader as _replaces_loader
+    from fastloop.drivers.ladder.candidates import ablation_order, replaces_loader, split_groups
     from fastloop.speedups.base import REGISTRY, Speedup
 
     class GpuFeed(Speedup):
@@ -268,7 +267,7 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
         "test_costly",
         "bf16",
     ]  # rank -1 first; tf32 costs nothing
-    assert _replaces_loader({"test_gpu_feed"}) and not _replaces_loader({"workers", "pin_memory"})
+    assert replaces_loader({"test_gpu_feed"}) and not replaces_loader({"workers", "pin_memory"})
     d = without_measured({"recommendation": "try costly kernels, or bf16."}, {"test_costly": "0.98x"})
     assert d["advice_filtered"] == ["test_costly"]
 
@@ -436,7 +435,7 @@ def test_a_final_comparison_the_budget_cut_pools_every_run_of_both():
     times before at 27 ms against a baseline at 40-56 ms. Pooled (Welch over every run of both),
     the same runs call it; a comparison that could call, or was not cut, stays as it was."""
     from fastloop.compare import Runs, compare
-    from fastloop.drivers.ladder_report import pooled_final
+    from fastloop.drivers.ladder.state import pooled_final
 
     def runs(spec, ms):
         return Runs(spec, docs=[{"step_s_all": [m / 1000] * 60} for m in ms])

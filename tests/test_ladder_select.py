@@ -345,7 +345,7 @@ def test_partial_updates_refresh_the_html_only_every_few_seconds(tmp_path):
 
 
 def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
-    import fastloop.drivers.ladder as ladder_mod
+    import fastloop.drivers.ladder.run as ladder_mod  # where run_ladder finds its process runner
 
     seen = []
     fake = _fake()
@@ -585,3 +585,28 @@ def test_the_report_lists_what_the_selected_sets_speedups_changed_not_a_dropped_
     md = render_markdown({"kind": "ladder", "target": "x", "env": {}, **doc})
     changed = md.split("What the applied speedups changed:")[1]
     assert "`bf16`: Trainer precision 32-true -> bf16-mixed" in changed and "worker processes" not in changed, changed
+
+
+def test_a_sequential_ladder_whose_budget_ends_before_a_candidates_first_run_lists_it_not_tried(monkeypatch):
+    """A sequential (or cumulative) comparison the budget stops before the candidate's first run
+    ended the ladder in an IndexError; the candidate is now listed not tried (budget, with the
+    arithmetic), and the ladder ends with its final comparison as usual. Each run costs 1 s on a
+    fake clock: the baseline and bf16 take 6 s, and the next candidate's first run would not fit
+    in 6.5 s."""
+    import time
+
+    from tests.ladder_sim import FakeClock
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    inner = _fake({"bf16": 1.25, "fused_optimizer": 1.0, "workers": 1.0})
+
+    def measure(target, spec, **kw):
+        clock.spend(1.0)
+        return inner(target, spec, **kw)
+
+    for mode in ("sequential", "cumulative"):
+        doc = run_ladder("x", ["bf16", "fused_optimizer"], measure=measure, device="cpu", mode=mode, budget=6.5)
+        assert [r["rung"] for r in doc["rungs"]] == ["baseline", "+bf16", "selected: bf16"], doc["rungs"]
+        assert [t["name"] for t in doc["not_tried"]] == ["fused_optimizer"] and doc["not_tried"][0]["why"] == "budget"
+        assert doc["selected"] == ["bf16"] and doc["rungs"][-1]["final"]

@@ -90,29 +90,32 @@ def test_the_size_kept_in_the_configuration_is_pinned_for_the_final_and_the_user
 def test_pinning_keeps_only_the_runs_that_trained_with_the_pinned_size():
     """The configuration's runs whose probe chose another size are not counted as the pinned
     configuration's runs; its run costs carry over for the budget."""
-    from types import SimpleNamespace
-
     from fastloop.compare import Runs
-    from fastloop.drivers.ladder_sizing import _pin
+    from fastloop.drivers.ladder.budget import Budget
+    from fastloop.drivers.ladder.moves import Moves
+    from fastloop.drivers.ladder.sizing import Sizing
+    from fastloop.drivers.ladder.state import LadderState
 
-    L = SimpleNamespace(
-        base=[],
-        selected=["bf16", "workers"],
-        spec_s={"bf16,workers": [3.0, 3.2]},
-        spec_warm={"bf16,workers": [0.5, 0.4]},
+    budget = Budget(None)
+    for cost, warm in ((3.0, 0.5), (3.2, 0.4)):
+        budget.record("bf16,workers", cost, warm)
+    state = LadderState(
+        "x", steps=10, warmup=2, device="cpu", measure=_fake({}), budget=budget, max_repeats=5, mode="select"
     )
-    L.spec_with = lambda: ",".join(L.base + L.selected)
-    docs = [{"extra": {"num_workers": n}, "i": i} for i, n in enumerate([8, 16, 8])]
-    L.best_runs = {"bf16,workers": Runs("bf16,workers", docs)}
-    notes = []
-    search = SimpleNamespace(L=L, note=lambda stage, action: notes.append(action))
-    _pin(search, "workers", 8, "sizes measured in the configuration")
-    assert L.selected == ["bf16", "workers:8"]
-    assert list(L.best_runs) == ["bf16,workers:8"] and [d["i"] for d in L.best_runs["bf16,workers:8"].docs] == [0, 2]
-    assert L.spec_s["bf16,workers:8"] == [3.0, 3.2] and L.spec_warm["bf16,workers:8"] == [0.5, 0.4]
+    docs = [{"extra": {"num_workers": n}, "i": i, "step_s_all": [0.01] * 5} for i, n in enumerate([8, 16, 8])]
+    state.keep(["bf16", "workers"], Runs("bf16,workers", docs), vs_spec="bf16", vs_runs=Runs("bf16"), ci=None)
+    sizing = Sizing(state, Moves(state))
+    sizing.pin("workers", 8, "sizes measured in the configuration")
+    assert state.selected == ["bf16", "workers:8"]
+    assert [d["i"] for d in state.best().docs] == [0, 2] and state.best().spec == "bf16,workers:8"
+    assert (
+        budget.warm_costs("bf16,workers:8") == budget.warm_costs("bf16,workers")
+        and budget.runs_of("bf16,workers:8") == 2
+    )
+    notes = [s["action"] for s in state.document()["stages"]]
     assert notes == ["workers pinned to workers:8: the size its runs in the configuration trained with"]
-    _pin(search, "workers", 8, "again")  # already pinned: nothing changes
-    assert L.selected == ["bf16", "workers:8"] and len(notes) == 1
+    sizing.pin("workers", 8, "again")  # already pinned: nothing changes
+    assert state.selected == ["bf16", "workers:8"] and len(state.document()["stages"]) == 1
 
 
 def test_the_sizes_around_the_probes_choice():
@@ -327,7 +330,7 @@ def test_the_feed_kept_after_the_compute_stack_is_ablated_with_it_costliest_firs
     the compute stack is ablated together with the compute bundle, in the one order (compile,
     graphs, precision, layout, then processes and prefetch): what the budget leaves untried is the
     cheapest to keep."""
-    from fastloop.drivers.ladder_gates import ablation_order
+    from fastloop.drivers.ladder.candidates import ablation_order
 
     for name in ("pin_memory", "prefetch"):
         monkeypatch.setattr(REGISTRY[name], "why_not", lambda self, ctx: None)

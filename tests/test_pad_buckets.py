@@ -137,7 +137,7 @@ def test_the_loss_trajectory_matches_the_unpadded_one(target):
 
 
 def test_the_ladder_puts_the_padding_in_the_compute_bundle_and_measures_cuda_graph_with_it():
-    from fastloop.drivers.ladder_search import split_groups
+    from fastloop.drivers.ladder.candidates import split_groups
     from fastloop.drivers.run_document import data_checks
 
     feed, compute, _ = split_groups(resolve("workers,pad_buckets,bf16,compile"))

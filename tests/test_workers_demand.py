@@ -46,7 +46,7 @@ def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
     assert "consumes 500 samples/s" in rec.reason and "1.7% of its time, under 10%" in rec.reason
     assert ctx.stats["step_demand"] == pytest.approx(500.0)
     assert ctx.stats["predicted_saving"] == pytest.approx(500 / 15_000 - 500 / 30_000)
-    # what the ladder needs to measure the larger counts in the configuration (ladder_sizing)
+    # what the ladder needs to measure the larger counts in the configuration (fastloop.drivers.ladder.sizing)
     assert W.Workers.sizes_above_kept(ctx.stats) == (0, [4])
 
 

@@ -2,10 +2,8 @@
 
 - :mod:`~fastloop.drivers.runner` (``fastloop run``: one configuration, its document in
   :mod:`~fastloop.drivers.run_document`);
-- :mod:`~fastloop.drivers.ladder` (``fastloop ladder``: running runs and the budget), its search
-  in :mod:`~fastloop.drivers.ladder_search` (staged) and
-  :mod:`~fastloop.drivers.ladder_sequential` (one rung at a time), its story in
-  :mod:`~fastloop.drivers.ladder_report`;
+- :mod:`~fastloop.drivers.ladder` (``fastloop ladder``), a package: its entry, its state and
+  budget, its searches (staged, sequential), its gates and its words;
 - :mod:`~fastloop.drivers.ab` (``fastloop ab``), :mod:`~fastloop.drivers.batch_size`
   (``fastloop batch-size``), :mod:`~fastloop.drivers.doctor` (``fastloop doctor``);
 - :mod:`~fastloop.drivers.targets` (``FILE.py:FUNCTION`` and the recipes' short names);

@@ -1,0 +1,178 @@
+"""``run_ladder``: the ladder's entry. It checks its inputs, parses the speedups once into speedup
+objects, gives a :class:`~fastloop.drivers.ladder.state.LadderState` its budget, runs the search
+the mode names on it, and ends with the state's :meth:`~fastloop.drivers.ladder.state.LadderState.finish`.
+
+Example:
+    >>> default_rungs("cpu")[:3]
+    ['workers', 'pad_buckets', 'bf16']
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from fastloop.drivers.ladder.budget import Budget
+from fastloop.drivers.ladder.candidates import join_specs, select_order
+from fastloop.drivers.ladder.search import Search, StagedSearch
+from fastloop.drivers.ladder.sequential import SequentialSearch
+from fastloop.drivers.ladder.state import MIN_REPEATS, LadderState
+from fastloop.drivers.subproc import run_in_subprocess
+from fastloop.drivers.targets import recipe_rungs
+from fastloop.errors import FastloopError
+from fastloop.speedups.base import Context, Speedup, default_ladder, resolve
+
+__all__ = ["DEFAULT_RUNGS", "MODES", "default_budget", "default_measure_s", "default_rungs", "run_ladder"]
+
+DEFAULT_RUNGS = default_ladder()
+"""The registered speedups marked ``in_default_ladder``, in ladder order."""
+SEARCHES: dict[str, Callable[[], Search]] = {
+    "select": StagedSearch,
+    "sequential": SequentialSearch,
+    "cumulative": SequentialSearch,
+}
+"""The search each mode runs (the cumulative ladder is the sequential search keeping every rung)."""
+MODES = tuple(SEARCHES)
+MEASURE_S = {"cuda": 2.0, "cpu": 1.0}
+"""Seconds of steady steps each ladder run measures (on a GPU a 16 ms step: ~125 steps, not 30;
+on a CPU, whose steps are slow anyway, 1 s keeps the README's main job within 90 s)."""
+BUDGET_S = {"cuda": 300.0, "cpu": 80.0}
+"""The default budget of a whole ladder: 5 minutes on a GPU; on a CPU the README's main job."""
+
+
+def default_measure_s(device: str) -> float:
+    """Seconds of steady steps a ladder run measures by default on ``device``.
+
+    Example:
+        >>> default_measure_s("cpu"), default_measure_s("cuda")
+        (1.0, 2.0)
+    """
+    return MEASURE_S.get(device, MEASURE_S["cuda"])
+
+
+def default_budget(device: str) -> float:
+    """Seconds the whole ladder may take by default on ``device``.
+
+    Example:
+        >>> default_budget("cpu")
+        80.0
+    """
+    return BUDGET_S.get(device, BUDGET_S["cuda"])
+
+
+def _default_speedups(device: str, target: str | None) -> list[Speedup]:
+    ctx = Context(torch.device(device))
+    own, extra = recipe_rungs(target)
+    return [s for s in resolve(own or DEFAULT_RUNGS + extra) if s.why_not(ctx) is None]
+
+
+def default_rungs(device: str, target: str | None = None) -> list[str]:
+    """The default ladder for a device (and recipe): rungs that cannot apply there are left out.
+
+    Args:
+        device: ``cpu`` or ``cuda``.
+        target: a recipe's short name, whose own rungs (or extra rungs) count; None for any other.
+
+    Returns:
+        The rungs' names, in ladder order.
+    """
+    return [s.name for s in _default_speedups(device, target)]
+
+
+def _candidates(
+    device: str, target: str, rungs: list[str] | list[Speedup] | str | None, base: list[Speedup], mode: str
+) -> list[Speedup]:
+    """The speedups to try, parsed once: ``rungs`` (or the default ladder, less what ``base`` has);
+    a rung that is also in the base, or a pair across them that conflicts, is bad input."""
+    chosen = resolve(rungs) if rungs is not None else _default_speedups(device, target)
+    if rungs is None and mode == "sequential":
+        # feed the fast step: data speedups are tried once the step is as fast as the others make
+        # it (a loader that keeps up with an fp32 step may be the wall after compile)
+        chosen = select_order(chosen, set(recipe_rungs(target)[1]))
+    taken = {s.name for s in base}
+    if rungs is None:
+        chosen = [s for s in chosen if s.name not in taken]
+    clash = [s.name for s in chosen if s.name in taken]
+    if clash:
+        raise FastloopError(
+            f"rung(s) {', '.join(clash)} are already in --base {join_specs([s.spec for s in base])}: "
+            "a rung is tried on top of the base, so list each speedup in one of them"
+        )
+    resolve(base + chosen)  # conflicting pairs across base and rungs fail here
+    return chosen
+
+
+def run_ladder(
+    target: str,
+    rungs: list[str] | list[Speedup] | None = None,
+    *,
+    steps: int = 30,
+    warmup: int = 5,
+    max_repeats: int = 6,
+    budget: float | None = None,
+    mode: str = "select",
+    device: str = "cpu",
+    measure: Callable[..., dict] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_update: Callable[[dict], None] | None = None,
+    base: str | list[str] | list[Speedup] | None = None,
+    measure_s: float | None | str = "auto",
+) -> dict:
+    """Run the ladder: keep what measurably helps ``target``, each step a measured comparison.
+
+    Args:
+        target: the model to speed up (``FILE.py:FUNCTION``, ``package.module:FUNCTION`` or a recipe).
+        rungs: the speedups to try (names, specs or speedup objects); None: the default ladder.
+        steps: measured steps of each run where ``measure_s`` is None; ``warmup``: steps before.
+        max_repeats: the most runs a side of one comparison (at least 3).
+        budget: seconds for the whole ladder (None: :func:`default_budget` of the device).
+        mode: ``"select"`` (the default) is the staged search
+            (:class:`~fastloop.drivers.ladder.search.StagedSearch`); ``"sequential"`` tries one
+            rung at a time on top of the best so far; ``"cumulative"`` adds every rung on top of
+            all before it.
+        device: ``cpu`` or ``cuda``.
+        measure: runs one configuration and returns its document (default: a fresh process).
+        progress: told what runs now; ``on_update(doc)``: called after every run with the
+            document so far.
+        base: speedups every configuration has (the baseline is that set; the candidates are
+            tried on top of it).
+        measure_s: each run (a fresh process, unless ``measure`` is given) measures a window of
+            this many seconds of steady steps (at least 10 steps), however short or long the step
+            (``fastloop run --measure-s``); ``"auto"``: :func:`default_measure_s`; None measures
+            ``steps``.
+
+    Returns:
+        The ladder's document (without the env stamp); on Ctrl-C the document of what finished,
+        with ``"interrupted": True``.
+    """
+    if mode not in MODES:
+        raise FastloopError(f"ladder mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
+        raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
+    base_speedups = resolve(base or [])
+    chosen = _candidates(device, target, rungs, base_speedups, mode)
+    if measure_s == "auto":
+        measure_s = default_measure_s(device)
+    if measure is None:
+        measure = functools.partial(run_in_subprocess, measure_s=measure_s) if measure_s else run_in_subprocess
+    state = LadderState(
+        target,
+        steps=steps,
+        warmup=warmup,
+        device=device,
+        measure=measure,
+        budget=Budget(budget if budget is not None else default_budget(device)),
+        max_repeats=max_repeats,
+        mode=mode,
+        base=[s.spec for s in base_speedups],
+        measure_s=measure_s if isinstance(measure_s, (int, float)) else None,
+        progress=progress,
+        on_update=on_update,
+    )
+    try:
+        SEARCHES[mode]().run(state, chosen, Context(torch.device(device)))
+        return state.finish()
+    except KeyboardInterrupt:
+        return state.interrupt()
