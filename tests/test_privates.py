@@ -178,3 +178,11 @@ def test_dynamos_recompile_limit_is_read():
     limit, dynamic = tp.recompile_limit()
     assert limit == getattr(config, "recompile_limit", getattr(config, "cache_size_limit", None)) and limit >= 1
     assert dynamic is config.automatic_dynamic_shapes
+
+
+def test_compiled_draws_as_eager_sets_inductors_fallback_random(monkeypatch):
+    import torch._inductor.config as config
+
+    monkeypatch.setattr(config, "fallback_random", False)
+    tp.compiled_draws_as_eager()
+    assert config.fallback_random is True

@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "CONV_TYPES",
     "compiled_call",
+    "compiled_draws_as_eager",
     "compiled_graph_count",
     "first_graph_break",
     "draw_loader_base_seed",
@@ -129,3 +130,15 @@ def shutdown_workers(loader: Any) -> None:
     if shutdown is not None:
         shutdown()
     loader._iterator = None
+
+
+def compiled_draws_as_eager() -> None:
+    """Compiled code's random numbers (dropout, ``torch.rand`` in a compiled forward) drawn from
+    the generator eager draws them from, in eager's order (``torch._inductor.config.fallback_random``;
+    torch's own debugging switch for comparing compiled with eager runs). Why: a check that pairs a
+    compiled run with an eager one step by step needs the same dropout masks on both sides;
+    Inductor otherwise draws its own (equally random, never equal). For the check's runs only:
+    the ladder's timed runs draw as Inductor does."""
+    import torch._inductor.config as config
+
+    config.fallback_random = True

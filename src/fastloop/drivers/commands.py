@@ -114,6 +114,7 @@ def _run(args: argparse.Namespace, device: str) -> dict:
                 strategy=args.strategy,
                 measure_s=args.measure_s,
                 step_rate=args.step_rate,
+                seed=args.seed,
             ),
         },
         args,

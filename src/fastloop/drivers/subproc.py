@@ -229,10 +229,12 @@ def run_in_subprocess(
     profile: bool = True,
     measure_s: float | None = None,
     step_rate: float | None = None,
+    seed: int | None = None,
 ) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
 
     ``step_rate``: the step rate (steps/s) the driver declares to the run (``--step-rate``).
+    ``seed``: a paired run (``--seed``: :mod:`fastloop.drivers.paired_run`).
 
     ``profile=False`` turns the GPU profile of the extra steps after the measured ones off
     (``FASTLOOP_PROFILE_STEPS=0`` in the child): a configuration's later runs need no second one.
@@ -264,6 +266,8 @@ def run_in_subprocess(
             cmd += ["--measure-s", repr(float(measure_s))]
         if step_rate is not None:
             cmd += ["--step-rate", repr(float(step_rate))]
+        if seed is not None:
+            cmd += ["--seed", str(seed)]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = child_env(profile)

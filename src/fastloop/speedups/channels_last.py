@@ -28,6 +28,7 @@ def apply_channels_last(model: torch.nn.Module) -> torch.nn.Module:
 class ChannelsLast(Speedup):
     __doc__ = __doc__
     name = "channels_last"
+    trains = "reordered"  # convolutions in another layout: other kernels, other summation order
     ablation_rank = 4
     changes = "model"
     order = 40

@@ -411,6 +411,7 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
 class GPUAugment(Speedup):
     __doc__ = __doc__
     name = "gpu_augment"
+    trains = "own_draws"  # the augmentation draws from its own generator on the GPU
     replaces_loader = True
     stored_on_device = True
     changes = "data"

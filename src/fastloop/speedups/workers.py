@@ -273,6 +273,7 @@ def _counts_above(stats: dict, own: int) -> list[int]:
 class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
+    reads_in_workers = True
     ablation_rank = 7
     changes = "data"
     feeds = True
