@@ -12,13 +12,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "fastloop"
 MAX_BODY = 80
 """The most lines a function's body may have (its docstring not counted)."""
 GRANDFATHERED = {
-    "cli.py:_parser": 109,
+    "cli.py:_parser": 97,
     "dali_folder.py:__init__": 90,
-    "drivers/commands.py:_ladder_or_ab": 81,
     "drivers/doctor.py:diagnose": 125,
-    "drivers/runner.py:_run_once": 93,
-    "report/html.py:render_html": 87,
-    "report/markdown.py:render_markdown": 114,
+    "drivers/runner.py:_run_once": 88,
+    "report/markdown.py:render_markdown": 84,
 }
 """Functions longer than MAX_BODY when the tree was first formatted (ruff, 120 columns): each may only
 shrink, and leaves this table once it fits."""
@@ -59,6 +57,7 @@ def test_the_search_and_the_fork_server_name_no_speedup_in_their_code():
         "drivers/forkserver.py",
         "drivers/ladder_gates.py",
         "drivers/ladder_sizing.py",
+        "drivers/pick_check.py",
     ):
         tree = ast.parse((SRC / rel).read_text())
         doc_lines = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastloop.compare import Runs
+from fastloop.drivers.pick_check import can_check, predicted_check_s
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import name_of
 
@@ -18,7 +19,7 @@ __all__ = ["BudgetPlan"]
 class BudgetPlan:
     """The budget's arithmetic over the ladder's runs. The ladder sets ``budget``, ``t0``,
     ``process_s``, ``spec_s``, ``spec_warm``, ``base_spec``, ``run_log``, ``selected``,
-    ``min_repeats``, ``queued`` and ``finalizing``, and defines ``final_ready()`` and
+    ``min_repeats``, ``queued``, ``finalizing`` and ``check``, and defines ``final_ready()`` and
     ``spec_with()``.
 
     A run's predicted cost is what its configuration's runs cost once warm: the first compiled run
@@ -39,6 +40,7 @@ class BudgetPlan:
     queued: list[tuple[int, str | None]]
     finalizing: bool
     final_first: int
+    check: dict | None
 
     def final_ready(self) -> bool:  # pragma: no cover - the ladder's
         raise NotImplementedError
@@ -148,6 +150,7 @@ class BudgetPlan:
         runs of the comparisons the search has still planned (:attr:`queued`: runs, configuration), what is left."""
         per_run = self.per_run_s(spec)
         reserve = self.final_runs() * self.final_run_s() if final and self.selected and not self.final_ready() else 0.0
+        reserve += self.check_reserve_s() if final else 0.0
         if queued:
             reserve += sum(n * self.per_run_s(spec) for n, spec in self.queued)
         left = None if self.budget is None else self.budget - self.elapsed()
@@ -180,4 +183,12 @@ class BudgetPlan:
             if self.finalizing or not self.selected or self.final_ready()
             else self.final_runs() * self.final_run_s()
         )
+        reserve += 0.0 if self.finalizing else self.check_reserve_s()
         return self.elapsed() + self.per_run_s(spec) + reserve <= self.budget
+
+    def check_reserve_s(self) -> float:
+        """Seconds kept for the check of the pick (its two paired runs, before the final
+        comparison): 0 once it ran, with nothing selected, or where the runs record no losses."""
+        if self.check is not None or not self.selected or not can_check(self):  # type: ignore[arg-type]
+            return 0.0
+        return predicted_check_s(self)  # type: ignore[arg-type]

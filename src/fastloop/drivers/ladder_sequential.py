@@ -13,6 +13,7 @@ import torch
 from fastloop.compare import Runs
 from fastloop.drivers.ladder_gates import feed_cannot_help, model_says_no
 from fastloop.drivers.ladder_report import own_record
+from fastloop.drivers.pick_check import check_ladder_pick
 from fastloop.speedups.base import Context, resolve  # noqa: F401  (resolve: the docstring's example)
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ def run_sequential(ladder: LadderState, candidates: list) -> dict:
         fresh = {}
         ladder.measure_runs([ladder.base_spec], ladder.min_repeats, fresh)
         ladder.set_baseline(fresh[ladder.base_spec])
-    if len(ladder.selected) == 1 and last_kept is not None and last_kept[1] == ladder.base_spec:
+    changed = check_ladder_pick(ladder)  # before the final comparison: a pick that trains differently falls back
+    if len(ladder.selected) == 1 and last_kept is not None and last_kept[1] == ladder.base_spec and not changed:
         # the one kept speedup was already measured against the baseline, interleaved
         fresh, _ = last_kept
         ladder.final_from(fresh)

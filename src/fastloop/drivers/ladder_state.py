@@ -19,6 +19,7 @@ from fastloop.drivers.ladder_report import (
     pooled_final,
     rung_doc,
 )
+from fastloop.drivers.pick_check import check_ladder_pick
 
 __all__ = ["EARLY_DROP", "LadderState", "MIN_GAIN", "MIN_REPEATS"]
 
@@ -62,6 +63,9 @@ class LadderState(BudgetPlan):
         and GPU-profile seconds."""
 
         self.measure = self.timed(measure)
+        self.untimed_measure = measure  # the check's paired runs: not ladder runs, not in their predictions
+        self.check: dict | None = None
+        """The check of the pick against the baseline (:mod:`fastloop.drivers.pick_check`)."""
         self.max_repeats, self.budget, self.mode = max_repeats, budget, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.finalizing = False
@@ -278,6 +282,13 @@ class LadderState(BudgetPlan):
         out.update(
             answer_lines(self.spec_with(), bool(self.selected), measured, len(self.not_tried) + len(self.cut_short))
         )
+        if self.check is not None:
+            out["check"] = self.check
+            if self.check.get("passed") is False and not self.selected:
+                out["callbacks_line"] = (
+                    f"# the pick ({self.check['pick_spec']}) trained differently from the baseline (the check): "
+                    "none is recommended"
+                )
         filter_advice(rungs)
         out["moves"] = [r["bottleneck_moved"] for r in rungs if r.get("bottleneck_moved")]
         return out
@@ -296,8 +307,10 @@ class LadderState(BudgetPlan):
             self.base_runs = runs
 
     def finish(self) -> dict:
-        """After the search: the final measured comparison of the selected set with the baseline
-        (the search's own interleaved comparison where it already made one), and the document."""
+        """After the search: the check of the pick (it may fall back), the final measured comparison
+        of the selected set with the baseline (the search's own interleaved comparison where it
+        already made one), and the document."""
+        check_ladder_pick(self)
         if self.selected and self.final_ready():
             # the selected set was kept in a comparison with the baseline itself, interleaved:
             # those runs are the final measurement (no second comparison of the same pair)

@@ -44,9 +44,9 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from fastloop.speedups.base import REGISTRY, Speedup, resolve
+from fastloop.speedups.base import REGISTRY, Speedup, name_of, resolve
 
 __all__ = [
     "BAND_FACTOR",
@@ -57,7 +57,9 @@ __all__ = [
     "SCALE_FLOOR",
     "PickCheck",
     "Tolerance",
+    "check_ladder_pick",
     "compare_losses",
+    "predicted_check_s",
     "tolerance_for",
 ]
 
@@ -83,6 +85,10 @@ ON_BOTH_SIDES = {
     "workload": "it changes the batches themselves (their size): no run without it sees the same batches",
 }
 """Why a member of these kinds is on both sides of the check."""
+SEEDED_APART = (
+    "the dataset draws its per-sample randomness from the global generators, which each worker process seeds "
+    "apart: its reads are not the main process's"
+)
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,8 @@ class PickCheck:
         steps: steps each paired run trains (:data:`MIN_STEPS` to :data:`MAX_STEPS`).
         fits: whether one more run of a configuration fits the caller's budget (None: always).
         cost: the predicted seconds of a run of a configuration, to take the cheapest first.
+        fallback: name the configuration to fall back to when the losses part (the ladder's; an
+            A/B only reports).
     """
 
     def __init__(
@@ -213,8 +221,10 @@ class PickCheck:
         steps: int,
         fits: Callable[[str], bool] | None = None,
         cost: Callable[[str], float] | None = None,
+        fallback: bool = True,
     ) -> None:
         self.target, self.measure, self.device, self.steps = target, measure, device, steps
+        self.fallback = fallback
         self.fits = fits or (lambda spec: True)
         self.cost = cost
         self.runs: list[dict] = []
@@ -247,33 +257,35 @@ class PickCheck:
         base_m, pick_m = resolve(base), resolve(pick)
         out: dict = {"baseline_spec": _spec(base_m), "pick_spec": _spec(pick_m), "seed": SEED, "passed": None}
         added = [s for s in pick_m if s.name not in _names(base_m)]
-        both = {s.spec: ON_BOTH_SIDES[s.trains] for s in added if s.trains in ON_BOTH_SIDES}
-        base_side = base_m + [s for s in added if s.spec in both]
-        a = self._run("baseline", _spec(base_side))
+        removed = [s for s in base_m if s.name not in _names(pick_m)]  # A/B: what A has and B not
+        both = {s.spec: ON_BOTH_SIDES[s.trains] for s in added + removed if s.trains in ON_BOTH_SIDES}
+        sides = {
+            "base": base_m + [s for s in added if s.spec in both],
+            "pick": pick_m + [s for s in removed if s.spec in both],
+        }
+        a = self._run("baseline", _spec(sides["base"]))
         reads = (a.get("paired") or {}).get("dataset_reads")
-        seeded_apart = [s for s in added if s.reads_in_workers and reads == "global_draws" and s.spec not in both]
-        if seeded_apart and not a.get("failed"):  # the baseline side reads in workers too: run it so
-            both.update(
-                {
-                    s.spec: "the dataset draws its per-sample randomness from the global generators, which each "
-                    "worker process seeds apart: its reads are not the main process's"
-                    for s in seeded_apart
-                }
-            )
-            base_side += seeded_apart
-            a = self._run("baseline", _spec(base_side))
-        out["on_both_sides"] = [{"spec": k, "why": v} for k, v in both.items()]
-        out["compared"] = {"baseline": _spec(base_side), "pick": _spec(pick_m)}
-        compared = [s for s in added if s.spec not in both]
+        apart = [s for s in added + removed if s.reads_in_workers and reads == "global_draws" and s.spec not in both]
+        both.update({s.spec: SEEDED_APART for s in apart})
+        sides["pick"] += [s for s in removed if s in apart]
+        if any(s in apart for s in added) and not a.get("failed"):  # the baseline side reads in workers too
+            sides["base"] += [s for s in added if s in apart]
+            a = self._run("baseline", _spec(sides["base"]))
+        compared = [s for s in added + removed if s.spec not in both]
         tol = tolerance_for([s.spec for s in compared])
-        out.update(steps=self.steps, tolerance=tol.to_dict())
+        out.update(
+            on_both_sides=[{"spec": k, "why": v} for k, v in both.items()],
+            compared={"baseline": _spec(sides["base"]), "pick": _spec(sides["pick"])},
+            steps=self.steps,
+            tolerance=tol.to_dict(),
+        )
         why_not = self._why_not_checked(a, None, compared)
-        b = self._run("pick", _spec(pick_m)) if why_not is None else {}
+        b = self._run("pick", _spec(sides["pick"])) if why_not is None else {}
         why_not = why_not or self._why_not_checked(a, b, compared)
         if why_not is not None:
             out["not_checked"] = why_not
         else:
-            self._judge(out, a, b, base_side, pick_m, compared, tol)
+            self._judge(out, a, b, sides, [s for s in compared if s in added], compared, tol)
         out["runs"] = list(self.runs)
         out["seconds"] = round(time.perf_counter() - t0, 2)
         out["verdict"] = verdict(out)
@@ -304,7 +316,7 @@ class PickCheck:
         return None
 
     def _judge(
-        self, out: dict, a: dict, b: dict, base_side: list, pick_m: list, compared: list, tol: Tolerance
+        self, out: dict, a: dict, b: dict, sides: dict, candidates: list, compared: list, tol: Tolerance
     ) -> None:
         """Compare, re-run the baseline before blaming a speedup, then find the one to blame."""
         cmp = compare_losses(a["losses"], b["losses"], tol.rel)
@@ -313,7 +325,7 @@ class PickCheck:
         if cmp["passed"]:
             out["passed"] = True
             return
-        spread = self._floor(out, a, _spec(base_side))
+        spread = self._floor(out, a, _spec(sides["base"]))
         if spread:  # the baseline does not reproduce itself: the tolerance takes its spread in
             widened = max(tol.rel, FLOOR_FACTOR * spread)
             out["tolerance"].update(
@@ -325,7 +337,7 @@ class PickCheck:
             if out["passed"]:
                 return
         out["passed"] = False
-        self._bisect(out, a, pick_m, compared, spread)
+        self._bisect(out, a, sides["pick"], candidates, compared, spread)
 
     def _floor(self, out: dict, a: dict, spec: str) -> float:
         """The baseline run again: its own spread (0: it reproduces itself bit for bit)."""
@@ -340,14 +352,15 @@ class PickCheck:
         out["floor"] = {"measured": True, "max_deviation": spread, "reproducible": spread == 0.0}
         return spread
 
-    def _bisect(self, out: dict, a: dict, pick_m: list, compared: list, spread: float) -> None:
-        """Take the compared members out one at a time, the cheapest run first, until the losses agree."""
+    def _bisect(self, out: dict, a: dict, pick_m: list, candidates: list, compared: list, spread: float) -> None:
+        """Take the pick's own compared members (``candidates``) out one at a time, the cheapest run
+        first, until the losses agree: that one is named (the culprit)."""
         out["bisect"], out["culprit"] = [], None
-        if len(compared) == 1:  # without it, the pick is the baseline side, which agrees with itself
-            out["culprit"] = compared[0].spec
-        else:
-            without = {s.spec: _spec([m for m in pick_m if m.name != s.name]) for s in compared}
-            order = sorted(compared, key=lambda s: self.cost(without[s.spec]) if self.cost else 0.0)
+        if len(compared) == 1 and candidates:  # without it, the pick is the baseline side: it agrees with itself
+            out["culprit"] = candidates[0].spec
+        elif candidates:
+            without = {s.spec: _spec([m for m in pick_m if m.name != s.name]) for s in candidates}
+            order = sorted(candidates, key=lambda s: self.cost(without[s.spec]) if self.cost else 0.0)
             for s in order:
                 if not self.fits(without[s.spec]):
                     out["bisect_note"] = f"not found within the budget (no run left for {without[s.spec]})"
@@ -364,8 +377,11 @@ class PickCheck:
                     break
             else:
                 out["bisect_note"] = "no single speedup's removal closes the gap (two or more part it together)"
+        else:
+            out["bisect_note"] = "what parts them is the baseline's own speedup (the pick has none the baseline lacks)"
         culprit = out["culprit"]
-        out["fallback"] = _spec([m for m in pick_m if m.spec != culprit]) if culprit else out["baseline_spec"]
+        if self.fallback:
+            out["fallback"] = _spec([m for m in pick_m if m.spec != culprit]) if culprit else out["baseline_spec"]
 
 
 def _batches(a: dict, b: dict, compared: list[Speedup]) -> dict:
@@ -409,8 +425,120 @@ def verdict(check: dict) -> str:
         if check.get("culprit")
         else check.get("bisect_note") or "no speedup found that closes the gap"
     )
+    then = f"; falls back to {check['fallback']}" if check.get("fallback") else ""
     return (
         f"refused: {check['pick_spec']}'s losses part from the baseline's at step {step} (largest deviation "
-        f"{dev:.3g} of the loss > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; {who}; "
-        f"falls back to {check.get('fallback')}"
+        f"{dev:.3g} of the loss > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; {who}{then}"
     )
+
+
+# -- the ladder's check of its pick -------------------------------------------------------------
+
+
+class LadderState(Protocol):
+    """What the check reads of the ladder's state (:class:`fastloop.drivers.ladder_state.LadderState`)
+    and writes to it (``check``, ``selected``)."""
+
+    target: str
+    device: str
+    budget: float | None
+    base_spec: str
+    selected: list[str]
+    best_runs: dict
+    check: dict | None
+    progress: Callable[[str], None] | None
+    untimed_measure: Callable[..., dict]
+
+    def per_run_s(self, spec: str | None = None) -> float: ...
+    def spec_with(self, extra: list[str] | None = None) -> str: ...
+    def elapsed(self) -> float: ...
+    def final_ready(self) -> bool: ...
+    def final_runs(self) -> int: ...
+    def final_run_s(self) -> float: ...
+    def publish(self) -> None: ...
+
+
+def _ladder_docs(L: LadderState, spec: str) -> list[dict]:
+    runs = L.best_runs.get(spec) or (getattr(L, "base_runs", None) if spec == L.base_spec else None)
+    return list(runs.docs) if runs is not None else []
+
+
+def can_check(L: LadderState) -> bool:
+    """Whether the ladder's runs record per-step losses (what the check compares)."""
+    docs = _ladder_docs(L, L.base_spec)
+    return bool(docs) and isinstance(docs[-1].get("losses"), list)
+
+
+def run_cost(L: LadderState, spec: str, steps: int) -> float:
+    """Predicted seconds of a paired run of ``spec`` training ``steps`` steps: a ladder run's warm
+    cost (the budget's prediction) with its own steps replaced by ``steps`` at its mean step."""
+    per_run = L.per_run_s(spec)
+    docs = _ladder_docs(L, spec)
+    mean = ((docs[-1].get("step_s") or {}).get("mean") if docs else None) or 0.0
+    if not mean:
+        return per_run
+    trained = (docs[-1].get("steps") or 0) + (docs[-1].get("warmup_steps") or 0)
+    return max(0.0, per_run - trained * mean) + steps * mean
+
+
+def predicted_check_s(L: LadderState, steps: int = MIN_STEPS) -> float:
+    """What the check of the ladder's current pick is predicted to cost: one paired run a side
+    (what the budget reserves for it before the final comparison: at :data:`MIN_STEPS`)."""
+    return run_cost(L, L.base_spec, steps) + run_cost(L, L.spec_with(), steps)
+
+
+def _final_reserve(L: LadderState) -> float:
+    return 0.0 if L.final_ready() else L.final_runs() * L.final_run_s()
+
+
+def check_steps(L: LadderState) -> int:
+    """The paired runs' steps: as many as what the budget left after the search allows for one run
+    a side (with the final comparison's reserve kept), from :data:`MIN_STEPS` to :data:`MAX_STEPS`."""
+    if L.budget is None:
+        return MAX_STEPS
+    fixed = run_cost(L, L.base_spec, 0) + run_cost(L, L.spec_with(), 0)
+    per_step = (run_cost(L, L.base_spec, 1) + run_cost(L, L.spec_with(), 1)) - fixed
+    left = L.budget - L.elapsed() - _final_reserve(L) - fixed
+    if per_step <= 0:
+        return MIN_STEPS
+    return int(min(MAX_STEPS, max(MIN_STEPS, left // per_step)))
+
+
+def check_ladder_pick(L: LadderState) -> bool:
+    """Before the ladder's final comparison: check its pick against the baseline (``L.check``);
+    where the losses part, the pick falls back (the configuration without the speedup that parts
+    them, else the baseline). Returns whether the selected set changed."""
+    if L.check is not None or not L.selected:
+        return False
+    if not can_check(L):
+        L.check = {"passed": None, "not_checked": "the ladder's runs record no per-step losses"}
+        L.check["verdict"] = verdict(L.check)
+        return False
+    steps, predicted = check_steps(L), predicted_check_s(L)
+    if L.progress:
+        L.progress(f"checking {L.spec_with()} against {L.base_spec}: {steps} paired steps a side")
+
+    def fits(spec: str) -> bool:
+        return L.budget is None or L.elapsed() + run_cost(L, spec, steps) + _final_reserve(L) <= L.budget
+
+    check = PickCheck(
+        L.target,
+        L.untimed_measure,
+        device=L.device,
+        steps=steps,
+        fits=fits,
+        cost=lambda spec: run_cost(L, spec, steps),
+    ).run(L.base_spec, L.spec_with())
+    check["predicted_s"] = round(predicted, 2)
+    check["steps_basis"] = (
+        f"{steps} steps a side: what the budget left after the search for one run a side (with the final "
+        f"comparison's reserve), from {MIN_STEPS} to {MAX_STEPS}; {predicted:.1f} s were reserved for it "
+        f"({MIN_STEPS} steps a side)"
+    )
+    L.check = check
+    L.publish()
+    if check.get("passed") is not False:
+        return False
+    kept = _names(resolve(check["fallback"]))
+    L.selected = [s for s in L.selected if name_of(s) in kept]
+    return True
