@@ -60,13 +60,14 @@ def default_num_workers() -> int:
 
 
 class PersistentWorkersLoader(DataLoader):
-    """A DataLoader with persistent workers that draws from torch's global RNG exactly what a
-    loader without workers draws: a fresh iterator takes one number from it each epoch (its
-    workers' base seed), a persistent one only in its first epoch. Without the extra draw every
-    later epoch's dropout masks and shuffles would differ from the loader the user wrote."""
+    """A DataLoader with persistent workers that draws from its generator (the loader's own, else
+    torch's global RNG) exactly what a loader without workers draws: a fresh iterator takes one
+    number from it each epoch (its workers' base seed) before the sampler shuffles, a persistent
+    one only in its first epoch. Without the extra draw every later epoch's shuffle (and, from the
+    global RNG, its dropout masks) would differ from the loader the user wrote."""
 
     def __iter__(self):  # type: ignore[override]
-        if loader_iterator(self) is not None and self.generator is None:
+        if loader_iterator(self) is not None:
             draw_loader_base_seed(self)
         return super().__iter__()
 
