@@ -390,19 +390,39 @@ def test_ab_check_from_the_command_line_passes_workers_on_an_indexed_dataset(tmp
     assert check["batches"]["same"] is True and math.isclose(check["tolerance"]["rel"], 0.0)
 
 
+def _seeded_loader():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(12, 4, generator=g), torch.randint(0, 2, (12,), generator=g))
+    return DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
 def test_workers_keep_a_seeded_loaders_order_in_every_epoch():
     """Found by the check (``ab --check`` of workers on ``indexed_records`` parted at step 32, the
-    second epoch): a loader with its own generator draws its workers' base seed from it at every
-    fresh iterator, before the sampler's permutation; persistent workers reuse their iterator, so
-    without the same draw each later epoch is shuffled otherwise."""
-    from torch.utils.data import DataLoader, TensorDataset
+    second epoch). A shuffled loader with its own generator draws from it, at every fresh iterator,
+    its workers' base seed and then the permutation; a ``RandomSampler`` asked past its last index
+    draws one permutation more. Lightning stops a plain loader at its length; persistent workers
+    reuse their iterator (no base seed drawn) and fetch indices ahead (past the last). Both are
+    undone: the epochs, consumed as Lightning and FastLoop consume them, come in the same order."""
+    import itertools
 
     from fastloop.speedups.workers import apply_workers
 
-    def loader():
-        data = TensorDataset(torch.arange(12))
-        return DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
-
-    plain, workers = loader(), apply_workers(loader(), num_workers=1)
+    plain, workers = _seeded_loader(), apply_workers(_seeded_loader(), num_workers=1)
     for epoch in range(3):
-        assert [b[0].tolist() for b in plain] == [b[0].tolist() for b in workers], epoch
+        got = [[b[1].tolist() for b in itertools.islice(loader, len(loader))] for loader in (plain, workers)]
+        assert got[0] == got[1], epoch
+
+
+def test_fastloop_with_workers_trains_a_seeded_loaders_epochs_as_without():
+    from fastloop.loop import FastLoop
+
+    def losses(speedups: str) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loop = FastLoop(model, opt, _seeded_loader(), loss_fn=torch.nn.functional.cross_entropy, speedups=speedups)
+        return [float(x) for x in loop.train(steps=9).losses]  # three epochs of three batches
+
+    assert losses("none") == losses("workers:1")

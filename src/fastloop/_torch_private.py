@@ -6,12 +6,14 @@ Supported: torch 2.11 to 2.14 (the GPU machine and CI).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 __all__ = [
     "CONV_TYPES",
+    "IndexSamplerAtLength",
     "compiled_call",
     "compiled_draws_as_eager",
     "compiled_graph_count",
@@ -142,3 +144,37 @@ def compiled_draws_as_eager() -> None:
     import torch._inductor.config as config
 
     config.fallback_random = True
+
+
+class _AtLength:
+    """An index sampler whose iterator stops after ``len(inner)`` items without asking for one more."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        return itertools.islice(iter(self.inner), len(self.inner))
+
+
+class IndexSamplerAtLength:
+    """A mixin for a DataLoader subclass (before ``DataLoader`` in its bases): its iterators take
+    at most ``len`` batches of indices from the loader's index sampler and never ask it for more
+    (``DataLoader._index_sampler``, what ``_BaseDataLoaderIter`` iterates; unsized ones as they are).
+
+    Why: torch's ``RandomSampler`` with a generator draws one more permutation from it, and throws
+    it away, when its iterator is asked past its last index. Lightning stops a plain loader at its
+    length, so it never asks; worker processes fetch indices ahead and do, so from the second
+    epoch a seeded loader with workers would shuffle otherwise than the same loader without.
+    No public API bounds what a DataLoader's iterator draws from its sampler."""
+
+    @property
+    def _index_sampler(self) -> Any:
+        inner = super()._index_sampler  # type: ignore[misc]
+        try:
+            len(inner)
+        except TypeError:  # an iterable dataset's sampler has no length: nothing to bound
+            return inner
+        return _AtLength(inner)

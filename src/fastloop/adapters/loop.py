@@ -19,12 +19,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from fastloop._torch_private import found_inf
 from fastloop.adapters.graph_step import GraphedStep
@@ -168,6 +170,16 @@ class LoopResult:
     extra: dict
 
 
+def _epoch_length(loader: Iterable) -> int | None:
+    """Batches in an epoch of a map-style DataLoader (None: run the loader until it ends)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # a sampler without a length
+        return None
+
+
 class FastLoop:
     """A train loop over ``model``/``optimizer``/``loader`` with speedups applied.
 
@@ -303,10 +315,13 @@ class FastLoop:
         return loss
 
     def batches(self) -> Iterator[Any]:
-        """Batches forever: the loader is restarted at the end of each epoch."""
+        """Batches forever: the loader is restarted at the end of each epoch. A map-style
+        DataLoader's epoch ends after its ``len`` batches, as Lightning ends it, without asking its
+        iterator for one more (which would have a seeded ``RandomSampler`` draw a permutation more:
+        the next epoch's order would depend on how the epoch was consumed)."""
         while True:
             empty = True
-            for batch in self.loader:
+            for batch in itertools.islice(self.loader, _epoch_length(self.loader)):
                 empty = False
                 yield batch
             if empty:

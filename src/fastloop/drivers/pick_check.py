@@ -114,7 +114,10 @@ def _member_tolerance(s: Speedup) -> tuple[float, str, str]:
     if s.trains == "band":
         eps = s.band() or 0.0
         tol = max(REORDERED_TOL, BAND_FACTOR * eps)
-        return tol, "band", f"rounds its math to {eps:.3g}: {BAND_FACTOR:g} x {eps:.3g} = {tol:.3g}"
+        power = math.log2(eps) if eps > 0 else 0.5
+        shown = f"2^{int(power)}" if power.is_integer() else f"{eps:.3g}"
+        floor = f", at least reordering's {REORDERED_TOL:g}" if BAND_FACTOR * eps < REORDERED_TOL else ""
+        return tol, "band", f"rounds its math by up to {shown}: {BAND_FACTOR:g} x {shown}{floor} = {tol:.3g}"
     return 0.0, "exact", "the same arithmetic on the same batches: bit-identical"
 
 
@@ -136,7 +139,8 @@ def tolerance_for(specs: list[str] | str) -> Tolerance:
     top = max(per, key=lambda k: per[k][0])
     rel, kind, _ = per[top]
     if kind == "exact":
-        basis = f"exact: {', '.join(per)} change no arithmetic, so every step's loss is bit-identical"
+        verb = "changes" if len(per) == 1 else "change"
+        basis = f"exact: {', '.join(per)} {verb} no arithmetic, so every step's loss is bit-identical"
     elif kind == "reordered":
         basis = f"{rel:g} of the loss: {top} sums fp32 in another order (exact members add nothing)"
     else:
