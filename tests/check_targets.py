@@ -99,3 +99,26 @@ def strided_pool_cnn(batch_size: int = 16):
     y = (x.flatten(1) @ torch.randn(192, 4, generator=g)).argmax(1)
     data = torch.utils.data.TensorDataset(x, y)
     return StridedPoolCNN(), DataLoader(data, batch_size=batch_size, shuffle=True, generator=g)
+
+
+class DropoutMLP(MLP):
+    """The MLP with dropout and a step-wise learning-rate schedule: what a CUDA graph or a compiled
+    step must replay exactly as eager runs it (the masks drawn from the same generator, the rate
+    followed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 256), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 4)
+        )
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def dropout_mlp(batch_size: int = 64):
+    torch.manual_seed(0)
+    data = Records(n=4096)
+    return DropoutMLP(), DataLoader(data, batch_size=batch_size, shuffle=True)

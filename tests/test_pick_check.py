@@ -426,3 +426,17 @@ def test_fastloop_with_workers_trains_a_seeded_loaders_epochs_as_without():
         return [float(x) for x in loop.train(steps=9).losses]  # three epochs of three batches
 
     assert losses("none") == losses("workers:1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pick", ["cuda_graph", "compile", "bf16", "tf32,bf16,fused_optimizer,compile"])
+def test_the_checks_tolerance_passes_the_gpu_compute_stack_on_a_module_with_dropout(pick):
+    """On the GPU, each compute pick trains a module with dropout and a StepLR schedule as eager
+    does, within its tolerance: the masks are drawn as eager draws them (seeded; compiled code
+    through Inductor's fallback_random), and the schedule is followed."""
+    from fastloop.drivers.subproc import run_in_subprocess
+
+    found = PickCheck("tests/check_targets.py:dropout_mlp", run_in_subprocess, device="cuda", steps=MIN_STEPS).run(
+        "none", pick
+    )
+    assert found["passed"] is True, found["verdict"]

@@ -260,6 +260,8 @@ class PickCheck:
         t0 = time.perf_counter()
         base_m, pick_m = resolve(base), resolve(pick)
         out: dict = {"baseline_spec": _spec(base_m), "pick_spec": _spec(pick_m), "seed": SEED, "passed": None}
+        if not self.fallback:
+            out["ab"] = True  # an A/B's check: it reports, nothing falls back
         added = [s for s in pick_m if s.name not in _names(base_m)]
         removed = [s for s in base_m if s.name not in _names(pick_m)]  # A/B: what A has and B not
         both = {s.spec: ON_BOTH_SIDES[s.trains] for s in added + removed if s.trains in ON_BOTH_SIDES}
@@ -400,7 +402,7 @@ def _batches(a: dict, b: dict, compared: list[Speedup]) -> dict:
 
 
 def verdict(check: dict) -> str:
-    """The check in one sentence, for the reports.
+    """The check in one sentence, for the reports (an A/B's, ``"ab": True``, says A and B).
 
     Example:
         >>> verdict({"passed": True, "pick_spec": "workers:4", "steps": 60, "max_deviation": 0.0,
@@ -410,15 +412,16 @@ def verdict(check: dict) -> str:
     tol = check.get("tolerance") or {}
     if check.get("passed") is None:
         return f"not checked: {check.get('not_checked') or 'the check did not run'}"
+    pick, base = (f"B ({check['pick_spec']})", "A") if check.get("ab") else (check["pick_spec"], "the baseline")
     if check["passed"]:
         return (
-            f"passed: {check['pick_spec']} trained as the baseline for {check['steps']} steps (largest deviation "
+            f"passed: {pick} trained as {base} for {check['steps']} steps (largest deviation "
             f"{check['max_deviation']:.3g} of the loss; tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')})"
         )
     step, dev = check.get("first_parting_step"), check.get("max_deviation")
     batches = check.get("batches") or {}
     seen = (
-        f"; its batches differ from the baseline's from step {batches['first_difference']}"
+        f"; its batches differ from {base}'s from step {batches['first_difference']}"
         if batches.get("first_difference") is not None
         else "; the batches were the same, the step's arithmetic differs"
         if batches.get("same")
@@ -431,8 +434,9 @@ def verdict(check: dict) -> str:
     )
     then = f"; falls back to {check['fallback']}" if check.get("fallback") else ""
     return (
-        f"refused: {check['pick_spec']}'s losses part from the baseline's at step {step} (largest deviation "
-        f"{dev:.3g} of the loss > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; {who}{then}"
+        f"{'differs' if check.get('ab') else 'refused'}: {pick}'s losses part from {base}'s at step {step} "
+        f"(largest deviation {dev:.3g} of the loss > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; "
+        f"{who}{then}"
     )
 
 
