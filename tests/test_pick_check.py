@@ -288,6 +288,14 @@ def test_the_ladder_refuses_a_pick_whose_losses_part_and_falls_back_to_what_pass
     assert "tolerance: 0.0156 of the loss per step" in md
 
 
+def test_the_sequential_ladder_checks_its_pick_too():
+    doc = run_ladder(
+        "x", ["workers:2", "bf16"], device="cpu", budget=None, measure=_ladder_measure("bf16"), mode="sequential"
+    )
+    assert doc["check"]["culprit"] == "bf16" and doc["selected"] == ["workers:2"]
+    assert doc["rungs"][-1]["final"] and doc["rungs"][-1]["spec"] == "workers:2"
+
+
 def test_a_refused_pick_of_one_speedup_leaves_the_baseline_and_says_why():
     doc = run_ladder("x", ["workers:2"], device="cpu", budget=None, measure=_ladder_measure("workers"))
     assert doc["check"]["culprit"] == "workers:2" and doc["selected"] == []
