@@ -13,7 +13,9 @@ the best's runs is dropped after that run: ``EARLY_DROP``) and otherwise adds ru
 ``max_repeats`` while the runs and the final comparison fit the ``budget``. Each look uses a
 stricter interval (Bonferroni over the looks). A feed speedup is not measured when a faster feed
 could gain at most 2% (``ladder_gates.FEED_BUSY``, ``FEED_WAIT``: the GPU busy >= 95% of the step with <= 2%
-data wait, or <= 2% of the step waiting and getting batches on the host). The last rung measures the
+data wait, or <= 2% of the step waiting and getting batches on the host). Before the last rung, the pick
+is checked against the baseline step by step (:mod:`fastloop.drivers.pick_check`; its predicted cost is
+kept in the budget from the start): a pick whose losses part falls back. The last rung measures the
 selected set against the baseline, interleaved (cut by the budget: all their runs, pooled); the callbacks line names it.
 
 Example:

@@ -146,8 +146,9 @@ class BudgetPlan:
 
     def plan(self, runs: int, spec: str | None = None, final: bool = True, queued: bool = False) -> dict:
         """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
-        the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
-        runs of the comparisons the search has still planned (:attr:`queued`: runs, configuration), what is left."""
+        the reserve kept for the check of the pick and the final comparison (``final``) and, with
+        ``queued``, for the first runs of the comparisons the search has still planned
+        (:attr:`queued`: runs, configuration), what is left."""
         per_run = self.per_run_s(spec)
         reserve = self.final_runs() * self.final_run_s() if final and self.selected and not self.final_ready() else 0.0
         reserve += self.check_reserve_s() if final else 0.0
