@@ -327,3 +327,32 @@ def test_lightning_prepares_a_training_loader_with_its_distributed_sampler_and_w
     assert loader.worker_init_fn is None and lp.prepare_train_loader(trainer, prepared) is prepared
     one = Trainer(accelerator="cpu", devices=1, logger=False)
     assert lp.prepare_train_loader(one, loader) is loader  # one process: Lightning adds no sampler
+
+
+def test_compiled_draws_as_eager_sets_inductors_fallback_random(monkeypatch):
+    import torch._inductor.config as config
+
+    monkeypatch.setattr(config, "fallback_random", False)
+    tp.compiled_draws_as_eager()
+    assert config.fallback_random is True
+
+
+def test_a_dataloaders_iterators_draw_their_indices_from_its_index_sampler():
+    """``DataLoader._index_sampler`` is what its iterators take indices from: bounded at its length,
+    a seeded RandomSampler is not asked past its last index (its generator draws no extra permutation)."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    assert isinstance(inspect.getattr_static(DataLoader, "_index_sampler"), property)
+
+    class Bounded(tp.IndexSamplerAtLength, DataLoader):
+        pass
+
+    def states(cls: type) -> tuple:
+        loader = cls(list(range(8)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+        batches = [b.tolist() for b in loader]  # to the end: the iterator asks for one batch more
+        return batches, loader.generator.get_state()
+
+    plain, bounded = states(DataLoader), states(Bounded)
+    assert plain[0] == bounded[0] and not torch.equal(plain[1], bounded[1])  # one permutation fewer drawn

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fastloop.report import write_reports
 from fastloop.report.terminal import make_console, print_document
 
@@ -62,23 +64,53 @@ def test_what_a_speedup_changed_is_said_once_as_the_selected_configuration_has_i
     assert "- `workers`: 16 worker processes (measured fastest: 123,000 samples/s)" in md
 
 
-def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(tmp_path):
-    """``fastloop ladder demo --out DIR``, its output not a terminal (one line per run, then the
-    summary): no line is printed twice, and nothing asks to 'measure more steps'."""
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``fastloop ladder demo --out DIR`` as the README runs it (once for the tests below), its
+    output not a terminal: the process and its report folder."""
+    rep = tmp_path_factory.mktemp("main_job") / "rep"
     p = subprocess.run(
-        [sys.executable, "-m", "fastloop.cli", "ladder", "demo", "--out", str(tmp_path / "rep")],
+        [sys.executable, "-m", "fastloop.cli", "ladder", "demo", "--out", str(rep)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
     )
+    return p, rep
+
+
+def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(main_job):
+    """One line per run, then the summary: no line is printed twice, and nothing asks to 'measure
+    more steps'."""
+    p, rep = main_job
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout + p.stderr
     assert "measure more steps" not in out
     warnings = [ln for ln in out.splitlines() if "warning" in ln.lower()]
     assert len(warnings) == len(set(warnings)), warnings
-    md = (tmp_path / "rep" / "report.md").read_text()
+    md = (rep / "report.md").read_text()
     listed = (
         [ln for ln in md.split("Warnings:", 1)[-1].splitlines() if ln.startswith("- ")] if "Warnings:" in md else []
     )
     assert len(listed) == len(set(listed)) and "measure more steps" not in md
+
+
+def test_the_readmes_main_job_checks_its_pick_within_its_budget(main_job):
+    """The demo's pick (workers) checked against the baseline before it is printed: the same
+    weights, the same batches, every step's loss bit-identical (the tolerance of a feed: exact),
+    its cost reserved in the 80 s budget; the report shows it with its tolerance."""
+    p, rep = main_job
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads((rep / "report.json").read_text())
+    assert doc["selected"], f"the main job kept nothing, so nothing was checked: {doc['callbacks_line']}"
+    check = doc["check"]
+    assert check["pick_spec"] == doc["selected_spec"], check
+    assert check["passed"] is True and check["max_deviation"] == 0.0, check["verdict"]
+    assert check["tolerance"]["rel"] == 0.0 and "bit-identical" in check["tolerance"]["basis"]
+    assert check["batches"]["same"] is True and check["steps"] >= 50
+    assert 0 < check["seconds"] and check["predicted_s"] > 0
+    ran = doc["started_s"] + doc["wall_s"]
+    assert ran <= doc["budget_s"] + max(e["s"] for e in doc["run_log"]), (ran, check["seconds"])
+    md = (rep / "report.md").read_text()
+    assert "**Check** (does the pick train as the baseline?): passed: " in md and "- tolerance: 0 of the loss" in md
+    assert "check: passed: " in p.stdout

@@ -6,6 +6,7 @@ Supported: torch 2.11 to 2.14 (the GPU machine and CI).
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -13,8 +14,10 @@ import torch
 
 __all__ = [
     "CONV_TYPES",
+    "IndexSamplerAtLength",
     "compile_event_hooks",
     "compiled_call",
+    "compiled_draws_as_eager",
     "compiled_graph_count",
     "first_graph_break",
     "draw_loader_base_seed",
@@ -182,3 +185,49 @@ def shutdown_workers(loader: Any) -> None:
     if shutdown is not None:
         shutdown()
     loader._iterator = None
+
+
+def compiled_draws_as_eager() -> None:
+    """Compiled code's random numbers (dropout, ``torch.rand`` in a compiled forward) drawn from
+    the generator eager draws them from, in eager's order (``torch._inductor.config.fallback_random``;
+    torch's own debugging switch for comparing compiled with eager runs). Why: a check that pairs a
+    compiled run with an eager one step by step needs the same dropout masks on both sides;
+    Inductor otherwise draws its own (equally random, never equal). For the check's runs only:
+    the ladder's timed runs draw as Inductor does."""
+    import torch._inductor.config as config
+
+    config.fallback_random = True
+
+
+class _AtLength:
+    """An index sampler whose iterator stops after ``len(inner)`` items without asking for one more."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Any:
+        return itertools.islice(iter(self.inner), len(self.inner))
+
+
+class IndexSamplerAtLength:
+    """A mixin for a DataLoader subclass (before ``DataLoader`` in its bases): its iterators take
+    at most ``len`` batches of indices from the loader's index sampler and never ask it for more
+    (``DataLoader._index_sampler``, what ``_BaseDataLoaderIter`` iterates; unsized ones as they are).
+
+    Why: torch's ``RandomSampler`` with a generator draws one more permutation from it, and throws
+    it away, when its iterator is asked past its last index. Lightning stops a plain loader at its
+    length, so it never asks; worker processes fetch indices ahead and do, so from the second
+    epoch a seeded loader with workers would shuffle otherwise than the same loader without.
+    No public API bounds what a DataLoader's iterator draws from its sampler."""
+
+    @property
+    def _index_sampler(self) -> Any:
+        inner = super()._index_sampler  # type: ignore[misc]
+        try:
+            len(inner)
+        except TypeError:  # an iterable dataset's sampler has no length: nothing to bound
+            return inner
+        return _AtLength(inner)

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from fastloop.drivers.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
 from fastloop.errors import FastloopError, shorten
@@ -109,6 +110,36 @@ def _no_cache(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _ab_parser(sub: Any) -> None:
+    """``fastloop ab``'s arguments."""
+    sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
+    sp.add_argument("target")
+    sp.add_argument("--a", required=True, help="configuration A: " + SPEEDUPS_HELP)
+    sp.add_argument("--b", required=True, help="configuration B (a ratio > 1 means B is faster): " + SPEEDUPS_HELP)
+    sp.add_argument(
+        "--repeats",
+        type=_positive("--repeats", most=1000),
+        default=5,
+        help="runs a side, interleaved (fewer than 3: too few runs to tell)",
+    )
+    sp.add_argument(
+        "--measure-s",
+        type=_measure_seconds,
+        default=None,
+        help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
+        "1 on a CPU, as the ladder; with --steps only: that many steps)",
+    )
+    sp.add_argument(
+        "--check",
+        action="store_true",
+        help="also check that B trains as A: one seeded run a side from the same weights on the same batches, "
+        "their per-step losses within a tolerance derived from what B changes (the ladder's check of its pick)",
+    )
+    _steps(sp)
+    _common(sp)
+    _ranks(sp)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastloop", description="Make PyTorch training loops fast, and prove it.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -133,6 +164,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps per second this step reaches without waiting for data, if you measured it: workers "
         "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)",
+    )
+    sp.add_argument(
+        "--seed",
+        type=_positive("--seed", allow_zero=True, most=2**31 - 1),
+        default=None,
+        help="a paired run: every generator seeded before the target is built, with the initial weights' and "
+        "each batch's digest in the JSON (what the check of a pick compares step by step)",
     )
     _steps(sp)
     _common(sp)
@@ -182,26 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     _steps(sp)
     _common(sp)
     _ranks(sp)
-    sp = sub.add_parser("ab", help="compare two configurations, interleaved, with statistics")
-    sp.add_argument("target")
-    sp.add_argument("--a", required=True, help="configuration A: " + SPEEDUPS_HELP)
-    sp.add_argument("--b", required=True, help="configuration B (a ratio > 1 means B is faster): " + SPEEDUPS_HELP)
-    sp.add_argument(
-        "--repeats",
-        type=_positive("--repeats", most=1000),
-        default=5,
-        help="runs a side, interleaved (fewer than 3: too few runs to tell)",
-    )
-    sp.add_argument(
-        "--measure-s",
-        type=_measure_seconds,
-        default=None,
-        help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
-        "1 on a CPU, as the ladder; with --steps only: that many steps)",
-    )
-    _steps(sp)
-    _common(sp)
-    _ranks(sp)
+    _ab_parser(sub)
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)

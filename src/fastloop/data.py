@@ -27,6 +27,7 @@ from fastloop.errors import FastloopError
 
 __all__ = [
     "WHOLE_BATCHES",
+    "dataset_reads",
     "first_tensor",
     "fixed_samples",
     "map_tensors",
@@ -294,6 +295,56 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
             f"(more than {FIXED_MAX_S:.0f} s)"
         )
     return FixedSamples(n=n, item_bytes=_item_bytes(dataset[0]), read_s=read_s)
+
+
+def _seed_globals(seed: int) -> None:
+    torch.default_generator.manual_seed(seed)  # the CPU's: a sample is drawn on the host (CUDA's left alone)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def dataset_reads(dataset: Any, probes: int = 2) -> str | None:
+    """How a map-style dataset's reads vary: ``"fixed"`` (the same sample every time),
+    ``"global_draws"`` (random per-sample work drawn from the global generators: torch, numpy,
+    random; worker processes, each seeded apart, draw other numbers) or ``"own_state"`` (reads
+    change with a state the dataset holds: a cursor that ignores the index, a generator of its
+    own; worker processes each copy it). None: not read by index, or a read raised.
+
+    Each of ``probes`` indices is read three times: twice from the same global random state
+    (equal unless the dataset holds a state of its own), once from another. The global random
+    states are put back afterwards, so probing changes nothing the training draws.
+
+    Example:
+        >>> class Noisy(torch.utils.data.Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return torch.rand(2) + i
+        >>> dataset_reads(Noisy()), dataset_reads(TensorDataset(torch.arange(4.0)))
+        ('global_draws', 'fixed')
+    """
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return None
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    found = "fixed"
+    try:
+        n = len(dataset)
+        for i in sorted({0, n - 1})[:probes] if n > 0 else []:
+            _seed_globals(0)
+            first = dataset[i]
+            _seed_globals(0)
+            if not same_value(first, dataset[i]):
+                return "own_state"
+            _seed_globals(1)
+            if not same_value(first, dataset[i]):
+                found = "global_draws"
+    except Exception:  # noqa: BLE001 - the user's __getitem__ may raise anything: unknown, not an error here
+        return None
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+    return found
 
 
 def materialize(dataset: Any) -> tuple[torch.Tensor, ...]:

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from fastloop._torch_private import found_inf
 from fastloop.adapters.graph_step import GraphedStep
@@ -180,6 +182,16 @@ class LoopResult:
     stats: StepStats
     records: list[Record]
     extra: dict
+
+
+def _epoch_length(loader: Iterable) -> int | None:
+    """Batches in an epoch of a map-style DataLoader (None: run the loader until it ends)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return None
+    try:
+        return len(loader)
+    except TypeError:  # a sampler without a length
+        return None
 
 
 class FastLoop:
@@ -345,13 +357,16 @@ class FastLoop:
         return loss
 
     def batches(self) -> Iterator[Any]:
-        """Batches forever: the loader is restarted at the end of each epoch, its sampler told
-        the epoch first (a ``DistributedSampler`` reshuffles: :func:`~fastloop.data.set_sampler_epoch`)."""
+        """Batches forever: the loader is restarted at the end of each epoch, its sampler told the
+        epoch first (a ``DistributedSampler`` reshuffles: :func:`~fastloop.data.set_sampler_epoch`). A
+        map-style DataLoader's epoch ends after its ``len`` batches, as Lightning ends it, without asking
+        its iterator for one more (which would have a seeded ``RandomSampler`` draw a permutation more:
+        the next epoch's order would depend on how the epoch was consumed)."""
         while True:
             set_sampler_epoch(self.loader, self.epoch)
             self.epoch += 1
             empty = True
-            for batch in self.loader:
+            for batch in itertools.islice(self.loader, _epoch_length(self.loader)):
                 empty = False
                 yield batch
             if empty:

@@ -18,13 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastloop.compare import Runs, compare, loss_agreement, measure_interleaved, merge_runs, step_rate_of, unsteady_note
+from fastloop.drivers.pick_check import PickCheck
 from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.speedups.base import resolve
 
-__all__ = ["DEFAULT_REPEATS", "run_ab"]
+__all__ = ["CHECK_STEPS", "DEFAULT_REPEATS", "run_ab"]
 
 DEFAULT_REPEATS = 5
+CHECK_STEPS = 100
+"""Steps of each paired run of ``--check`` (the middle of the check's 50-200: an A/B has no budget)."""
 
 
 def _doc(a: str, b: str, runs: dict[str, Runs], repeats: int, order: list[str] | None = None) -> dict:
@@ -79,8 +82,13 @@ def run_ab(
     measure: Callable[..., dict] | None = None,
     progress: Callable[[str], None] | None = None,
     on_update: Callable[[dict], None] | None = None,
+    check: bool = False,
 ) -> dict:
     """Measure A and B interleaved ``repeats`` times; ``on_update(doc)`` after every run.
+
+    ``check``: then check that B trains as A (:class:`~fastloop.drivers.pick_check.PickCheck`: one
+    paired run a side of :data:`CHECK_STEPS` steps from the same weights on the same batches, their
+    per-step losses within the tolerance of what B changes), in the document's ``"check"``.
 
     On Ctrl-C the document of the finished runs is returned with ``"interrupted": True``."""
 
@@ -124,6 +132,12 @@ def run_ab(
         return doc
     doc = _doc(a, b, runs, repeats, order)
     _raise_side_failure(doc, runs, a, b, on_update)
+    if check:
+        if progress:
+            progress(f"checking that B ({b}) trains as A ({a}): {CHECK_STEPS} paired steps a side")
+        doc["check"] = PickCheck(target, measure, device=device, steps=CHECK_STEPS, fallback=False).run(a, b)
+        if on_update:
+            on_update(doc)
     return doc
 
 

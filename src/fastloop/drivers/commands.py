@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from fastloop.errors import FastloopError
 
@@ -126,6 +127,7 @@ def _run(args: argparse.Namespace, device: str) -> dict:
                 measure_s=args.measure_s,
                 step_rate=args.step_rate,
                 compile_cache=not args.no_cache,
+                seed=args.seed,
             ),
         },
         args,
@@ -197,24 +199,30 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
             if doc["rungs"]:
                 doc["diagnosis"] = doc["rungs"][-1].get("bottleneck") or doc["rungs"][0].get("bottleneck")
         else:
-            from fastloop.drivers.ab import run_ab
-
-            doc = run_ab(
-                args.target,
-                args.a,
-                args.b,
-                repeats=args.repeats,
-                steps=args.steps,
-                warmup=args.warmup,
-                device=device,
-                progress=update,
-                on_update=partial,
-                measure=_measure_on(args),
-            )
+            doc = _ab(args, device, update, partial)
     finally:
         if prog:
             prog.stop()
     return _stamp(doc, args, device)
+
+
+def _ab(args: argparse.Namespace, device: str, update: Any, partial: Any) -> dict:
+    """``fastloop ab``: the A/B (with ``--check``, the check of B against A after it)."""
+    from fastloop.drivers.ab import run_ab
+
+    return run_ab(
+        args.target,
+        args.a,
+        args.b,
+        repeats=args.repeats,
+        steps=args.steps,
+        warmup=args.warmup,
+        device=device,
+        progress=update,
+        on_update=partial,
+        measure=_measure_on(args),
+        check=args.check,
+    )
 
 
 def _batch_size(args: argparse.Namespace, device: str) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "measured_configuration",
     "model_checks_of",
     "steadiness_warning",
+    "tensors_digest",
     "weights_digest",
 ]
 
@@ -157,9 +159,21 @@ def weights_digest(module: torch.nn.Module) -> str:
         >>> weights_digest(m) != d
         True
     """
+    return tensors_digest(module.named_parameters())
+
+
+def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """:func:`weights_digest` of any named tensors (a batch's, in order): equal digests mean the
+    same names, shapes, dtypes and bits.
+
+    Example:
+        >>> a = torch.arange(4.0)
+        >>> tensors_digest([("x", a)]) == tensors_digest([("x", a.clone())]) != tensors_digest([("x", a + 1)])
+        True
+    """
     h = hashlib.sha256()
     sums = []
-    for name, p in module.named_parameters():
+    for name, p in named:
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
         flat = p.detach().reshape(-1)
         if flat.dtype.is_complex:

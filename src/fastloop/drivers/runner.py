@@ -32,6 +32,7 @@ from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
 from fastloop.drivers.exits import leave_now
 from fastloop.drivers.fit_share import fit_parts
+from fastloop.drivers.paired_run import PairedRun
 from fastloop.drivers.run_document import (
     data_checks,
     describe_dataset,
@@ -104,11 +105,17 @@ def run_configuration(
     measure_s: float | None = None,
     step_rate: float | None = None,
     compile_cache: bool = True,
+    seed: int | None = None,
 ) -> dict:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
 
     ``compile_cache``: compiles read and write the project's compile cache (False: cold, in a
     fresh directory; :class:`~fastloop.speedups.base.RunInputs`).
+
+    ``seed``: a paired run (:mod:`fastloop.drivers.paired_run`): every generator seeded with it
+    before the target is built, and the document's ``"paired"`` section holds the initial
+    weights' digest, each step's batch digest and how the dataset's reads vary, for the check of
+    a pick against the baseline to compare step by step.
 
     ``step_rate``: steps/s the step reaches without data wait, when a driver measured it: declared
     to the run's speedups (:class:`~fastloop.speedups.base.RunInputs`; ``workers`` sizes itself
@@ -155,6 +162,9 @@ def run_configuration(
     fallbacks: list[Record] = []
     while True:
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+        paired = PairedRun(seed) if seed is not None else None  # a fresh one for a run repeated after a fallback
+        if paired is not None:
+            paired.seed_now()
         try:
             doc = _run_once(
                 target,
@@ -170,6 +180,7 @@ def run_configuration(
                 strategy,
                 measure_s,
                 RunInputs(step_rate=step_rate, compile_cache=compile_cache),
+                paired,
             )
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = (
@@ -363,6 +374,22 @@ def _records(
     return records
 
 
+def _timings(measure: MeasureCallback, build_s: float, t_fit: float, fit_s: float, digest_s: float) -> dict:
+    """Where a run's wall time goes (a ladder pays it per process): building the target, and the
+    whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)."""
+    return {
+        "build_s": build_s,
+        "fit_s": fit_s,
+        "pid": os.getpid(),
+        "digest_s": digest_s,
+        "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
+        "train_s": (measure.train_end_t - measure.train_start_t)
+        if measure.train_end_t and measure.train_start_t
+        else None,
+        "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None,
+    }
+
+
 def _run_once(
     target: str,
     chosen: list,
@@ -377,6 +404,7 @@ def _run_once(
     strategy: str | None = None,
     measure_s: float | None = None,
     inputs: RunInputs | None = None,
+    paired: PairedRun | None = None,
 ) -> dict:
 
     t_build = time.perf_counter()
@@ -409,8 +437,14 @@ def _run_once(
     gather = _GatherRanks(measure, cbs)
     distributed = devices > 1 or strategy is not None
     user_callbacks = list(user_trainer.pop("callbacks", None) or [])
+    first = [paired] if paired is not None else []  # before any speedup's setup: it reads the initial weights
     trainer = _trainer(
-        user_trainer, [length, *user_callbacks, *cbs, measure, monitored, gather], dev, devices, strategy, distributed
+        user_trainer,
+        [*first, length, *user_callbacks, *cbs, measure, monitored, gather],
+        dev,
+        devices,
+        strategy,
+        distributed,
     )
     t_fit = time.perf_counter()
     _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
@@ -436,20 +470,9 @@ def _run_once(
     doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     t_digest = time.perf_counter()
     doc["weights_digest"] = weights_digest(module)
-    digest_s = time.perf_counter() - t_digest
-    # where a run's wall time goes (a ladder pays it per process): building the target, and the
-    # whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)
-    doc["timings"] = {
-        "build_s": build_s,
-        "fit_s": fit_s,
-        "pid": os.getpid(),
-        "digest_s": digest_s,
-        "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
-        "train_s": (measure.train_end_t - measure.train_start_t)
-        if measure.train_end_t and measure.train_start_t
-        else None,
-        "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None,
-    }
+    doc["timings"] = _timings(measure, build_s, t_fit, fit_s, time.perf_counter() - t_digest)
+    if paired is not None:
+        doc["paired"] = paired.result()
     doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
     doc["built_checks"] = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
     doc["model_checks"] = {**doc["data_checks"], **doc["built_checks"]}

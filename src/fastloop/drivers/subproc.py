@@ -230,6 +230,7 @@ def run_in_subprocess(
     measure_s: float | None = None,
     step_rate: float | None = None,
     compile_cache: bool = True,
+    seed: int | None = None,
 ) -> dict:
     """``fastloop run`` in a child process; returns its JSON document.
 
@@ -237,6 +238,7 @@ def run_in_subprocess(
     (``--no-cache``); else its compiles read and write the project's cache, which outlives it.
 
     ``step_rate``: the step rate (steps/s) the driver declares to the run (``--step-rate``).
+    ``seed``: a paired run (``--seed``: :mod:`fastloop.drivers.paired_run`).
 
     ``profile=False`` turns the GPU profile of the extra steps after the measured ones off
     (``FASTLOOP_PROFILE_STEPS=0`` in the child): a configuration's later runs need no second one.
@@ -270,6 +272,8 @@ def run_in_subprocess(
             cmd += ["--step-rate", repr(float(step_rate))]
         if not compile_cache:
             cmd += ["--no-cache"]
+        if seed is not None:
+            cmd += ["--seed", str(seed)]
         if devices > 1 or strategy:  # the ranks are started by Lightning inside the child
             cmd += ["--devices", str(devices), "--strategy", strategy or "ddp", "--no-scaling"]
         env = child_env(profile)

@@ -6,7 +6,16 @@ import re
 
 from fastloop.measure.stats import MIN_EFFECT
 
-__all__ = ["compile_cell", "config_label", "fmt_ratio", "fmt_s", "rows", "selected_line", "warning_lines"]
+__all__ = [
+    "check_lines",
+    "compile_cell",
+    "config_label",
+    "fmt_ratio",
+    "fmt_s",
+    "rows",
+    "selected_line",
+    "warning_lines",
+]
 
 
 def fmt_s(x: float | None) -> str:
@@ -48,6 +57,50 @@ def selected_line(doc: dict) -> str | None:
     rate = f", {tp['value']:,.0f} {tp['unit']}" if tp.get("value") else ""
     base = f" ({','.join(doc['base'])})" if doc.get("base") else ""
     return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{base}{rate})"
+
+
+def check_lines(doc: dict) -> list[str]:
+    """The check of a pick against its baseline (a ladder's, or ``ab --check``'s), as lines: its
+    verdict, its tolerance and where it comes from, its steps and what it cost; where the losses
+    parted, each configuration the search for the cause ran.
+
+    Example:
+        >>> check = {"passed": True, "verdict": "passed: x", "steps": 50, "seconds": 6.2, "predicted_s": 5.0,
+        ...          "tolerance": {"rel": 0.0, "basis": "exact"}, "runs": [{}, {}]}
+        >>> check_lines({"check": check})[1]
+        'tolerance: 0 of the loss per step (exact); 50 steps a side, seeded, from the same weights; 2 runs, 6.2 s (5.0 s reserved)'
+    """
+    check = doc.get("check")
+    if not check:
+        return []
+    out = [str(check.get("verdict") or "")]
+    tol = check.get("tolerance")
+    if tol and check.get("passed") is not None:
+        cost = f"; {len(check.get('runs') or [])} runs, {check.get('seconds', 0):.1f} s" if check.get("runs") else ""
+        reserved = f" ({check['predicted_s']:.1f} s reserved)" if check.get("predicted_s") is not None else ""
+        out.append(
+            f"tolerance: {tol['rel']:.3g} of the loss per step ({tol['basis']}); {check.get('steps')} steps a side, "
+            f"seeded, from the same weights{cost}{reserved}"
+        )
+    for both in check.get("on_both_sides") or []:
+        out.append(f"on both sides: {both['spec']} ({both['why']})")
+    floor = check.get("floor") or {}
+    if floor.get("measured"):
+        out.append(
+            "the baseline run again reproduced itself bit for bit"
+            if floor.get("reproducible")
+            else f"the baseline run again differed from itself by up to {floor['max_deviation']:.3g} of the loss"
+        )
+    for step in check.get("bisect") or []:
+        part = (
+            f"failed: {step['failed']}"
+            if step.get("failed")
+            else "agrees with the baseline"
+            if step.get("passed")
+            else f"parts at step {step.get('first_parting_step')} (up to {step.get('max_deviation', 0):.3g})"
+        )
+        out.append(f"without {step['removed']} ({step['spec']}): {part}")
+    return out
 
 
 def config_label(cfg: dict) -> str:

@@ -12,7 +12,7 @@ import html
 from fastloop.compare import loss_line
 from fastloop.report.figures import figure_png, report_figures, short_labels
 from fastloop.report.fit import fit_share_lines
-from fastloop.report.format import rows, selected_line, warning_lines
+from fastloop.report.format import check_lines, rows, selected_line, warning_lines
 
 __all__ = ["render_html"]
 
@@ -66,6 +66,36 @@ def _plots(doc: dict) -> tuple[str, str]:
     return images, "".join(f'<p class="left-out">No plot of {html.escape(line)}.</p>' for line in left_out)
 
 
+def _notes(doc: dict) -> list[str]:
+    """The paragraphs under the table: moves of the bottleneck, the method, the verdict, the loss,
+    the check, the warnings and the diagnosis."""
+    e = html.escape
+    notes: list[str] = []
+    for move in doc.get("moves", []):
+        notes.append(f"<p><b>Bottleneck moved</b> {e(move)}</p>")
+    if doc.get("method"):
+        notes.append(f"<p class='stamp'>Method: {e(doc['method'])}.</p>")
+    if doc.get("verdict"):
+        notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
+    if loss_line(doc.get("loss_agreement")):
+        notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
+    checked = check_lines(doc)
+    if checked:
+        notes.append(
+            f"<p id='check'><b>Check</b> (does the pick train as the baseline?): {e(checked[0])}</p><ul>"
+            + "".join(f"<li>{e(c)}</li>" for c in checked[1:])
+            + "</ul>"
+        )
+    if warning_lines(doc):
+        notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
+    if doc.get("diagnosis"):
+        d = doc["diagnosis"]
+        notes.append(
+            f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>"
+        )
+    return notes
+
+
 def render_html(doc: dict) -> str:
     env = doc.get("env", {})
     e = html.escape
@@ -87,21 +117,7 @@ def render_html(doc: dict) -> str:
                 + (f"\n{e(doc['loop_line'])}" if doc.get("loop_line") else "")
                 + "</pre>"
             )
-    for move in doc.get("moves", []):
-        notes.append(f"<p><b>Bottleneck moved</b> {e(move)}</p>")
-    if doc.get("method"):
-        notes.append(f"<p class='stamp'>Method: {e(doc['method'])}.</p>")
-    if doc.get("verdict"):
-        notes.append(f"<p><b>Verdict:</b> {e(doc['verdict'])}</p>")
-    if loss_line(doc.get("loss_agreement")):
-        notes.append(f"<p><b>Loss:</b> {e(loss_line(doc.get('loss_agreement')))}</p>")
-    if warning_lines(doc):
-        notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
-    if doc.get("diagnosis"):
-        d = doc["diagnosis"]
-        notes.append(
-            f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>"
-        )
+    notes += _notes(doc)
     return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get("kind", "run"))}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}

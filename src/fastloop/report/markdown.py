@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastloop.compare import loss_line
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.report.fit import fit_share_lines
-from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
+from fastloop.report.format import check_lines, ranks_lines, rows, selected_line, warning_lines
 
 __all__ = ["applied_changes", "render_markdown"]
 
@@ -58,6 +58,48 @@ def search_story(doc: dict) -> list[str]:
     return out
 
 
+def _measured_steps(doc: dict) -> list[str]:
+    """The line that says how many steps each configuration measured (and why some measured fewer)."""
+    lines: list[str] = []
+    if doc.get("kind") == "ladder":
+        configs = [(r.get("rung"), r) for r in doc.get("rungs", [])]
+    elif doc.get("kind") == "ab":
+        configs = [("A", doc.get("a") or {}), ("B", doc.get("b") or {})]
+    else:
+        configs = [("run", doc)]
+    steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
+    cut = sorted(
+        {
+            (c["steps_planned"], c.get("measure_s"))
+            for _, c in configs
+            if c.get("steps") and c.get("steps_planned") and c["steps"] < c["steps_planned"]
+        }
+    )
+    if steps:
+        by_warmup: dict = {}
+        for n, w in steps:
+            by_warmup.setdefault(w, []).append(n)
+        lines.append(
+            "Measured "
+            + "; ".join(
+                f"{min(ns)}{'-' + str(max(ns)) if len(ns) > 1 else ''} steps after {w} warm-up"
+                for w, ns in by_warmup.items()
+            )
+            + "."
+            + "".join(
+                f" Runs whose {planned} steps would have taken over {limit:g} s measured fewer (--measure-s)."
+                for planned, limit in cut
+                if limit
+            )
+            + "".join(
+                f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
+                for name, c in configs
+                if c.get("warmup_drain_steps")
+            )
+        )
+    return lines
+
+
 def render_markdown(doc: dict) -> str:
     env = doc.get("env", {})
     lines = [
@@ -100,42 +142,7 @@ def render_markdown(doc: dict) -> str:
             cells += [r["vs_prev"], r["vs_base"], r["bottleneck"], r["decision"].replace("|", "/")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    if ladder:
-        configs = [(r.get("rung"), r) for r in doc.get("rungs", [])]
-    elif doc.get("kind") == "ab":
-        configs = [("A", doc.get("a") or {}), ("B", doc.get("b") or {})]
-    else:
-        configs = [("run", doc)]
-    steps = sorted({(c.get("steps"), c.get("warmup_steps")) for _, c in configs if c.get("steps")})
-    cut = sorted(
-        {
-            (c["steps_planned"], c.get("measure_s"))
-            for _, c in configs
-            if c.get("steps") and c.get("steps_planned") and c["steps"] < c["steps_planned"]
-        }
-    )
-    if steps:
-        by_warmup: dict = {}
-        for n, w in steps:
-            by_warmup.setdefault(w, []).append(n)
-        lines.append(
-            "Measured "
-            + "; ".join(
-                f"{min(ns)}{'-' + str(max(ns)) if len(ns) > 1 else ''} steps after {w} warm-up"
-                for w, ns in by_warmup.items()
-            )
-            + "."
-            + "".join(
-                f" Runs whose {planned} steps would have taken over {limit:g} s measured fewer (--measure-s)."
-                for planned, limit in cut
-                if limit
-            )
-            + "".join(
-                f" {name}: {c['warmup_drain_steps']} of its warm-up steps drained the loader's prefetch buffer."
-                for name, c in configs
-                if c.get("warmup_drain_steps")
-            )
-        )
+    lines += _measured_steps(doc)
     lines.append(
         "Throughput and ratios use the mean step time (total time / steps: a bursty loader makes the median lie); "
         "ratio = before / after; (n.s.) = not significant. "
@@ -147,6 +154,11 @@ def render_markdown(doc: dict) -> str:
             f"average) in {doc.get('wall_s', 0):.0f} s."
         )
     lines += search_story(doc) + [f"\n**The whole fit:** {note}" for note in fit_share_lines(doc)]
+    checked = check_lines(doc)
+    if checked:
+        lines += ["", f"**Check** (does the pick train as the baseline?): {checked[0]}"] + [
+            f"- {c}" for c in checked[1:]
+        ]
     for move in doc.get("moves", []):
         lines += ["", f"**Bottleneck moved** {move}"]
     if doc.get("kind") == "ab":

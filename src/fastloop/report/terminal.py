@@ -7,7 +7,7 @@ from rich.table import Table
 
 from fastloop.compare import loss_line
 from fastloop.report.fit import fit_share_lines
-from fastloop.report.format import ranks_lines, rows, selected_line, warning_lines
+from fastloop.report.format import check_lines, ranks_lines, rows, selected_line, warning_lines
 from fastloop.report.markdown import search_story
 
 __all__ = ["make_console", "print_document"]
@@ -59,6 +59,8 @@ def print_document(doc: dict, console: Console | None = None) -> None:
     for line in search_story(doc):
         if line:
             console.print(line.replace("**", "").replace("`", "").replace("1. ", "- ", 1), highlight=False)
+    for i, line in enumerate(check_lines(doc)):
+        console.print(("check: " if i == 0 else "  ") + line, highlight=False)
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
         console.print(f"diagnosis: [bold]{d['bottleneck']}[/bold] - {d['evidence']}\nnext: {d['recommendation']}")

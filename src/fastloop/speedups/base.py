@@ -42,6 +42,7 @@ __all__ = [
     "RunInputs",
     "Skip",
     "Speedup",
+    "Trains",
     "register",
     "resolve",
     "speedup_names",
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 Changes = Literal["model", "optimizer", "data", "step"]
+Trains = Literal["exact", "reordered", "band", "own_draws", "workload"]
 
 REGISTRY: dict[str, type[Speedup]] = {}
 ALIASES: dict[str, str] = {"amp": "bf16", "fp16_mixed": "fp16", "graphs": "cuda_graph", "fused": "fused_optimizer"}
@@ -111,6 +113,22 @@ class Speedup:
     """Its runs call ``torch.compile`` (or may): the fork server preloads the compiler for them."""
     advice_pattern: ClassVar[str | None] = None
     """How advice names it (a regular expression); None: its name as a word."""
+    trains: ClassVar[Trains] = "exact"
+    """What it changes in what trains, read by the check of a pick against the baseline
+    (:mod:`fastloop.drivers.pick_check`): ``"exact"``, the same arithmetic on the same batches
+    (bit-identical losses); ``"reordered"``, the same math with its float sums in another order or
+    another kernel (fp32 rounding); ``"band"``, the math rounded coarser (:meth:`band` says how
+    much); ``"own_draws"``, random draws of its own (augmentation on its own generator, another
+    decoder), so no run without it sees the same batches; ``"workload"``, other batches (their size)."""
+    reads_in_workers: ClassVar[bool] = False
+    """It reads the dataset in worker processes, each seeded apart from the main process: a dataset
+    that draws from the global generators per read draws other numbers with it."""
+
+    def band(self) -> float | None:
+        """With ``trains == "band"``: the relative size of one rounding of the math it changes (a
+        precision's machine epsilon, a padding's checked tolerance), from which the check derives
+        how far its losses may be from the baseline's; None otherwise."""
+        return None
 
     options_type: ClassVar[type[Options] | None] = None
     """This speedup's options (None: it takes none): a keyword-only frozen dataclass of

@@ -396,6 +396,7 @@ class _PrecisionProbe(Run):
 class BatchSize(Speedup):
     __doc__ = __doc__
     name = "batch_size"
+    trains = "workload"  # other batches: their size
     changes_workload = True
     changes = "data"
     order = 70

@@ -64,6 +64,7 @@ def channels_last_undo(model: torch.nn.Module) -> Callable[[], None]:
 class ChannelsLast(Speedup):
     __doc__ = __doc__
     name = "channels_last"
+    trains = "reordered"  # convolutions in another layout: other kernels, other summation order
     ablation_rank = 4
     changes = "model"
     order = 40

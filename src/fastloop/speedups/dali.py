@@ -42,6 +42,7 @@ __all__ = ["Dali"]
 class Dali(Speedup):
     __doc__ = __doc__
     name = "dali"
+    trains = "own_draws"  # its own decoder and its own random crops
     replaces_loader = True
     changes = "data"
     feeds = True

@@ -42,6 +42,7 @@ class DDPCommOptions(Options):
 class DDPComm(Speedup):
     __doc__ = __doc__
     name = "ddp_comm"
+    trains = "reordered"  # other gradient buckets: the all-reduce sums in another order
     changes = "step"
     order = 66
 

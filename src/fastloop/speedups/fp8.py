@@ -84,6 +84,10 @@ class FP8(Speedup):
     changes = "model"
     order = 45
     needs_cuda = True
+    trains = "band"
+
+    def band(self) -> float:
+        return 2.0**-3  # e4m3's machine epsilon (what both torchao recipes cast to): 4 significant bits
 
     options_type = FP8Options
 

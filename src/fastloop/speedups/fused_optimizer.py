@@ -90,6 +90,7 @@ def fused_undo(opt: torch.optim.Optimizer) -> Callable[[], None]:
 class FusedOptimizer(Speedup):
     __doc__ = __doc__
     name = "fused_optimizer"
+    trains = "reordered"  # one kernel for the whole update: the same formula, rounded in another order
     advice_pattern = r"fused[ _]optimizer"
     changes = "optimizer"
     order = 35

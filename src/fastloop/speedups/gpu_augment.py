@@ -411,13 +411,14 @@ def make_augmented(loader: DataLoader, device: torch.device, *, share: float = 0
 class GPUAugment(Speedup):
     __doc__ = __doc__
     name = "gpu_augment"
+    trains = "own_draws"  # the augmentation draws from its own generator on the GPU
     replaces_loader = True
     stored_on_device = True
     changes = "data"
     feeds = True
     order = 9  # before the CPU feed, which has nothing left to do once it applies
     needs_cuda = True
-    in_default_ladder = True  # tried where the dataset's transform translates (fastloop.drivers.ladder_search)
+    in_default_ladder = True  # tried where the dataset's transform translates (fastloop.drivers.ladder.search)
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))

@@ -211,7 +211,7 @@ class GPUResident(Speedup):
     feeds = True
     order = 9
     needs_cuda = True
-    in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder_search)
+    in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder.search)
     options_type = ResidentOptions
 
     def apply(self, run: Run) -> None:

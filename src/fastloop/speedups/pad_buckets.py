@@ -316,9 +316,13 @@ class PadBuckets(Speedup):
     changes = "data"
     fixes_shapes = True
     order = 11  # before prefetch, which hands the step a BackgroundFeed (no collate left to wrap)
-    in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder_search)
+    in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder.search)
     ablation_rank = 5  # padding is more work: taken out to check that it pays
     options_type = PadOptions
+    trains = "band"
+
+    def band(self) -> float:
+        return self.opts.rtol  # what its own check let a padded batch's loss differ by
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run))

@@ -54,6 +54,10 @@ class BF16(Speedup):
     in_default_ladder = True
     math_dtype = "bf16"
     conflicts = ("fp16",)
+    trains = "band"
+
+    def band(self) -> float:
+        return 2.0**-7  # bf16's machine epsilon: 8 significant bits
 
     def why_not(self, ctx: Context) -> str | None:
         if ctx.cuda and not torch.cuda.is_bf16_supported():
@@ -73,6 +77,10 @@ class FP16(Speedup):
     order = 31
     math_dtype = "fp16"
     conflicts = ("bf16",)
+    trains = "band"
+
+    def band(self) -> float:
+        return 2.0**-10  # fp16's machine epsilon: 11 significant bits
 
     def why_not(self, ctx: Context) -> str | None:
         if not ctx.cuda:

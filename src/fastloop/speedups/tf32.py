@@ -44,6 +44,10 @@ class TF32(Speedup):
     needs_cuda = True
     math_dtype = "tf32"
     in_default_ladder = True
+    trains = "band"
+
+    def band(self) -> float:
+        return 2.0**-10  # TF32's machine epsilon: 11 significant bits (fp32's range)
 
     def why_not(self, ctx: Context) -> str | None:
         if not ctx.cuda:

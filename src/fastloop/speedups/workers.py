@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop._torch_private import draw_loader_base_seed, loader_iterator
+from fastloop._torch_private import IndexSamplerAtLength, draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
 from fastloop.speedups.options import Options, option
@@ -59,14 +59,17 @@ def default_num_workers() -> int:
     return max(1, min(16, n - 1))
 
 
-class PersistentWorkersLoader(DataLoader):
-    """A DataLoader with persistent workers that draws from torch's global RNG exactly what a
-    loader without workers draws: a fresh iterator takes one number from it each epoch (its
-    workers' base seed), a persistent one only in its first epoch. Without the extra draw every
-    later epoch's dropout masks and shuffles would differ from the loader the user wrote."""
+class PersistentWorkersLoader(IndexSamplerAtLength, DataLoader):
+    """A DataLoader with persistent workers that draws from its generator (the loader's own, else
+    torch's global RNG) exactly what the loader without workers draws as Lightning iterates it: a
+    fresh iterator takes one number from it each epoch (its workers' base seed) before the sampler
+    shuffles, a persistent one only in its first epoch; and no index past the epoch's last is
+    asked of the sampler (:class:`~fastloop._torch_private.IndexSamplerAtLength`: a seeded
+    ``RandomSampler`` would draw a permutation more). Without either, every later epoch's shuffle
+    (and, from the global RNG, its dropout masks) would differ from the loader the user wrote."""
 
     def __iter__(self):  # type: ignore[override]
-        if loader_iterator(self) is not None and self.generator is None:
+        if loader_iterator(self) is not None:
             draw_loader_base_seed(self)
         return super().__iter__()
 
@@ -273,6 +276,7 @@ def _counts_above(stats: dict, own: int) -> list[int]:
 class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
+    reads_in_workers = True
     ablation_rank = 7
     changes = "data"
     feeds = True

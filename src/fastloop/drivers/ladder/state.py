@@ -41,6 +41,7 @@ from fastloop.drivers.ladder import wording
 from fastloop.drivers.ladder.budget import Budget
 from fastloop.drivers.ladder.candidates import join_specs
 from fastloop.drivers.ladder.rung import Rung
+from fastloop.drivers.pick_check import can_check, check_ladder_pick, predicted_check_s
 from fastloop.errors import ConfigurationFailed, FastloopError, UserCodeError
 from fastloop.speedups.base import name_of
 
@@ -89,6 +90,10 @@ class LadderState:
         self._base = list(base or [])
         """Speedups every configuration has (``--base``): the baseline is this set, not plain training."""
         self._measure = budget.timed(measure)
+        self.untimed_measure = measure
+        """The check's paired runs: not ladder runs, not in the budget's predictions of them."""
+        self._check: dict | None = None
+        """The check of the pick against the baseline (:mod:`fastloop.drivers.pick_check`)."""
         self._progress, self._on_update = progress, on_update
         self._selected: list[str] = []
         self._best_runs: dict[str, Runs] = {}
@@ -138,6 +143,15 @@ class LadderState:
         return self._stage
 
     @property
+    def check(self) -> dict | None:
+        """The check of the pick against the baseline (None until it ran)."""
+        return self._check
+
+    def runs_of(self, spec: str) -> Runs | None:
+        """The runs of ``spec`` the ladder holds (the best configuration's, or the baseline's)."""
+        return self._best_runs.get(spec) or (self._base_runs if spec == self.base_spec else None)
+
+    @property
     def base_runs(self) -> Runs | None:
         """The baseline's runs (None until it ran)."""
         return self._base_runs
@@ -180,7 +194,14 @@ class LadderState:
         return self._vs_baseline is not None and spec in self._vs_baseline[0] and self.base_spec in self._vs_baseline[0]
 
     # -- the budget --------------------------------------------------------------------------------
-    def _final_reserve_s(self) -> float:
+    def check_reserve_s(self) -> float:
+        """Seconds kept for the check of the pick (its two paired runs, before the final comparison):
+        0 once it ran, with nothing selected, or where the runs record no losses."""
+        if self._check is not None or not self._selected or not can_check(self):
+            return 0.0
+        return predicted_check_s(self)
+
+    def final_reserve_s(self) -> float:
         """The final comparison's first look, while a selected set still needs one."""
         if not self._selected or self.final_ready():
             return 0.0
@@ -190,7 +211,7 @@ class LadderState:
         """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
         the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
         runs of the comparisons the search has still planned (:meth:`queue`), what is left."""
-        reserve = self._final_reserve_s() if final else 0.0
+        reserve = self.final_reserve_s() + self.check_reserve_s() if final else 0.0
         if queued:
             reserve += sum(n * self.budget.per_run_s(s) for n, s in self._queued)
         return self.budget.plan(runs, spec, reserve)
@@ -208,7 +229,8 @@ class LadderState:
         final comparison itself always gets its first look (a selection must be measured)."""
         if self._finalizing and len(fresh[spec].docs) < self._final_first:
             return True
-        return self.budget.run_fits(spec, 0.0 if self._finalizing else self._final_reserve_s())
+        reserve = 0.0 if self._finalizing else self.final_reserve_s() + self.check_reserve_s()
+        return self.budget.run_fits(spec, reserve)
 
     # -- measuring ---------------------------------------------------------------------------------
     def measure_runs(
@@ -423,10 +445,27 @@ class LadderState:
         """:meth:`queue` ``comparisons`` comparisons of ``runs_each`` runs each (default 3)."""
         self.queue([(runs_each or self.min_repeats, None)] * max(0, comparisons))
 
+    def say(self, text: str) -> None:
+        """Show ``text`` as the ladder's progress."""
+        if self._progress:
+            self._progress(text)
+
+    def record_check(self, check: dict) -> None:
+        """The check of the pick ran (:func:`~fastloop.drivers.pick_check.check_ladder_pick`)."""
+        self._check = check
+        self._publish()
+
+    def fall_back(self, kept: set[str]) -> None:
+        """The check refused the pick: keep only the speedups named ``kept`` (the configuration that
+        passed, or none: the baseline)."""
+        self._selected = [s for s in self._selected if name_of(s) in kept]
+
     # -- the end ---------------------------------------------------------------------------------
     def finish(self) -> dict:
-        """The ladder's end: the selected set measured against the baseline (the search's own
-        interleaved comparison where it made one, else a final comparison), and the document."""
+        """The ladder's end: the pick checked against the baseline (it may fall back), the selected
+        set measured against the baseline (the search's own interleaved comparison where it made
+        one, else a final comparison), and the document."""
+        check_ladder_pick(self)  # before the final comparison: a pick that trains differently falls back
         if self._selected and self.final_ready():
             # the selected set was kept in a comparison with the baseline itself, interleaved:
             # those runs are the final measurement (no second comparison of the same pair)
@@ -516,7 +555,16 @@ class LadderState:
             "helpful": list(self._selected),
             **wording.answer_lines(self.spec_with(), bool(self._selected), measured, not_finished),
             "moves": [r["bottleneck_moved"] for r in docs if r.get("bottleneck_moved")],
+            **self._check_section(),
         }
+
+    def _check_section(self) -> dict:
+        if self._check is None:
+            return {}
+        out: dict = {"check": self._check}
+        if self._check.get("passed") is False and not self._selected:
+            out["callbacks_line"] = wording.pick_refused(self._check["pick_spec"])
+        return out
 
     def _publish(self) -> None:
         if self._on_update:

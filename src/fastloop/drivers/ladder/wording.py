@@ -46,6 +46,7 @@ __all__ = [
     "feed_line",
     "filter_advice",
     "in_progress",
+    "pick_refused",
     "inactive_in_run",
     "inactive_member",
     "inactive_reasons",
@@ -446,3 +447,8 @@ def baseline_label(base_spec: str, has_base: bool) -> str:
 
 
 NOTHING_KEPT = "nothing was kept: the baseline"
+
+
+def pick_refused(pick_spec: str) -> str:
+    """The callbacks line when the check refused the pick and nothing passed."""
+    return f"# the pick ({pick_spec}) trained differently from the baseline (the check): none is recommended"
