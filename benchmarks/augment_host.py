@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from benchmarks._common import emit
-from fastloop.speedups.gpu_augment import make_augmented
+from fastloop.speedups.gpu_augment.gpu_augment import make_augmented
 
 
 class Stored(Dataset):

@@ -2,11 +2,11 @@
 51 modules, its fused AdamW prepared for capture, and a batch dict of three tensors and a string.
 
 Each replay of a captured step first runs, on the host and without a device sync: the batch's key
-(:func:`~fastloop.speedups.graph_capture.batch_key`: its structure, names and non-tensor leaves),
-the param groups' identity (:meth:`~fastloop.speedups.captured_step.PreparedOptimizer.stale`), the
-step's state (:class:`~fastloop.speedups.graph_guard.StepState`: groups, requires_grad, module
+(:func:`~fastloop.speedups.cuda_graph.graph_capture.batch_key`: its structure, names and non-tensor leaves),
+the param groups' identity (:meth:`~fastloop.speedups.cuda_graph.captured_step.PreparedOptimizer.stale`), the
+step's state (:class:`~fastloop.speedups.cuda_graph.graph_guard.StepState`: groups, requires_grad, module
 scalars), the lr tensors' sync and the baked hyperparameters
-(:class:`~fastloop.speedups.graph_guard.Baked`). This times each part and their sum (the median
+(:class:`~fastloop.speedups.cuda_graph.graph_guard.Baked`). This times each part and their sum (the median
 of repeats, microseconds per replay), beside the key and the guard the engine had before (the
 tensors' shapes in order, the hyperparameters of the groups captured).
 
@@ -21,9 +21,9 @@ import timeit
 
 import torch
 
-from fastloop.speedups.captured_step import prepare_for_capture
-from fastloop.speedups.graph_capture import batch_key, shapes_of
-from fastloop.speedups.graph_guard import Baked, StepState
+from fastloop.speedups.cuda_graph.captured_step import prepare_for_capture
+from fastloop.speedups.cuda_graph.graph_capture import batch_key, shapes_of
+from fastloop.speedups.cuda_graph.graph_guard import Baked, StepState
 
 LAYERS, WIDTH, BATCH, SEQ = 50, 64, 16, 128
 REPEATS, NUMBER = 7, 2000

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastloop.speedups import captured_step, cuda_graph
-from fastloop.speedups.graph_capture import StepGraphs, draw_reason
-from fastloop.speedups.graph_guard import HostDraws
+from fastloop.speedups.cuda_graph import captured_step, cuda_graph
+from fastloop.speedups.cuda_graph.graph_capture import StepGraphs, draw_reason
+from fastloop.speedups.cuda_graph.graph_guard import HostDraws
 
 
 class StandInGraph(TorchDispatchMode):

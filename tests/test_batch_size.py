@@ -6,8 +6,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fastloop import FastloopError
 from fastloop._compat import LightningDataModule, LightningModule, Trainer
-from fastloop.drivers.batch_size import is_oom, search_batch_size
 from fastloop.lightning import BatchSizeSearch
+from fastloop.speedups.batch_size import is_oom, search_batch_size
 
 
 class OOMAbove(LightningModule):

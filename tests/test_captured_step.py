@@ -1,4 +1,4 @@
-"""The captured-step engine (speedups/captured_step.py), the same for both adapters, on the CPU:
+"""The captured-step engine (speedups/cuda_graph/captured_step.py), the same for both adapters, on the CPU:
 the optimizer's preparation given the schedulers, and whole runs through FastLoop and the
 Lightning callbacks with a stand-in for the CUDA graphs that bakes in what a real graph bakes in
 (tests/graph_standin.py). The same runs on the GPU: benchmarks/graph_schedules.py."""
@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fastloop.errors import GraphIneligible
 from fastloop.loop import FastLoop
-from fastloop.speedups.captured_step import CHECKED_STEPS, EAGER_STEPS, prepare_for_capture
-from fastloop.speedups.graph_capture import MAX_GRAPHS, batch_key, copy_into
-from fastloop.speedups.graph_guard import Baked, HostDraws
+from fastloop.speedups.cuda_graph.captured_step import CHECKED_STEPS, EAGER_STEPS, prepare_for_capture
+from fastloop.speedups.cuda_graph.graph_capture import MAX_GRAPHS, batch_key, copy_into
+from fastloop.speedups.cuda_graph.graph_guard import Baked, HostDraws
 from tests import graph_standin
 
 ROOT = Path(__file__).resolve().parents[1]

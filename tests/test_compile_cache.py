@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import fastloop._torch_private as tp
-import fastloop.speedups.compile_cache as cc
-from fastloop.speedups.compile_cache import CompileCache, cache_key, compile_cache_dir
+import fastloop.speedups.compile.cache as cc
+from fastloop.speedups.compile.cache import CompileCache, cache_key, compile_cache_dir
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ pytest.importorskip("nvidia.dali")
 from torchvision import datasets  # noqa: E402
 from torchvision import transforms as T
 
-from fastloop.dali_folder import DaliFolderLoader, NotTranslated, plan_folder  # noqa: E402
+from fastloop.speedups.dali.folder import DaliFolderLoader, NotTranslated, plan_folder  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 TOLERANCE = 0.12
@@ -133,7 +133,7 @@ def test_each_rank_reads_its_own_shard(folder):
 def test_a_loader_without_a_distributed_sampler_reads_every_file_on_each_rank(folder, monkeypatch):
     """A plain loop's loader with a RandomSampler under torch.distributed reads the whole folder on
     each rank (as the loader itself does); DALI does not shard behind its back."""
-    import fastloop.dali_folder as F
+    import fastloop.speedups.dali.folder as F
 
     monkeypatch.setattr(F, "rank_world", lambda: (1, 2))
     t = T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()])
@@ -142,8 +142,8 @@ def test_a_loader_without_a_distributed_sampler_reads_every_file_on_each_rank(fo
 
 
 def test_the_recipes_loader_and_the_speedup_share_one_pipeline_builder():
-    from fastloop.dali_folder import DaliPipeline
     from fastloop.recipes.imagenet.data import DaliLoader
+    from fastloop.speedups.dali.folder import DaliPipeline
 
     assert issubclass(DaliLoader, DaliPipeline) and issubclass(DaliFolderLoader, DaliPipeline)
 
@@ -284,7 +284,7 @@ def test_the_users_interpolation_is_translated_and_brings_the_values_closer(fold
     the tolerance still, but further from torchvision's than with the user's mode, which the
     translation now passes to DALI's resize (measured here: bicubic 0.014 against 0.025, nearest
     0.037 against 0.086, mean absolute difference after normalisation)."""
-    import fastloop.dali_folder as F
+    import fastloop.speedups.dali.folder as F
 
     t = T.Compose([T.Resize(36, interpolation=mode), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
     assert plan_folder(t).interp == {"bicubic": "INTERP_CUBIC", "nearest": "INTERP_NN"}[mode.value]

@@ -166,7 +166,7 @@ def test_dali_reads_the_samplers_shard():
     RandomSampler's loader reads every file on each rank; a sampler of one's own is refused."""
     from torch.utils.data import RandomSampler, WeightedRandomSampler
 
-    from fastloop.dali_folder import NotTranslated, ReaderShard, reader_shard
+    from fastloop.speedups.dali.folder import NotTranslated, ReaderShard, reader_shard
 
     shares = [reader_shard(DistributedSampler(range(21), num_replicas=2, rank=r, shuffle=r == 0)) for r in (0, 1)]
     assert shares == [ReaderShard(0, 2, True), ReaderShard(1, 2, False)]

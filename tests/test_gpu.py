@@ -168,7 +168,7 @@ def test_lightning_runner_on_gpu_records_peak_memory_and_mfu():  # noqa: D103
 
 def test_batch_size_search_real_oom_and_memory_restored():
     from fastloop._compat import LightningModule
-    from fastloop.drivers.batch_size import search_batch_size
+    from fastloop.speedups.batch_size import search_batch_size
 
     class Wide(LightningModule):
         def __init__(self):

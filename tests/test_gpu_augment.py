@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop.speedups.base import Skip
-from fastloop.speedups.gpu_augment import augment_why_not, make_augmented, run_ops, translate
+from fastloop.speedups.gpu_augment.gpu_augment import augment_why_not, make_augmented, run_ops, translate
 from tests.targets import AugmentedImages, augmented_images, v2_pipeline
 
 CPU = torch.device("cpu")
@@ -172,7 +172,7 @@ def test_resized_crop_boxes_are_drawn_as_torchvision_draws_them():
     centre-crop fallback (no try fits) lands where torchvision puts it, and every box is inside."""
     from torchvision.transforms import v2
 
-    from fastloop.augment import resized_crop_boxes
+    from fastloop.speedups.gpu_augment.ops import resized_crop_boxes
 
     n, h, w = 20_000, 32, 48
     ours = resized_crop_boxes(n, h, w, generator=torch.Generator().manual_seed(0))
@@ -197,7 +197,7 @@ def test_resized_crop_boxes_are_drawn_as_torchvision_draws_them():
 def test_resized_crop_values_are_torchvisions_within_the_stated_tolerance():
     import torchvision.transforms.v2.functional as F
 
-    from fastloop.augment import random_resized_crop, resized_crop_boxes
+    from fastloop.speedups.gpu_augment.ops import random_resized_crop, resized_crop_boxes
 
     smooth = torch.nn.functional.interpolate(
         torch.rand(64, 3, 8, 12, generator=torch.Generator().manual_seed(2)), size=(32, 48), mode="bilinear"
@@ -363,7 +363,7 @@ def test_the_gpu_batches_never_make_the_host_wait_for_the_gpu():
 def test_normalize_makes_its_mean_and_std_once_per_device_and_dtype():
     """The per-channel tensors are built once and reused (on CUDA, building them each batch was a
     copy from pageable memory that waited for the queued step); another dtype gets its own."""
-    from fastloop.augment import _channel_stats, normalize
+    from fastloop.speedups.gpu_augment.ops import _channel_stats, normalize
 
     m, s = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
     again = _channel_stats((0.5, 0.4, 0.3), (0.25, 0.2, 0.1), torch.float32, CPU)
@@ -417,8 +417,8 @@ def test_the_fused_crops_and_flips_draw_and_compute_what_the_ops_one_by_one_do(m
     scaling and normalisation."""
     from torchvision.transforms import v2
 
-    from fastloop.augment import normalize, random_crop, random_flip
-    from fastloop.speedups.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.ops import normalize, random_crop, random_flip
 
     x = torch.randint(0, 256, (64, 3, 9, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     t = v2.Compose(
@@ -490,8 +490,8 @@ def test_float_images_are_fused_too_their_pixels_computed_after_the_gather():
     per-pixel ops run after it, the same draws and bits as the ops one by one."""
     from torchvision.transforms import v2
 
-    from fastloop.augment import normalize, random_crop, random_flip
-    from fastloop.speedups.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.ops import normalize, random_crop, random_flip
 
     x = torch.rand(32, 3, 10, 10, generator=torch.Generator().manual_seed(2))
     ops = translate(
@@ -517,8 +517,8 @@ def test_a_random_resized_crop_is_fused_with_the_same_draws_and_bits():
     one; the loader redraws only past each chunk."""
     from torchvision.transforms import v2
 
-    from fastloop.augment import normalize, random_flip, random_resized_crop
-    from fastloop.speedups.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.gpu_augment import Fused
+    from fastloop.speedups.gpu_augment.ops import normalize, random_flip, random_resized_crop
 
     x = torch.randint(0, 256, (48, 3, 20, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
     t = v2.Compose(

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from fastloop.augment import normalize, random_crop, random_flip
 from fastloop.speedups.base import Context, Skip
-from fastloop.speedups.gpu_resident import GPUResident, NotResident, make_resident
+from fastloop.speedups.gpu_augment.ops import normalize, random_crop, random_flip
+from fastloop.speedups.gpu_resident.gpu_resident import GPUResident, NotResident, make_resident
 
 CPU = torch.device("cpu")
 
@@ -382,7 +382,7 @@ def test_a_concatenation_of_in_memory_datasets_is_read_once_and_one_random_part_
 
 
 def _batches_equal(a, b) -> bool:
-    from fastloop.speedups.resident_pad import first_difference
+    from fastloop.speedups.gpu_resident.padded import first_difference
 
     return len(a) == len(b) and all(first_difference(x, y) is None for x, y in zip(a, b))
 
@@ -397,7 +397,7 @@ def test_a_padding_collate_is_served_from_padded_samples_with_the_collates_own_b
     """Issue 64: in-memory token rows with a collate that pads to the batch's longest row (right,
     or left with -100 labels): gpu_resident stores the samples padded and cuts every batch as the
     collate builds it; two epochs of shuffled batches equal the loader's, key by key, dtype by dtype."""
-    from fastloop.speedups.resident_pad import PaddedResidentLoader
+    from fastloop.speedups.gpu_resident.padded import PaddedResidentLoader
     from tests import targets
 
     def make():  # 25 batches an epoch: more than the 8 the padding is read from
@@ -520,7 +520,7 @@ def test_a_collate_that_truncates_only_the_longest_rows_is_refused_at_the_batch_
 def test_the_padded_store_is_sized_before_it_is_built_and_refused_with_the_figure(monkeypatch):
     """N x the longest row x the dtype, every field, from the samples' shapes: refused against the
     host's available memory and the device's free memory before anything is padded."""
-    import fastloop.speedups.resident_pad as rp
+    import fastloop.speedups.gpu_resident.padded as rp
 
     def built(*args):
         raise AssertionError("the padded samples were built before their size was checked")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fastloop.measure.timer import StepTimer, one_off_step
-from fastloop.speedups.cuda_graph import TIERS, common_blocker, tier_below_whole
-from fastloop.speedups.graph_capture import StepGraphs
+from fastloop.speedups.cuda_graph.cuda_graph import TIERS, common_blocker, tier_below_whole
+from fastloop.speedups.cuda_graph.graph_capture import StepGraphs
 
 
 def test_a_new_shape_is_captured_at_its_second_step_up_to_the_cap():
@@ -98,7 +98,7 @@ def test_what_keeps_any_step_from_one_graph():
 
 
 def test_compile_that_compiled_nothing_is_one_rule_for_both_adapters(monkeypatch):
-    from fastloop.speedups import compile as C
+    from fastloop.speedups.compile import compile as C
 
     monkeypatch.setattr(C, "compiled_graph_count", lambda: (3, 9))  # frames tried since, no new graph
     monkeypatch.setattr(C, "first_graph_break", lambda: "a data-dependent branch")

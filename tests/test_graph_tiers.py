@@ -267,7 +267,7 @@ def test_a_draw_on_any_host_generator_is_seen_whatever_code_drew_it():
     import numpy as np
 
     from fastloop.adapters.step_source import step_reads_counters
-    from fastloop.speedups.graph_capture import host_rng_changed, host_rng_snapshot
+    from fastloop.speedups.cuda_graph.graph_capture import host_rng_changed, host_rng_snapshot
     from tests.targets import graph_pattern
 
     hidden, _ = graph_pattern("hidden_draw")

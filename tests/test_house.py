@@ -13,7 +13,7 @@ MAX_BODY = 80
 """The most lines a function's body may have (its docstring not counted)."""
 GRANDFATHERED = {
     "cli.py:_parser": 97,
-    "dali_folder.py:__init__": 90,
+    "speedups/dali/folder.py:__init__": 87,
     "drivers/doctor.py:diagnose": 125,
     "drivers/runner.py:_run_once": 88,
     "report/markdown.py:render_markdown": 84,

@@ -88,7 +88,7 @@ def test_a_loader_that_does_not_batch_keeps_its_sampler_and_its_whole_batches():
 
 def test_batch_size_on_a_loader_that_does_not_batch_is_skipped_with_the_reason():
     from fastloop.errors import FastloopError
-    from fastloop.speedups.batch_size import BatchSize
+    from fastloop.speedups.batch_size.batch_size import BatchSize
     from tests.targets import tiny_mlp
 
     loader = DataLoader(_Batches(), batch_size=None)

@@ -168,7 +168,7 @@ def test_a_hook_inside_the_step_keeps_compiles_graphs():
 
 def test_make_capturable_turns_lr_into_a_tensor_a_scheduler_reaches():
     from fastloop.errors import GraphIneligible
-    from fastloop.speedups.graph_capture import make_capturable, sync_lr
+    from fastloop.speedups.cuda_graph.graph_capture import make_capturable, sync_lr
 
     p = [torch.nn.Parameter(torch.randn(3))]
     fused_sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True)

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Skip, resolve
-from fastloop.speedups.pad_buckets import PadOptions, _sample, find_padding
+from fastloop.speedups.pad_buckets.pad_buckets import PadOptions, _sample, find_padding
 from tests.targets import TextRows, masked_text, pad_collate, padded_lm
 
 
@@ -242,7 +242,7 @@ def test_the_check_compares_the_models_outputs_on_the_real_positions_and_says_so
 
 
 def test_the_real_positions_are_cut_at_the_padded_side():
-    from fastloop.speedups.pad_check import _real_part
+    from fastloop.speedups.pad_buckets.check import _real_part
 
     like = torch.zeros(2, 3, 4)
     padded = torch.arange(2 * 5 * 4.0).reshape(2, 5, 4)
@@ -333,7 +333,7 @@ def test_ids_padded_with_the_eos_every_row_ends_with_get_it_from_the_mask_beside
 def test_batches_longer_than_every_sampled_length_are_left_alone_and_counted_across_workers():
     import multiprocessing
 
-    from fastloop.speedups.pad_buckets import PaddedCollate
+    from fastloop.speedups.pad_buckets.pad_buckets import PaddedCollate
 
     rows = [{"input_ids": torch.arange(1, n + 1), "label": 0} for n in [4, 9, 6, 3] * 4 + [20, 3, 30, 2]]
     plan = find_padding([pad_collate(rows[i : i + 2]) for i in range(0, 16, 2)], multiple=4)

@@ -383,7 +383,7 @@ def test_none_means_the_baseline_in_every_public_entry_point():
 def test_compile_shapes_static_compiles_one_graph_per_shape(shapes, graphs):
     """Three batch lengths: ``static`` specialises a graph to each; torch's ``auto`` recompiles
     once, on the second, with dynamic sizes that serve the third too."""
-    from fastloop.speedups.compile import apply_compile, compile_counters
+    from fastloop.speedups.compile.compile import apply_compile, compile_counters
 
     torch._dynamo.reset()
     model = apply_compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), "default", shapes)

@@ -51,8 +51,8 @@ def test_a_training_too_short_for_the_warm_up_says_so():
 def test_the_batch_size_trials_build_a_schedule_sized_from_the_trainer(tmp_path):
     """The trials run without a Trainer: configure_optimizers sees a stand-in of Lightning's
     default length instead of 'M is not attached to a `Trainer`'."""
-    from fastloop.drivers.batch_size import search_batch_size
     from fastloop.drivers.targets import build_target
+    from fastloop.speedups.batch_size import search_batch_size
 
     record = tmp_path / "total.txt"
     module, loader, _ = build_target(TARGET, record=str(record))

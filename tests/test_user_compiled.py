@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fastloop._compat import Trainer
 from fastloop.lightning import callbacks, records_of
 from fastloop.loop import FastLoop
-from fastloop.speedups.compile import compiled_by_user
+from fastloop.speedups.compile.compile import compiled_by_user
 from tests.targets import tiny_mlp
 
 

@@ -18,12 +18,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import Callback, LightningDataModule, Trainer
-from fastloop.drivers.batch_size import search_batch_size
 from fastloop.drivers.runner import run_configuration
 from fastloop.errors import FastloopError
 from fastloop.lightning import BatchSizeSearch, SpeedupCallback, callbacks, records_of
 from fastloop.measure.stats import RatioCI, verdict
 from fastloop.speedups import REGISTRY
+from fastloop.speedups.batch_size import search_batch_size
 from tests import zoo
 
 STEPS = 8

@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastloop._compat import LightningDataModule
-from fastloop.dali_folder import DaliPipeline, DaliSettings, FolderPlan, default_hw_decoder_load
 from fastloop.errors import FastloopError
+from fastloop.speedups.dali.folder import DaliPipeline, DaliSettings, FolderPlan, default_hw_decoder_load
 
 __all__ = [
     "DaliLoader",
@@ -103,7 +103,7 @@ def dali_available() -> str | None:
 
 class DaliLoader(DaliPipeline):
     """The recipe's ImageNet pipeline as a Lightning-friendly iterable of ``[images, labels]``
-    tensors, built by fastloop's one DALI builder (:class:`fastloop.dali_folder.DaliPipeline`,
+    tensors, built by fastloop's one DALI builder (:class:`fastloop.speedups.dali.folder.DaliPipeline`,
     which the ``dali`` speedup also uses): training draws a random-resized crop (scale 0.08-1,
     ratio 3/4-4/3) and a flip at p=0.5, validation resizes the shorter side to crop/0.875 and
     center-crops; both normalise with ImageNet's mean and std.
@@ -114,7 +114,7 @@ class DaliLoader(DaliPipeline):
     Args:
         device_id: the GPU to decode on ("mixed" nvJPEG decoding); None runs the same pipeline
             on the CPU.
-        the rest: :class:`fastloop.dali_folder.DaliSettings` (threads, channels_last, dtype,
+        the rest: :class:`fastloop.speedups.dali.folder.DaliSettings` (threads, channels_last, dtype,
             hw_decoder_load, prefetch_queue_depth, gpu_labels, affine, antialias, exec_dynamic).
     """
 

@@ -1,5 +1,5 @@
 """The plain loop's driver of the whole-step graph (forward + backward + optimizer step): the
-engine is :class:`fastloop.speedups.captured_step.CapturedStep`, the same for Lightning; this
+engine is :class:`fastloop.speedups.cuda_graph.captured_step.CapturedStep`, the same for Lightning; this
 module hands it the loop's step function and batch.
 
 The warm-up steps are real steps (the engine's rule, as under Lightning): nothing is rolled
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastloop.speedups.captured_step import CapturedStep, Entry
+from fastloop.speedups.cuda_graph.captured_step import CapturedStep, Entry
 
 __all__ = ["GraphedStep"]
 

@@ -26,7 +26,7 @@ from fastloop.adapters.lightning_batch_size import BatchSizeSearch
 from fastloop.adapters.lightning_changes import patch_attr
 from fastloop.adapters.lightning_run import LightningRun, held_gradients
 from fastloop.speedups.base import Context, Record, RunInputs, Speedup, apply_all, resolve
-from fastloop.speedups.compile import check_compiled, compiles, graphs_so_far
+from fastloop.speedups.compile.compile import check_compiled, compiles, graphs_so_far
 from fastloop.speedups.precision import held_on_skipped_steps
 
 __all__ = ["BatchSizeSearch", "SpeedupCallback", "own_held_gradients"]

@@ -1,5 +1,5 @@
 """The batch-size search as a Lightning callback (:class:`BatchSizeSearch`): a shell over
-:func:`fastloop.speedups.batch_size.search_batch_size`, as Lightning's own ``BatchSizeFinder`` is
+:func:`fastloop.speedups.batch_size.batch_size.search_batch_size`, as Lightning's own ``BatchSizeFinder`` is
 over its tuner function.
 """
 
@@ -12,13 +12,13 @@ from fastloop.adapters._lightning_private import set_train_source, train_source
 from fastloop.data import rebuild_loader
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Record, Speedup, resolve
-from fastloop.speedups.batch_size import BatchSize, search_batch_size
+from fastloop.speedups.batch_size.batch_size import BatchSize, search_batch_size
 
 __all__ = ["BatchSizeSearch"]
 
 
 class BatchSizeSearch(Callback):
-    """Search the batch size at the start of ``fit`` (see :mod:`fastloop.drivers.batch_size`).
+    """Search the batch size at the start of ``fit`` (see :mod:`fastloop.speedups.batch_size`).
 
     The Trainer's optimizers, schedulers and loop counters are untouched; the chosen size is
     written where Lightning's own ``BatchSizeFinder`` looks (the LightningModule's or the

@@ -2,7 +2,7 @@
 
 Lightning runs ``optimizer_step`` with a closure that calls ``training_step`` and ``backward``.
 :class:`WholeStepGraph` is Lightning's driver of the captured-step engine
-(:class:`fastloop.speedups.captured_step.CapturedStep`, the same for the plain loop: its warm-up,
+(:class:`fastloop.speedups.cuda_graph.captured_step.CapturedStep`, the same for the plain loop: its warm-up,
 its optimizer preparation, its checks and guards): it hands the engine the batch after the
 strategy's ``batch_to_device`` and one call of that hook (all of it: the training step, the
 backward, gradient clipping and the optimizer's update); after a replay Lightning gets the step's
@@ -34,8 +34,8 @@ import torch
 from fastloop._compat import Callback, LightningModule, Trainer
 from fastloop.adapters._lightning_private import closure_result, current_hook, peek_closure_result, set_current_hook
 from fastloop.adapters.step_source import step_reads_counters
-from fastloop.speedups.captured_step import CapturedStep, Entry
-from fastloop.speedups.cuda_graph import SCALER_BLOCKS
+from fastloop.speedups.cuda_graph.captured_step import CapturedStep, Entry
+from fastloop.speedups.cuda_graph.cuda_graph import SCALER_BLOCKS
 
 __all__ = ["HOOKS_IN_STEP", "WholeStepGraph", "accumulating", "whole_step_blocker"]
 

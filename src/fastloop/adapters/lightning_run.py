@@ -38,8 +38,8 @@ from fastloop.adapters.lightning_checkpoint import install_checkpoint_writer
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.adapters.lightning_logging import defer_logged_reads
 from fastloop.speedups.base import Context, Skip
-from fastloop.speedups.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
-from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
+from fastloop.speedups.compile.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
+from fastloop.speedups.cuda_graph.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.deferred_logging import Cadence
 from fastloop.speedups.run import Run, eval_loss
 
@@ -283,7 +283,7 @@ class LightningRun(Run):
     def graph_step(self) -> None:
         """The whole step (training_step, backward, optimizer) as one graph where nothing in the
         step needs the host (the captured-step engine, driven by lightning_graph.py); otherwise
-        the tier :func:`~fastloop.speedups.cuda_graph.below_whole` gives (one fallback for both
+        the tier :func:`~fastloop.speedups.cuda_graph.cuda_graph.below_whole` gives (one fallback for both
         adapters). If the compile speedup compiled the children already, its mode is raised
         instead: one compilation (compile is lazy: nothing was compiled yet)."""
         assert self.speedup is not None

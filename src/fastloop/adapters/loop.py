@@ -38,7 +38,7 @@ from fastloop.errors import FastloopError
 from fastloop.measure.timer import StepStats, StepTimer, collect_garbage
 from fastloop.speedups.async_checkpoint import CheckpointWriter
 from fastloop.speedups.base import Context, Record, Skip, apply_all, resolve
-from fastloop.speedups.compile import (
+from fastloop.speedups.compile.compile import (
     CUDAGRAPH_MODES,
     apply_compile,
     check_compiled,
@@ -46,7 +46,7 @@ from fastloop.speedups.compile import (
     compiles,
     graphs_so_far,
 )
-from fastloop.speedups.cuda_graph import TierFacts, below_whole, common_blocker
+from fastloop.speedups.cuda_graph.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.precision import held_on_skipped_steps
 from fastloop.speedups.run import Run, eval_loss
 

@@ -226,8 +226,8 @@ def _ab(args: argparse.Namespace, device: str, update: Any, partial: Any) -> dic
 
 
 def _batch_size(args: argparse.Namespace, device: str) -> dict:
-    from fastloop.drivers.batch_size import search_batch_size
     from fastloop.drivers.targets import build_target
+    from fastloop.speedups.batch_size import search_batch_size
 
     module, data, settings = build_target(args.target)  # no Trainer: of its settings, the precision applies
     doc = search_batch_size(

@@ -29,7 +29,7 @@ import torch
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import advice_pattern
-from fastloop.speedups.cuda_graph import TIERS
+from fastloop.speedups.cuda_graph.cuda_graph import TIERS
 
 __all__ = [
     "COMM_BOUND_EFFICIENCY",

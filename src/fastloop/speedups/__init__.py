@@ -24,20 +24,20 @@ from fastloop.speedups.base import (
     resolve,
     speedup_names,
 )
-from fastloop.speedups.batch_size import BatchSize
+from fastloop.speedups.batch_size.batch_size import BatchSize
 from fastloop.speedups.channels_last import ChannelsLast
-from fastloop.speedups.compile import Compile
-from fastloop.speedups.cuda_graph import CudaGraph
+from fastloop.speedups.compile.compile import Compile
+from fastloop.speedups.cuda_graph.cuda_graph import CudaGraph
 from fastloop.speedups.cudnn_benchmark import CudnnBenchmark
-from fastloop.speedups.dali import Dali
+from fastloop.speedups.dali.dali import Dali
 from fastloop.speedups.ddp_comm import DDPComm
 from fastloop.speedups.deferred_logging import DeferredLogging
 from fastloop.speedups.fp8 import FP8
 from fastloop.speedups.fused_loss import FusedLoss
 from fastloop.speedups.fused_optimizer import FusedOptimizer
-from fastloop.speedups.gpu_augment import GPUAugment
-from fastloop.speedups.gpu_resident import GPUResident
-from fastloop.speedups.pad_buckets import PadBuckets
+from fastloop.speedups.gpu_augment.gpu_augment import GPUAugment
+from fastloop.speedups.gpu_resident.gpu_resident import GPUResident
+from fastloop.speedups.pad_buckets.pad_buckets import PadBuckets
 from fastloop.speedups.pin_memory import PinMemory
 from fastloop.speedups.precision import BF16, FP16
 from fastloop.speedups.prefetch import Prefetch

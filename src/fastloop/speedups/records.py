@@ -55,7 +55,7 @@ class RunInputs:
     """Steps/s the step runs at when it never waits for data, when a driver measured it (the
     ladder and the A/B tell a feed candidate its base's rate): ``workers`` weighs its loader by it."""
     compile_cache: bool = True
-    """Compiles read and write the project's compile cache (:mod:`fastloop.speedups.compile_cache`);
+    """Compiles read and write the project's compile cache (:mod:`fastloop.speedups.compile.cache`);
     False (``--no-cache``): a cold compile in a fresh directory, the cache left as it was."""
     batches_on_device: str | None = None
     """The speedup serving this run's batches on the device (``gpu_resident``), set when it

@@ -96,7 +96,7 @@ class Run:
 
     def compile_step(self, mode: str, shapes: str = "auto") -> None:
         """``torch.compile`` (in ``mode``, with the ``shapes`` rule of
-        :data:`fastloop.speedups.compile.SHAPES`) what the train step calls: the model in a plain
+        :data:`fastloop.speedups.compile.compile.SHAPES`) what the train step calls: the model in a plain
         loop, the LightningModule's children with parameters under Lightning (it calls ``training_step``)."""
         raise self._cannot("compile the step")
 
@@ -129,7 +129,7 @@ class Run:
 
     def graph_tier_facts(self) -> Any:
         """What decides the tier below the whole step here
-        (:class:`~fastloop.speedups.cuda_graph.TierFacts`), for :func:`~fastloop.speedups.cuda_graph.below_whole`."""
+        (:class:`~fastloop.speedups.cuda_graph.cuda_graph.TierFacts`), for :func:`~fastloop.speedups.cuda_graph.cuda_graph.below_whole`."""
         raise self._cannot("say what the step could compile")
 
     def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:

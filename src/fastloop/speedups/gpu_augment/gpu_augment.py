@@ -21,7 +21,7 @@ reason naming it.
 batch, which averages where torchvision antialiases), ``RandomHorizontalFlip`` and
 ``RandomVerticalFlip`` (p), ``ToTensor`` / ``ToImage`` / ``PILToTensor`` / ``ToPureTensor`` (layout), ``ToDtype`` /
 ``ConvertImageDtype`` (to float, scaled to [0, 1] from uint8 where torchvision scales),
-``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.augment`'s; crops and flips
+``Normalize`` (mean, std). The batched kernels are :mod:`fastloop.speedups.gpu_augment.ops`'s; crops and flips
 (or one RandomResizedCrop) followed by per-pixel work run fused (:class:`Fused`): one gather (or
 one ``roi_align``) and one table lookup a batch.
 
@@ -47,8 +47,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastloop.augment import (
-    PADDING_MODES,
+from fastloop.data import fixed_samples
+from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.gpu_augment.ops import (
     BoxMaps,
     CropMaps,
     draw_boxes,
@@ -60,13 +61,10 @@ from fastloop.augment import (
     random_crop,
     random_flip,
     random_resized_crop,
-    torchvision_padding,
-    unwrap_subsets,
 )
-from fastloop.data import fixed_samples
-from fastloop.speedups.base import Context, Skip, Speedup, register
-from fastloop.speedups.gpu_resident import GPUResidentLoader, NotResident, make_resident
+from fastloop.speedups.gpu_resident.gpu_resident import GPUResidentLoader, NotResident, make_resident
 from fastloop.speedups.run import Run
+from fastloop.transforms import PADDING_MODES, torchvision_padding, unwrap_subsets
 
 __all__ = ["Fused", "GPUAugment", "GPUAugmentLoader", "Op", "as_chw", "make_augmented", "run_ops", "translate"]
 
@@ -178,9 +176,9 @@ def _geometry_end(ops: list[Op]) -> int:
 
 class Fused:
     """Crops (or one random resized crop) and flips followed by per-pixel work, fused: the crops'
-    and flips' draws made for many samples at once (:func:`~fastloop.augment.draw_crop_maps`,
-    :func:`~fastloop.augment.draw_boxes`), a batch one gather (or one ``roi_align``), and uint8
-    pixels scaled and normalised by looking each value up (:func:`~fastloop.augment.pixel_table`).
+    and flips' draws made for many samples at once (:func:`~fastloop.speedups.gpu_augment.ops.draw_crop_maps`,
+    :func:`~fastloop.speedups.gpu_augment.ops.draw_boxes`), a batch one gather (or one ``roi_align``), and uint8
+    pixels scaled and normalised by looking each value up (:func:`~fastloop.speedups.gpu_augment.ops.pixel_table`).
     The same draws and the same bits as running the ops one by one (``tests/test_gpu_augment.py``),
     in a handful of ops a batch instead of 30-40: the host, which launches them between steps, is
     what a fast step waits on."""
@@ -280,7 +278,7 @@ def run_ops(x: torch.Tensor, ops: list[Op], generator: torch.Generator, *, fuse:
 
 
 class GPUAugmentLoader:
-    """A :class:`~fastloop.speedups.gpu_resident.GPUResidentLoader` over the stored images, with
+    """A :class:`~fastloop.speedups.gpu_resident.gpu_resident.GPUResidentLoader` over the stored images, with
     the translated ops run on each batch's images (its first tensor) on the device."""
 
     def __init__(self, resident: GPUResidentLoader, ops: list[Op], seed: int) -> None:

@@ -2,7 +2,7 @@
 
 A CUDA graph replays the kernels one run of the step's Python launched, with the numbers that
 run passed them. Whatever that Python read and branched on is decided for every replay. The
-captured-step engine (:mod:`fastloop.speedups.captured_step`) replays only while these say the
+captured-step engine (:mod:`fastloop.speedups.cuda_graph.captured_step`) replays only while these say the
 decisions still hold:
 
 - :class:`Baked`: every hyperparameter of every param group, whatever its type (a number, a
@@ -12,7 +12,7 @@ decisions still hold:
   which parameters require grad, and every module's public Python scalars (``training``,
   dropout's ``p``, BatchNorm's ``track_running_stats``, a ``scale`` of the user's). A change is a
   new steady state: the engine captures a new graph for it (keyed by it, within
-  :data:`~fastloop.speedups.graph_capture.MAX_GRAPHS`) and names the change and its step.
+  :data:`~fastloop.speedups.cuda_graph.graph_capture.MAX_GRAPHS`) and names the change and its step.
 - :class:`HostDraws`: the host generators a step could draw from, the global ones and those
   reachable from the model and the step function (attributes, closures, the globals their code
   names), watched at the checked steps and at a new state's first step.

@@ -9,7 +9,7 @@ eagerly, which is where compile builds its code for the shape), the checked eage
 on a side stream (PyTorch's warm-up before a capture, watched for a host sync or a host random
 draw), ``torch.cuda.graph`` in the shared pool, and the record of what was captured; with the
 capturable optimizer (:func:`make_capturable`, :func:`sync_lr`). The one engine that uses it,
-for both adapters, is :class:`fastloop.speedups.captured_step.CapturedStep` (the warm-up, the
+for both adapters, is :class:`fastloop.speedups.cuda_graph.captured_step.CapturedStep` (the warm-up, the
 optimizer, the guards, the fallback).
 
 Example:
@@ -35,7 +35,7 @@ from fastloop.errors import GraphIneligible
 from fastloop.feed import host_rng_changed, host_rng_snapshot
 from fastloop.measure.sync_site import user_site, warnings_with_stacks
 from fastloop.measure.timer import one_off_step
-from fastloop.speedups.graph_guard import HostDraws
+from fastloop.speedups.cuda_graph.graph_guard import HostDraws
 
 __all__ = [
     "LrTensor",

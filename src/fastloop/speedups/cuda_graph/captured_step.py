@@ -18,7 +18,7 @@ The warm-up, the same in both adapters (also in docs/speedups/cuda_graph.md):
    draw fails the whole step at once (a graph would replay the first draw); a sync is tolerated
    in one checked step of :data:`CHECKED_STEPS` (a first-step-only sync such as a logger's first
    call), a second one fails;
-3. the next step whose key (the batch's :func:`~fastloop.speedups.graph_capture.batch_key` and
+3. the next step whose key (the batch's :func:`~fastloop.speedups.cuda_graph.graph_capture.batch_key` and
    the step's state) was checked clean is captured (nothing runs while a graph records) and
    replayed at once, for real; every later step of that key replays; a key first seen later (a
    batch shape, a task string, a new state) runs eagerly once, watched for host draws (a branch
@@ -30,14 +30,14 @@ else its capturable form; a scheduler that cycles a hyperparameter the graph bak
 betas) or an lr that would stay a Python number while a scheduler changes it refuses the whole
 step before the first step, with a reason that names the optimizer or the scheduler.
 
-The guard, before every step (:meth:`CapturedStep._guard`, :mod:`fastloop.speedups.graph_guard`;
+The guard, before every step (:meth:`CapturedStep._guard`, :mod:`fastloop.speedups.cuda_graph.graph_guard`;
 docs/speedups/cuda_graph.md says what it covers and what it does not): the driver's own check
 (Lightning's ``accumulate_grad_batches``) and a changed hyperparameter (:class:`Baked`: every
 one of every group, whatever its type) end the replays, and the driver drops one tier; param
 groups added or replaced (``add_param_group``, ``load_state_dict`` in a resumed fit) are prepared
-again; a new state of the step (:class:`~fastloop.speedups.graph_guard.StepState`: the groups,
+again; a new state of the step (:class:`~fastloop.speedups.cuda_graph.graph_guard.StepState`: the groups,
 ``requires_grad``, module modes and Python attributes) is a new key, captured as its own graph
-(up to :data:`~fastloop.speedups.graph_capture.MAX_GRAPHS` states), each change named in the
+(up to :data:`~fastloop.speedups.cuda_graph.graph_capture.MAX_GRAPHS` states), each change named in the
 record with its step.
 
 Example (no GPU: a stand-in for the graphs, as the CPU tests use):
@@ -62,8 +62,7 @@ import torch
 
 from fastloop.data import map_tensors
 from fastloop.errors import GraphIneligible
-from fastloop.speedups.fused_optimizer import apply_fused_optimizer, why_not_fused
-from fastloop.speedups.graph_capture import (
+from fastloop.speedups.cuda_graph.graph_capture import (
     MAX_GRAPHS,
     LrTensor,
     StepGraphs,
@@ -73,7 +72,8 @@ from fastloop.speedups.graph_capture import (
     make_capturable,
     sync_lr,
 )
-from fastloop.speedups.graph_guard import Baked, HostDraws, StepState
+from fastloop.speedups.cuda_graph.graph_guard import Baked, HostDraws, StepState
+from fastloop.speedups.fused_optimizer import apply_fused_optimizer, why_not_fused
 
 __all__ = [
     "CHECKED_STEPS",

@@ -7,7 +7,7 @@ follows the loader's generator and seed exactly, and under DDP or FSDP each rank
 it); ``batch_size`` and ``drop_last`` as set.
 Options: ``gpu_resident:SHARE``, the largest share of free GPU memory the data may take.
 Changes the data pipeline. For GPU versions of per-sample augmentations, see
-:mod:`fastloop.augment`.
+:mod:`fastloop.speedups.gpu_augment.ops`.
 
 Example (CPU tensors standing in for the device):
     >>> import torch
@@ -38,8 +38,7 @@ from fastloop.data import (
     yields_whole_batches,
 )
 from fastloop.speedups.base import Context, Skip, Speedup, register
-from fastloop.speedups.options import Options, option
-from fastloop.speedups.resident_pad import (
+from fastloop.speedups.gpu_resident.padded import (
     HOST_SHARE,
     NotPadded,
     PaddedResidentLoader,
@@ -49,6 +48,7 @@ from fastloop.speedups.resident_pad import (
     size_text,
     why_not_padded,
 )
+from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
 __all__ = ["GPUResident", "GPUResidentLoader", "NotResident", "make_resident"]
@@ -88,7 +88,7 @@ class GPUResidentLoader:
         self.device = tensors[0].device
 
     def batch_indices(self) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """Each batch's indices on the host and on the device (:func:`~fastloop.speedups.resident_pad.batch_indices`)."""
+        """Each batch's indices on the host and on the device (:func:`~fastloop.speedups.gpu_resident.padded.batch_indices`)."""
         return batch_indices(self.loader, self.device)
 
     def __iter__(self) -> Iterator[Any]:
@@ -160,7 +160,7 @@ def make_resident(
 def _fits(size: int, device: torch.device, share: float, what: str = "the dataset takes", *, on_host: bool) -> None:
     """Refuse (:class:`NotResident`, with the figures) ``size`` bytes that would take more than
     ``share`` of the free GPU memory, or, where they are built on the host first (``on_host``),
-    more than :data:`~fastloop.speedups.resident_pad.HOST_SHARE` of its available memory."""
+    more than :data:`~fastloop.speedups.gpu_resident.padded.HOST_SHARE` of its available memory."""
     available = host_available_bytes() if on_host else None
     if available is not None and size > HOST_SHARE * available:
         raise NotResident(
@@ -177,7 +177,7 @@ def _fits(size: int, device: torch.device, share: float, what: str = "the datase
 
 def _padded(loader: DataLoader, device: torch.device, share: float) -> PaddedResidentLoader:
     """A loader with its own collate: the samples stored padded and every batch cut as the collate
-    builds it, where the cut batches equal the collate's (:mod:`fastloop.speedups.resident_pad`);
+    builds it, where the cut batches equal the collate's (:mod:`fastloop.speedups.gpu_resident.padded`);
     the padded size is checked against the host's and the device's memory before it is built."""
 
     def fits(nbytes: int, what: str) -> None:

@@ -56,7 +56,7 @@ from fastloop._torch_private import recompile_limit
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.options import Options, option
-from fastloop.speedups.pad_check import check_equivalence, tensor_names, tensors_of
+from fastloop.speedups.pad_buckets.check import check_equivalence, tensor_names, tensors_of
 from fastloop.speedups.run import Run
 
 __all__ = ["PadBuckets", "PadOptions", "PadPlan", "PaddedCollate", "TensorPad", "find_padding", "tensor_names"]

@@ -1,5 +1,5 @@
 """``batch_size``: search the batch size, then train at it. The search core lives here with
-its speedup (``fastloop.drivers.batch_size`` re-exports it).
+its speedup (``fastloop batch-size`` calls it).
 
 Batch-size search that survives OOM, torch.compile and DDP.
 
@@ -47,8 +47,8 @@ from fastloop.data import WHOLE_BATCHES, first_tensor, rebuild_loader, to_device
 from fastloop.device import resolve_device
 from fastloop.errors import FastloopError
 from fastloop.speedups.base import Context, Record, Skip, Speedup, register, resolve
-from fastloop.speedups.batch_size_rule import check_search, choose_batch_size, largest_fitting
-from fastloop.speedups.batch_size_state import (  # noqa: F401  (set_batch_size: public here too)
+from fastloop.speedups.batch_size.rule import check_search, choose_batch_size, largest_fitting
+from fastloop.speedups.batch_size.state import (  # noqa: F401  (set_batch_size: public here too)
     NOWHERE,
     current_size,
     restore_rng_state,

@@ -4,7 +4,7 @@ on the GPU once, each padded to the longest of the dataset, and every batch cut 
 collate would build it (the rows of its indices, cut at the batch's longest row). The collate is
 learnt by example, never parsed: each sample through the collate alone gives its own rows (a
 batch of one, padded to itself), and the pad value and side are read from the collate's batches
-(:func:`~fastloop.speedups.pad_buckets.find_padding`, as ``pad_buckets`` reads them). The result
+(:func:`~fastloop.speedups.pad_buckets.pad_buckets.find_padding`, as ``pad_buckets`` reads them). The result
 is accepted only when its batches equal the collate's (structure, dtypes, values) on sampled
 batches; otherwise it is refused with the first difference, and a collate it does not understand
 keeps gpu_resident's refusal, said by ``why_not_data`` before the rung is run.
@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 
 from fastloop._torch_private import draw_loader_base_seed
 from fastloop.data import FIXED_MAX_S, fixed_samples, map_tensors, same_value, tensor_dataset_parts
-from fastloop.speedups.pad_check import tensor_names, tensors_of
+from fastloop.speedups.pad_buckets.check import tensor_names, tensors_of
 
 __all__ = [
     "CHECK_BATCHES",

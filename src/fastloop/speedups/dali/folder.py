@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
 
-from fastloop.augment import torchvision_padding, unwrap_subsets
 from fastloop.cuda_env import cuda_queues_note
 from fastloop.errors import FastloopError
+from fastloop.transforms import torchvision_padding, unwrap_subsets
 
 __all__ = [
     "DaliFolderLoader",

@@ -6,7 +6,7 @@ The card, with when it helps, when it hurts, what each tier costs and which patt
 Lightning code reach which tier: ``docs/speedups/cuda_graph.md``. Written once, for both
 adapters: the tier policy here (:func:`common_blocker`: what keeps any step from being captured
 whole; :func:`tier_below_whole`: where a step that is not captured whole goes, and what the
-record says), the capture core in :mod:`fastloop.speedups.graph_capture` (one graph per batch
+record says), the capture core in :mod:`fastloop.speedups.cuda_graph.graph_capture` (one graph per batch
 shape, one memory pool). The adapters carry out the tier they are given: the plain loop's step
 in :mod:`fastloop.adapters.graph_step`, Lightning's patching in
 :mod:`fastloop.adapters.lightning_graph` (with the Lightning patterns its
@@ -14,7 +14,7 @@ in :mod:`fastloop.adapters.graph_step`, Lightning's patching in
 
 The one fallback below the whole step is :func:`below_whole`, which both adapters call with the
 facts only they know (:class:`TierFacts`); the whole step itself is the captured-step engine's
-(:mod:`fastloop.speedups.captured_step`).
+(:mod:`fastloop.speedups.cuda_graph.captured_step`).
 
 Example:
     >>> common_blocker(cuda=True, scale_loss=True)
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from fastloop.errors import GraphIneligible
 from fastloop.speedups.base import Speedup, register
-from fastloop.speedups.compile import CUDAGRAPH_MODES, GRAPHED_BY_COMPILE
-from fastloop.speedups.compile_cache import hold_compile_cache
-from fastloop.speedups.graph_capture import MAX_GRAPHS
+from fastloop.speedups.compile.cache import hold_compile_cache
+from fastloop.speedups.compile.compile import CUDAGRAPH_MODES, GRAPHED_BY_COMPILE
+from fastloop.speedups.cuda_graph.graph_capture import MAX_GRAPHS
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 

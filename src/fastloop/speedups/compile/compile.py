@@ -17,7 +17,7 @@ import torch
 
 from fastloop._torch_private import compiled_graph_count, dynamo_counters, first_graph_break
 from fastloop.speedups.base import Speedup, register
-from fastloop.speedups.compile_cache import hold_compile_cache
+from fastloop.speedups.compile.cache import hold_compile_cache
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler

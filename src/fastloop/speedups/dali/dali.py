@@ -2,11 +2,11 @@
 
 The card (when it helps, when it hurts, what it costs, with measured figures): ``docs/speedups/dali.md``.
 Changes the data pipeline. Applies to a user's own ``ImageFolder``/``DatasetFolder`` of JPEG or
-PNG files whose transform is a recognised torchvision pipeline (:mod:`fastloop.dali_folder`:
+PNG files whose transform is a recognised torchvision pipeline (:mod:`fastloop.speedups.dali.folder`:
 the same files, labels, batch size, ``drop_last`` and epoch length, mixed decode on the GPU, each
 op with the user's parameters, each rank its shard under DDP); the ImageNet recipe's torchvision
 loader is such a loader, and its own ``loader="dali"`` is built by the same pipeline builder
-(:class:`fastloop.dali_folder.DaliPipeline`). Others are skipped with the reason naming what is
+(:class:`fastloop.speedups.dali.folder.DaliPipeline`). Others are skipped with the reason naming what is
 not translated. Without a GPU the same DALI pipeline runs on the CPU.
 
 Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
-from fastloop.dali_folder import DaliFolderLoader, NotTranslated, check_folder
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.dali.folder import DaliFolderLoader, NotTranslated, check_folder
 from fastloop.speedups.run import Run
 
 __all__ = ["Dali"]
