@@ -238,3 +238,32 @@ def test_a_run_that_counts_no_items_has_no_throughput_plot_and_says_so():
     figures, left_out = report_figures(run)
     assert [name for name, _ in figures] == ["breakdown"] and figure_problems(figures[0][1]) == []
     assert left_out[0] == "throughput: no items counted per step"
+
+
+FIT_PAGES = {
+    # `fastloop fit demo --epochs 2 --json F` on a 2-core CPU at 9e918f5: the phase timeline, three metric curves
+    "fit_demo_cpu": "fit_demo_cpu.json",
+    # `fastloop ab demo --fit --a none --b workers --epochs 1 --seeds 2` on the same machine: two sides, two seeds
+    "abfit_demo_cpu": "abfit_demo_cpu.json",
+}
+"""Recorded ``fit`` and ``ab --fit`` documents: their pages follow the ladder page's rules."""
+
+
+@pytest.mark.parametrize("name", list(FIT_PAGES))
+def test_the_fit_pages_as_a_person_reads_them(name, monkeypatch):
+    """A fit's page (a timeline per run, the metric curves against steps and against seconds) and an A/B
+    of fits: every figure holds data, no two texts meet, nothing past the edge, shown at its own size."""
+    doc = json.loads((FIXTURES / FIT_PAGES[name]).read_text())
+    out = _artifacts(name)
+    saved = _measure_figures_as_saved(monkeypatch)
+    write_reports(doc, str(out), None)
+    page = (out / "report.html").read_text()
+    problems = [f"figure {i + 1}: {p}" for i, figure in enumerate(saved) for p in figure["problems"]]
+    assert problems == [], f"{out / 'report.html'}:\n" + "\n".join(problems)
+    shown = [
+        base64.b64decode(b) for b in re.findall(r'<img class="plot"[^>]*src="data:image/png;base64,([^"]+)"', page)
+    ]
+    fits = [doc] if doc["kind"] == "fit" else doc["fits"]["a"] + doc["fits"]["b"]
+    metrics = {k for fit in fits for r in fit["outcome"]["validation"] for k in r["metrics"]}
+    assert len(shown) == 2 + len(metrics) and shown == [figure["png"] for figure in saved]
+    _look_in_chromium(out / "report.html", [figure["png"] for figure in saved])
