@@ -329,12 +329,14 @@ def test_lightning_prepares_a_training_loader_with_its_distributed_sampler_and_w
     assert lp.prepare_train_loader(one, loader) is loader  # one process: Lightning adds no sampler
 
 
-def test_compiled_draws_as_eager_sets_inductors_fallback_random(monkeypatch):
+def test_compiled_draws_as_eager_sets_inductors_fallback_random():
     import torch._inductor.config as config
 
-    monkeypatch.setattr(config, "fallback_random", False)
-    tp.compiled_draws_as_eager()
-    assert config.fallback_random is True
+    # config.patch, not monkeypatch: monkeypatch undoes a module attribute it read through
+    # __getattr__ with delattr, which hides the setting from Inductor for the rest of the process
+    with config.patch(fallback_random=False):
+        tp.compiled_draws_as_eager()
+        assert config.fallback_random is True
 
 
 def test_a_dataloaders_iterators_draw_their_indices_from_its_index_sampler():

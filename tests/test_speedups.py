@@ -391,3 +391,68 @@ def test_compile_shapes_static_compiles_one_graph_per_shape(shapes, graphs):
     for n in (16, 32, 48, 16):
         model(torch.randn(4, n, 8))
     assert compile_counters()["unique_graphs"] - before == graphs
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self.rnn, self.head = kind(8, 8, batch_first=True), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["probe-runs", "probe-fails"])
+def test_bf16_skips_a_recurrent_layer_this_cpu_cannot_run_and_trains_as_fp32(monkeypatch, broken):
+    """bf16 on the CPU with an LSTM: where oneDNN has no bf16 LSTM kernel for this CPU (it raises
+    "could not create a primitive descriptor" in the first forward), bf16 is skipped with torch's
+    reason and the fit trains exactly as without it; where the kernel runs, bf16 applies. Both
+    paths are forced through the probe's memo, whatever this CPU does."""
+    from fastloop.speedups import precision
+
+    monkeypatch.setattr(precision, "_RNN_PROBES", {("LSTM", False, False): "no kernel" if broken else None})
+
+    def fit(spec):
+        torch.manual_seed(0)
+        model = _Recurrent(torch.nn.LSTM)
+        data = TensorDataset(torch.randn(32, 5, 8), torch.randint(0, 4, (32,)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loop = FastLoop(
+            model,
+            opt,
+            DataLoader(data, batch_size=8),
+            loss_fn=torch.nn.functional.cross_entropy,
+            speedups=spec,
+            device="cpu",
+        )
+        try:
+            return loop.train(steps=4).losses, loop.records
+        except RuntimeError as err:  # the kernel this CPU lacks, where the memo said it runs
+            assert not broken and "primitive descriptor" in str(err)
+            return None, None
+
+    base, _ = fit("none")
+    got, records = fit("bf16")
+    if broken:
+        assert (
+            records[0].status == "skipped"
+            and "cannot run LSTM under bf16 autocast (torch: no kernel)" in records[0].reason
+        )
+        assert got == base
+    elif records is not None:
+        assert records[0].status == "applied" and got != base
+
+
+def test_bf16_probe_leaves_the_random_streams_and_caches_per_kind(monkeypatch):
+    from fastloop.speedups import precision
+
+    monkeypatch.setattr(precision, "_RNN_PROBES", {})
+    model = _Recurrent(torch.nn.GRU)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    try:
+        precision._cpu_runs_its_recurrent_layers_in_bf16(model)
+    except Exception as err:  # this CPU: a Skip with the reason, never the kernel's error
+        assert type(err).__name__ == "Skip" and "GRU" in str(err)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert list(precision._RNN_PROBES) == [("GRU", False, False)]

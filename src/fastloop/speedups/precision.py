@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.run import Run
 
 __all__ = ["BF16", "FP16", "held_on_skipped_steps"]
@@ -65,7 +65,39 @@ class BF16(Speedup):
         return None
 
     def apply(self, run: Run) -> None:
+        if not run.ctx.cuda:
+            run.change_model(_cpu_runs_its_recurrent_layers_in_bf16)
         run.autocast(torch.bfloat16)
+
+
+_RNN_PROBES: dict[tuple, str | None] = {}
+
+
+def _cpu_runs_its_recurrent_layers_in_bf16(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` as it is, or :class:`Skip` where this CPU cannot run one of its recurrent layers
+    (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) under bf16 autocast: oneDNN's bf16 RNN kernels need
+    instructions some CPUs lack, and torch then fails in the first forward ("could not create a
+    primitive descriptor for the LSTM forward propagation primitive"). Each kind of layer is tried
+    once per process, on a layer of its kind two wide and one step long."""
+    for layer in model.modules():
+        if not isinstance(layer, torch.nn.RNNBase):
+            continue
+        key = (layer.mode, layer.bidirectional, layer.proj_size > 0)
+        if key not in _RNN_PROBES:
+            try:
+                with torch.random.fork_rng(devices=[]), torch.autocast("cpu", dtype=torch.bfloat16):
+                    projected = {"proj_size": 1} if layer.proj_size > 0 else {}  # an LSTM's only
+                    probe = type(layer)(2, 2, bidirectional=layer.bidirectional, **projected)
+                    probe(torch.zeros(1, 1, 2))  # the user's random streams are as they were
+                _RNN_PROBES[key] = None
+            except RuntimeError as err:
+                _RNN_PROBES[key] = str(err).split(". ")[0]
+        if _RNN_PROBES[key]:
+            raise Skip(
+                f"this CPU cannot run {type(layer).__name__} under bf16 autocast (torch: {_RNN_PROBES[key]}); "
+                "the fit stays in fp32"
+            )
+    return model
 
 
 @register
