@@ -232,7 +232,8 @@ def test_on_a_quiet_gpu_a_vs_a_with_a_small_drift_is_no_longer_called_significan
         old += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE, min_effect=0.0).significant
         new += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE).significant
     print(
-        f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, {new / 3:.1f}% with it"
+        f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, "
+        f"{new / 3:.1f}% with it"
     )
     assert old > 60 and new == 0
 

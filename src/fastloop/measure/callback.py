@@ -290,9 +290,10 @@ class MeasureCallback(Callback):
     def _measure_on_until_steady(self, trainer: Trainer, n: int) -> bool:
         """The window is over: when its second half ran clearly slower or faster than its first (a
         loader's buffer draining, clocks ramping), its steps before the change (at least a quarter
-        of them) become warm-up and the window measures on, until the rate is steady or the window has run WINDOW_OVERRUN times its
-        first length (then the run is marked not steady). One synchronize per check, at the
-        window's end; one process only (ranks must stop at the same step)."""
+        of them) become warm-up and the window measures on, until the rate is steady or the window
+        has run WINDOW_OVERRUN times its first length (then the run is marked not steady). One
+        synchronize per check, at the window's end; one process only (ranks must stop at the same
+        step)."""
         if not self.steady or self._window_t0 is None or trainer.world_size != 1:
             return False
         step_s = self.timer.result(upto=n).step_s

@@ -305,7 +305,8 @@ class Workers(Speedup):
     def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
         """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
 
-        >>> Workers.sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
+        >>> stats = {"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}}
+        >>> Workers.sizes_above_kept(stats)
         (4, [8, 16])
         """
         own = stats.get("loader_own_workers")
