@@ -71,6 +71,35 @@ def test_every_line_of_the_python_sources_fits_in_120_columns():
     assert [f"{p.relative_to(ROOT)}:{i} ({n} bytes)" for p, i, n in _lines_over(MAX_LINE, sources)] == []
 
 
+def _strays(tree: ast.Module) -> list[int]:
+    """Lines of the string statements in ``tree`` that document nothing: neither the first statement of
+    a module, class or function (its docstring) nor right under an assignment (an attribute's docstring).
+    A second string under an attribute reads as that attribute's, whatever it describes."""
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    strays = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            for i, stmt in enumerate(body if isinstance(body, list) else []):
+                if not (isinstance(stmt, ast.Expr) and isinstance(getattr(stmt.value, "value", None), str)):
+                    continue
+                its_owners = i == 0 and field == "body" and isinstance(node, owners)
+                an_attributes = i > 0 and isinstance(body[i - 1], (ast.Assign, ast.AnnAssign))
+                if not (its_owners or an_attributes):
+                    strays.append(stmt.lineno)
+    return strays
+
+
+def test_a_string_that_documents_nothing_is_found():
+    tree = ast.parse('"""module"""\nA = 1\n"""A\'s."""\n"""meant for B"""\nB = 2\ndef f():\n    """f."""\n')
+    assert _strays(tree) == [4]
+
+
+def test_every_attribute_docstring_sits_under_its_attribute():
+    strays = {str(p.relative_to(SRC)): _strays(ast.parse(p.read_text())) for p in _sources()}
+    assert {name: lines for name, lines in strays.items() if lines} == {}
+
+
 def test_the_search_and_the_fork_server_name_no_speedup_in_their_code():
     """The ladder and the fork server decide by Speedup attributes; a speedup's name may appear in
     their prose (docstrings, comments, messages), not in a tuple or comparison."""

@@ -68,15 +68,15 @@ class MeasureCallback(Callback):
             raise ValueError(f"measure_s must be > 0 seconds, got {measure_s}")
         self.warmup = warmup
         self.steps = steps
+        """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
+        not optimizer steps: with manual optimization or a training_step that returns None,
+        Lightning's ``max_steps`` counts something else."""
         self.measure_s = measure_s
         """With ``steps`` and a steady-state warm-up: measure fewer steps (at least
         :data:`MIN_MEASURED_STEPS`) when the warm-up's last step times say ``steps`` would take
         longer than this many seconds (a slow fp32 step needs fewer steps for a precise mean)."""
         self.steps_planned = steps
         """``steps`` as asked, before ``measure_s`` shortened it."""
-        """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
-        not optimizer steps: with manual optimization or a training_step that returns None,
-        Lightning's ``max_steps`` counts something else."""
         self.profile_steps = profile_steps
         """On CUDA with ``steps`` set: this many extra steps after the measured ones run under
         :class:`~fastloop.measure.gpu_busy.GpuProfile` (GPU busy fraction, host syncs per step);
