@@ -1,4 +1,4 @@
-"""async_checkpoint (issue 72): the file written in the background is the synchronous save of the
+"""async_checkpoint: the file written in the background is the synchronous save of the
 same step, byte for byte, though training changes the weights while it is written; Ctrl-C during a
 write leaves the previous checkpoint and no partial file; a second save waits for the first; a
 deletion of a file being written waits for it; ModelCheckpoint's top-k keeps working.

@@ -1,4 +1,4 @@
-"""The compile cache that outlives the process (issue 72): a second process compiling the same model
+"""The compile cache that outlives the process: a second process compiling the same model
 reads Inductor's cache (hits counted) and records ``warm``; ``--no-cache`` records ``cold`` and
 leaves the cache untouched; another torch or another version of the model's code gets another
 directory; the environment is as before after a run."""
