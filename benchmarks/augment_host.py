@@ -95,10 +95,8 @@ def main() -> None:
     emit("augment_host", {"batch": 256, "rows": rows})
     print(f"{'pipeline':<26}{'fused':>6}{'host us/batch':>15}{'p10-p90':>16}{'batches/s':>11}")
     for name, r in rows.items():
-        print(
-            f"{name:<26}{str(r['fused']):>6}{r['host_us_median']:>15.0f}{r['host_us_p10']:>8.0f}-{r['host_us_p90']:<7.0f}"
-            f"{r['batches_per_s']:>11.0f}"
-        )
+        spread = f"{r['host_us_p10']:>8.0f}-{r['host_us_p90']:<7.0f}"
+        print(f"{name:<26}{str(r['fused']):>6}{r['host_us_median']:>15.0f}{spread}{r['batches_per_s']:>11.0f}")
 
 
 if __name__ == "__main__":

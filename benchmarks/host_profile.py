@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
     print(
-        f"measured mean step {res['measured_mean_step_ms']:.3f} ms; under cProfile {res['profiled_ms_per_step']:.3f} ms "
-        f"({cb.profiled_steps} steps); applied: {','.join(res['applied'])}"
+        f"measured mean step {res['measured_mean_step_ms']:.3f} ms; "
+        f"under cProfile {res['profiled_ms_per_step']:.3f} ms ({cb.profiled_steps} steps); "
+        f"applied: {','.join(res['applied'])}"
     )
     print("own ms/step  calls/step  function")
     for r in own:

@@ -79,7 +79,8 @@ def measure(variant: str, batch: int, steps: int, compiled: bool) -> dict:
     except Exception as err:  # noqa: BLE001 - Dynamo cannot trace the kernel: run it outside the graph
         if not (compiled and variant == "liger"):
             raise
-        note = f"traced compile failed ({type(err).__name__}: {str(err).splitlines()[0][:160]}); liger LayerNorm run outside the graph"
+        first_line = str(err).splitlines()[0][:160]
+        note = f"traced compile failed ({type(err).__name__}: {first_line}); liger LayerNorm run outside the graph"
         torch._dynamo.reset()
         return {**measure_disabled(batch, steps), "note": note}
     torch.cuda.synchronize()
@@ -155,7 +156,8 @@ def main(batch: int, steps: int, only_eager: bool) -> None:
             r = rows[-1]
             print(
                 f"{'compiled' if compiled else 'eager':8} {r['variant']:45} {r['step_ms_median']:7.2f} ms "
-                f"[{r['step_ms_min']:.2f}, {r['step_ms_max']:.2f}] {r['tokens_per_s']:10,.0f} tok/s {r.get('note', '')}",
+                f"[{r['step_ms_min']:.2f}, {r['step_ms_max']:.2f}] {r['tokens_per_s']:10,.0f} tok/s "
+                f"{r.get('note', '')}",
                 flush=True,
             )
     ratios = {}

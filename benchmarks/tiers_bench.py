@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                     "rounds": done,
                     "rows": rows,
                     "method": (
-                        "fresh processes, interleaved round by round, the pair's order alternating; 2 s windows of steady "
-                        "steps; ratio = cuda_graph / compile throughput, run-level t-interval (fastloop.compare)"
+                        "fresh processes, interleaved round by round, the pair's order alternating; "
+                        "2 s windows of steady steps; ratio = cuda_graph / compile throughput, "
+                        "run-level t-interval (fastloop.compare)"
                     ),
                 },
                 indent=2,

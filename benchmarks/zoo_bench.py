@@ -100,7 +100,8 @@ def _span(ci: dict) -> str:
     orders of magnitude); ``-`` without a ratio.
 
     Example:
-        >>> _span({"ratio": 2.81, "ci_low": 0.01, "ci_high": 635.4, "verdict": "too few runs to tell (2 runs per side)"})
+        >>> too_few = "too few runs to tell (2 runs per side)"
+        >>> _span({"ratio": 2.81, "ci_low": 0.01, "ci_high": 635.4, "verdict": too_few})
         '2.81 [n/a: too few runs]'
         >>> _span({"ratio": 1.33, "ci_low": 1.21, "ci_high": 1.47, "verdict": "B is 1.33x faster"})
         '1.33 [1.21,1.47]'

@@ -251,8 +251,8 @@ def env_probe():
 
 
 def with_trainer_settings(clip: float = 1e-3, precision: str | None = None, extra: str = "", seed: int = 0):
-    """tiny_mlp with the user's Trainer settings as a third element (issue 31: they travel with
-    the target). A tiny ``gradient_clip_val`` changes the loss trajectory, so a run that honours
+    """tiny_mlp with the user's Trainer settings as a third element (they travel with the
+    target). A tiny ``gradient_clip_val`` changes the loss trajectory, so a run that honours
     it can be told from one that does not."""
     module, loader = tiny_mlp(seed=seed)
     kwargs: dict = {"gradient_clip_val": clip, "max_epochs": 3}

@@ -1,4 +1,4 @@
-"""Issue 35: every bad input answered before training with one short line (exit 2), the user's
+"""Every bad input answered before training with one short line (exit 2), the user's
 own error in either side of an A/B exits 1 with their frames, and advice never recommends what
 the same report measured as not faster. The CLI cases run the real command in a subprocess and
 check the exit status, stderr's lines and their length, and the files left behind."""

@@ -52,7 +52,8 @@ def test_recognises_oom_and_only_oom():
     assert is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
     assert is_oom(
         RuntimeError(
-            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1 bytes"
         )
     )
     assert not is_oom(RuntimeError("Expected all tensors to be on the same device"))

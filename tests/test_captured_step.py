@@ -82,8 +82,8 @@ def test_an_sgd_planned_for_a_whole_step_graph_keeps_its_lr_as_a_tensor_that_fol
         (
             lambda p: torch.optim.SGD(p, lr=0.1, differentiable=True),
             _steplr,
-            "SGD reads its lr as a Python number (differentiable optimizers cannot be fused), which a graph would bake in "
-            "while StepLR changes it",
+            "SGD reads its lr as a Python number (differentiable optimizers cannot be fused), "
+            "which a graph would bake in while StepLR changes it",
         ),
         (lambda p: torch.optim.LBFGS(p), lambda o: None, "LBFGS has no capturable implementation"),
     ],

@@ -1,4 +1,4 @@
-"""Every figure cites its run (issue 65): in README.md, docs/*.md and docs/speedups/*.md, each
+"""Every figure cites its run: in README.md, docs/*.md and docs/speedups/*.md, each
 paragraph, list item or table row that states a measured figure (a ratio such as ``1.37x``, an
 interval ``[1.05, 1.57]``, a throughput, a time, a count of tests) cites a row of
 benchmarks/RESULTS.md with a link ``[R:ID](.../RESULTS.md#ID)``, and every figure in it is a

@@ -165,7 +165,7 @@ def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     workers overlap that sleep even on 2 busy cores: the point estimate is well above 1.5x. The
     decision follows this run's own interval: kept (the final rung measured against the baseline,
     the callbacks line naming it) when significant; on a machine under heavy load (two CPU burners
-    beside the suite widened 3 runs' interval to [0.83, 19.7] around 4.04x) dropped, and the report
+    beside the suite widened 3 runs' interval to [0.83, 19.7] about 4.04x) dropped, and the report
     says nothing helped. Either way the decision and the report agree with the measurement."""
     from fastloop.drivers.ladder import run_ladder
 

@@ -1,4 +1,4 @@
-"""DALI for a user's own image folder (issue 50): an ImageFolder of generated JPEGs with the
+"""DALI for a user's own image folder: an ImageFolder of generated JPEGs with the
 standard torchvision transforms, translated into one DALI pipeline (run here on DALI's CPU
 backend): the loader's batch structure, length and labels; values within a stated tolerance of
 torchvision's on a deterministic pipeline; anything unrecognised refused by name."""

@@ -356,8 +356,8 @@ def test_gpu_profile_splits_the_step_and_counts_host_syncs():
     # a tiny MLP keeps the H200 busy for a sliver of each Lightning step: host-bound, syncs named
     d = diagnose(synced)
     assert d["bottleneck"] == "host-bound" and "waits for the GPU" in d["evidence"], d
-    # and where: the .item() line of the user's training_step (round 19, CUDA's sync debug mode),
-    # read from the source (a fixed number went stale when targets.py grew: round 24)
+    # and where: the .item() line of the user's training_step (CUDA's sync debug mode), read from
+    # the source (a fixed line number goes stale when targets.py grows)
     import inspect
 
     from tests import targets

@@ -1,4 +1,4 @@
-"""gpu_augment (issue 50): a torchvision pipeline with random ops on in-memory images, translated
+"""gpu_augment: a torchvision pipeline with random ops on in-memory images, translated
 and run on each whole batch with per-sample draws. Distributional equivalence: crop offsets
 uniform over the same range, flips at rate p, normalisation exact, the batch structure the
 loader's; unrecognised ops skipped with their name. Run here on the CPU (the kernels are the
@@ -606,7 +606,7 @@ class _Unchecked(torch.utils.data.Dataset):
 
 
 def test_a_dataset_calling_its_transform_unchecked_is_read_and_dict_samples_are_named():
-    """Round 29: the stored sample was read with the transform set to None, so a ``__getitem__``
+    """The stored sample was once read with the transform set to None, so a ``__getitem__``
     that calls ``self.transform(img)`` unchecked failed with a TypeError inside the run (the check
     before it had passed). It is read with a transform that changes nothing; samples that are dicts
     are refused by the check itself, with the reason."""

@@ -89,7 +89,7 @@ def test_doctor_names_prog_bar_logging_as_a_sync():
 
 
 def test_busy_is_a_share_of_the_measured_step_not_of_a_gappy_profiled_span():
-    """H200 round 6: ResNet-50's profiled steps spanned 49.4 ms against a measured 37.3 ms (a gap
+    """On an H200 ResNet-50's profiled steps spanned 49.4 ms against a measured 37.3 ms (a gap
     in the profiled window); the GPU worked 36.3 ms a step. busy / span said 74% (host-bound);
     per measured step it is 97%, beside the same steps' data wait."""
     from fastloop.measure.gpu_busy import per_measured_step
@@ -103,7 +103,7 @@ def test_busy_is_a_share_of_the_measured_step_not_of_a_gappy_profiled_span():
 
 
 def test_a_host_bound_step_fed_on_the_gpu_and_graphed_in_part_gets_advice_that_applies():
-    """Round 27's ViT: gpu_augment serves the batches on the GPU and the graph holds forward and
+    """A ViT: gpu_augment serves the batches on the GPU and the graph holds forward and
     backward only. The advice named pin_memory (nothing to pin) and cuda_graph (on already), and
     the ladder's filtering then cut it to those two names; it now says what keeps the step out."""
     from fastloop.drivers.doctor import without_measured
@@ -145,7 +145,7 @@ def test_a_host_bound_step_fed_on_the_gpu_and_graphed_in_part_gets_advice_that_a
 
 
 def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_the_feed(monkeypatch):
-    """Round 29's U-Net pick (on one H100): the whole step one graph (compile, cuda_graph), 4.07 ms
+    """A U-Net's pick (on one H100): the whole step one graph (compile, cuda_graph), 4.07 ms
     a step, MFU unknown, 18% data wait. It was called launch-bound with the advice "cuda_graph
     (whole-step capture) or compile", both on already. A whole step replayed as one graph launches
     nothing one by one: the wait (>= 10% there) is what is left, and the GPU paths that the loader's
@@ -177,7 +177,7 @@ def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_t
         and "cuda_graph" not in d["recommendation"]
     )
     assert [n for n, _ in d["advice"]] == ["workers", "prefetch", None]  # the CPU feed's own fixes not applied yet
-    # round 29's second U-Net ladder: its pick had pin_memory and prefetch, and workers measured not faster;
+    # a U-Net ladder on an H100: its pick had pin_memory and prefetch, and workers measured not faster;
     # the filtered advice read "Next: pin_memory" (the prose "pinned memory" matched its name) and lost the rest
     from fastloop.drivers.doctor import without_measured
 
@@ -202,7 +202,7 @@ def test_a_short_step_graphed_whole_is_not_called_launch_bound_and_its_wait_is_t
 
 
 def test_the_advice_of_a_custom_collate_run_never_names_what_the_same_run_refused():
-    """Issue 64's held-out run: in-memory token rows padded by a custom collate_fn, the pick
+    """A held-out run: in-memory token rows padded by a custom collate_fn, the pick
     pad_buckets,tf32,bf16,fused_optimizer,cuda_graph waiting 19% for data with a prog_bar value
     read every step. The report said "Next: gpu_resident" while its own records said gpu_resident
     skipped (custom collate_fn); now the advice is the background feed and the sync."""

@@ -394,7 +394,7 @@ def _two_epochs(loader) -> list:
 
 @pytest.mark.parametrize("collate", ["pad_collate", "left_pad_lm_collate"])
 def test_a_padding_collate_is_served_from_padded_samples_with_the_collates_own_batches(collate):
-    """Issue 64: in-memory token rows with a collate that pads to the batch's longest row (right,
+    """In-memory token rows with a collate that pads to the batch's longest row (right,
     or left with -100 labels): gpu_resident stores the samples padded and cuts every batch as the
     collate builds it; two epochs of shuffled batches equal the loader's, key by key, dtype by dtype."""
     from fastloop.speedups.gpu_resident.padded import PaddedResidentLoader

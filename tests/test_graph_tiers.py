@@ -1,4 +1,4 @@
-"""Issue 32: a speedup that changed nothing is not ``applied``, and cuda_graph drops one tier at a
+"""A speedup that changed nothing is not ``applied``, and cuda_graph drops one tier at a
 time. CPU: the compile record of a model torch.compile cannot trace. GPU (marked): each common
 pattern of ordinary Lightning code is captured whole or drops to forward+backward graphed, in
 the same run, with the losses of eager training within the stated tolerance."""

@@ -135,7 +135,7 @@ def test_no_import_cycle():
 
 
 def test_report_and_compare_import_without_torch():
-    """Issue 33: reading or rendering a report, and comparing runs, need no torch."""
+    """Reading or rendering a report, and comparing runs, need no torch."""
     import subprocess
     import sys
 
@@ -165,7 +165,7 @@ def underscore_imports() -> list[str]:
 
 
 def test_no_underscore_name_is_imported_across_modules():
-    """Issue 47: a module's public surface is what others use; private names stay at home."""
+    """A module's public surface is what others use; private names stay at home."""
     assert underscore_imports() == []
 
 
@@ -303,7 +303,7 @@ def ladder_state_misuses(modules: dict[str, Path] | None = None) -> list[str]:
 
 
 def test_only_the_ladders_state_changes_the_ladders_state():
-    """Issue 70: the search, its moves and sizes read the state and ask it to change through its
+    """The search, its moves and sizes read the state and ask it to change through its
     methods (keep, drop, record_rung, ...); none writes its members or uses its private ones."""
     assert ladder_state_misuses() == []
 
@@ -327,8 +327,8 @@ def test_the_state_check_sees_a_write_a_change_in_place_and_a_private_member(tmp
 
 
 def test_no_module_takes_an_untyped_search_or_names_the_state_by_one_letter():
-    """Issue 70: the sizes took the search as ``search: Any`` and the search held the state as
-    ``self.L``; the pieces now have typed interfaces."""
+    """No piece takes another as ``search: Any`` or holds the state as ``self.L``: the pieces have
+    typed interfaces."""
     hits = [
         f"{name}: {line.strip()}"
         for name, path in _modules().items()

@@ -295,7 +295,7 @@ def test_ctrl_c_during_run_and_batch_size(cmd, tmp_path):
 def test_ctrl_c_inside_a_weakref_callback_still_interrupts_the_main_code():
     """A Ctrl-C that lands in a weakref callback (matplotlib's, while a report is drawn) is
     swallowed there by Python with a traceback printed; the command raises it again in the main
-    code, so the orderly exit runs and no traceback is printed (CI, round 24)."""
+    code, so the orderly exit runs and no traceback is printed (seen in CI)."""
     code = (
         "import signal, time, weakref\n"
         "from fastloop.drivers.exits import arm_interrupt_deadline\n"

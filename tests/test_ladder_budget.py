@@ -47,7 +47,7 @@ def test_the_timer_records_each_runs_cost_less_its_start_up():
     assert budget.per_run_s("bf16") == pytest.approx(max(0.0, entry["s"] - 0.25), abs=1e-3)
 
 
-# a ResNet-50 on an H100 (round 22's figures): the baseline 10 s a run; the compiled bundle's first
+# a ResNet-50 on an H100, its measured figures: the baseline 10 s a run; the compiled bundle's first
 # run compiles cold (66.9 s of warm-up, 74.9 s in all), its next runs 12 s with 4 s of warm-up
 _R50 = [
     ("none", 10.0, 1.0),
@@ -102,7 +102,7 @@ def test_the_budget_starts_an_ablation_only_when_its_first_look_and_the_final_fi
 def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     """An ablation's extension must leave room for the first looks of the ablations after it, each
     at its own prediction: one that compiles a new graph is kept at its cold compile, not at the
-    median run (round 24: otherwise an extension of one ablation spends what the next one needs)."""
+    median run (otherwise an extension of one ablation spends what the next one needs)."""
     L = _state(_R50, selected=["bf16", "channels_last", "compile"])
     L.queue([(1, "channels_last,compile"), (1, "bf16,channels_last")])
     plan = L.plan(2, queued=True)
@@ -111,8 +111,8 @@ def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(10.0 + 12.0)
 
 
-def test_a_compile_heavy_data_bound_ladder_at_round_22s_costs_scaled_down(monkeypatch):
-    """Round 22's ResNet-50 on a JPEG folder, its run costs scaled by 1/25 (the baseline 10 s, a
+def test_a_compile_heavy_data_bound_ladder_with_its_costs_scaled_down(monkeypatch):
+    """A ResNet-50 on a JPEG folder (an H100), its run costs scaled by 1/25 (the baseline 10 s, a
     DALI run 8 s, a compiled run 12 s, a new compiled graph 55 s more, a 300 s budget): the
     ladder keeps DALI and the compute bundle, measures the compile ablation at its one-run first
     look, and lists an ablation it cannot fit with its cold compile in the prediction; it ends

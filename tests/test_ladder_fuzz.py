@@ -3,7 +3,7 @@ speedups' capabilities (feeds, GPU feeds, in-memory-only feeds, the workload, ab
 whatever their effects and the data wait, and whether the dataset is in memory, the search ends
 without an error, decides every rung it measured, selects only what it tried, and its document
 holds together. Two H200 ladders once ended in an internal error at a branch no hand-written
-case reached (round 16); this walks the branches at random."""
+case reached; this walks the branches at random."""
 
 from __future__ import annotations
 

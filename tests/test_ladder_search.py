@@ -273,7 +273,7 @@ def test_the_search_reads_capabilities_not_names(monkeypatch):
 
 
 def test_every_comparison_records_its_counterbalanced_run_order():
-    """Issue 37: each comparison's ``run_order`` (A its base, B the candidate) is the order the
+    """Each comparison's ``run_order`` (A its base, B the candidate) is the order the
     runs ran in, the rounds alternating (A B, then B A, ...); base runs counted again from an
     earlier comparison are said (``base_runs_reused``) and are not run again."""
     doc = run_ladder(
@@ -284,7 +284,7 @@ def test_every_comparison_records_its_counterbalanced_run_order():
     )
     by = {r["rung"]: r["speedup_vs_prev"] for r in _measured(doc)}
     bundle = by["+bf16,fused_optimizer (compute bundle)"]
-    # the baseline's bottleneck run counts again: round 1 A B, round 2 B A, round 3 B (A has 3)
+    # the baseline's bottleneck run counts again: A B, then B A, then B alone (A has 3)
     assert bundle["run_order"] == ["A", "B", "B", "A", "B"] and bundle["base_runs_reused"] == 1
     ablation = by["-bf16"]  # the bundle's 3 runs count again; one run of the candidate told enough
     assert ablation["run_order"] == ["B"] and ablation["base_runs_reused"] == 3
@@ -300,7 +300,7 @@ def test_every_comparison_records_its_counterbalanced_run_order():
 
 
 def test_two_configurations_that_tie_within_the_noise_are_said_to_tie_and_the_simpler_is_kept():
-    """Issue 37: where a comparison cannot tell two sets apart, the report says they tie and that
+    """Where a comparison cannot tell two sets apart, the report says they tie and that
     the simpler one was kept (a second ladder choosing the other is then no contradiction)."""
     from fastloop.report.markdown import search_story
 
@@ -333,7 +333,7 @@ def test_two_configurations_that_tie_within_the_noise_are_said_to_tie_and_the_si
 
 def _vit_like(n):
     """Data-bound at first (the feed bundle 1.6x); then the compute bundle 2.2x, which the budget
-    must reach before the feed bundle's ablation (the H200 ViT of issue 37, in miniature)."""
+    must reach before the feed bundle's ablation (a ViT's ladder on an H200, in miniature)."""
     return (1.6 if "workers" in n else 1.0) * (2.2 if {"bf16", "compile"} <= n else 1.0)
 
 
@@ -430,7 +430,7 @@ def test_the_budget_bounds_the_commands_wall_time_from_its_start(tmp_path):
 
 
 def test_a_final_comparison_the_budget_cut_pools_every_run_of_both():
-    """The H200 ViT ladder of round 15: the final comparison, cut by the budget at 3 runs a side
+    """A ViT's ladder on an H200: the final comparison, cut by the budget at 3 runs a side
     of a data-bound baseline spreading 15%, said 1.81x [0.61, 5.38] "n.s." for a set measured 6
     times before at 27 ms against a baseline at 40-56 ms. Pooled (Welch over every run of both),
     the same runs call it; a comparison that could call, or was not cut, stays as it was."""
@@ -455,7 +455,7 @@ def test_a_final_comparison_the_budget_cut_pools_every_run_of_both():
 
 
 def test_a_feed_that_needs_in_memory_tensors_is_left_out_of_the_recheck_without_a_crash(monkeypatch):
-    """H200, 2026-12-03: both default ViT ladders ended in an internal error (StopIteration) at the
+    """On an H200 both default ViT ladders ended in an internal error (StopIteration) at the
     feed re-check, where the only feed left needed in-memory tensors and the dataset had none."""
     from fastloop.speedups.base import REGISTRY, Speedup
 
@@ -523,7 +523,7 @@ def test_an_ablation_that_keeps_a_member_by_the_point_estimate_says_so():
 
 @pytest.mark.slow
 def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_feed(tmp_path):
-    """Issue 48: ``--steps 30`` with three rungs on the sleepy fixture (workers well over 2x):
+    """``--steps 30`` with three rungs on the sleepy fixture (workers well over 2x):
     the feed rung is measured and selected, and no rung is left 'not tried: budget' (a member of
     a bundle measured and not faster may be left untried alone, which the report says; so may a
     kept rung's sizes in the configuration, a refinement that the 80 s CPU budget may not fit
@@ -565,7 +565,7 @@ def test_a_ladder_with_steps_30_on_a_data_bound_model_measures_and_selects_the_f
 
 
 def test_a_padding_to_a_few_shapes_is_not_measured_where_the_batches_keep_one_shape():
-    """H100, r22: an ImageFolder ResNet-50's ladder put pad_buckets in the compute bundle and said
+    """On an H100 an ImageFolder ResNet-50's ladder put pad_buckets in the compute bundle and said
     "the batches change shape" though every batch had one shape (its own check was waived by itself)."""
     one = {"steps": 40, "distinct": 1, "most_common_share": 1.0, "varying": "-"}
     base = _fake(lambda n: 1.5 if "bf16" in n else 1.0, lambda n: 0.02)
@@ -583,7 +583,7 @@ def test_a_padding_to_a_few_shapes_is_not_measured_where_the_batches_keep_one_sh
 
 
 def _step_outruns_the_feed(n):
-    """The r23 H100 ViT (issue 50), in miniature: the fp32 step barely waits (10%); the compute
+    """A ViT on an H100, in miniature: the fp32 step barely waits (10%); the compute
     bundle makes it 2x faster and then it waits 30%, which the feed fixes (1.4x)."""
     return (2.0 if {"bf16", "compile"} <= n else 1.0) * (1.4 if "workers" in n and "compile" in n else 1.0)
 
@@ -612,7 +612,7 @@ def test_a_compute_bundle_whose_step_then_waits_for_data_is_ablated_after_the_fe
 
 
 def test_a_budget_that_fits_the_bundle_and_the_feed_measures_the_feed_before_any_ablation():
-    """The r23 ViT's ladder spent its 5 minutes on the compute bundle's ablation and left the feed
+    """That ViT's ladder spent its 5 minutes on the compute bundle's ablation and left the feed
     that would have fixed the 28% wait 'not tried: budget': a budget short of the ablations (about
     14 runs of 0.1 s) leaves them out, never the feed."""
     doc = run_ladder(
@@ -627,7 +627,7 @@ def test_a_budget_that_fits_the_bundle_and_the_feed_measures_the_feed_before_any
 
 
 def test_stored_images_augmented_on_the_gpu_go_in_with_the_compute_stack(monkeypatch):
-    """Issue 50 item 5: where the data checks let gpu_augment serve the stored images, the compute
+    """Where the data checks let gpu_augment serve the stored images, the compute
     rungs are measured with it (the step never waits on the CPU augmentation), as gpu_resident is
     for fixed in-memory tensors; the stage says so."""
     from fastloop.speedups import REGISTRY

@@ -239,7 +239,7 @@ def test_runs_record_which_speedups_the_model_rules_out():
 
 def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
     """batch_size changes the loader but also the step's work: the feed rule must not skip it,
-    and its longer step (more items) is compared per item, not per step (H200 round 6: the rule
+    and its longer step (more items) is compared per item, not per step (on an H200 the rule
     skipped it; an A/B called B122 '7.31x slower' by step time while it trained 1.04x faster)."""
     rng = np.random.default_rng(1)
 
@@ -272,7 +272,7 @@ def test_a_batch_size_rung_is_measured_per_item_even_when_the_gpu_is_busy():
 
 
 def test_a_recipes_own_rungs_come_after_the_general_compute_rungs():
-    """H200 round 6: fp8 was tried before compile (registry order) and measured 2.86x slower
+    """On an H200 fp8 was tried before compile (registry order) and measured 2.86x slower
     eager, where it is not meant to run."""
     from fastloop.drivers.ladder import DEFAULT_RUNGS, select_order
     from fastloop.drivers.targets import recipe_rungs
@@ -363,7 +363,7 @@ def test_run_ladder_passes_measure_s_to_its_fresh_process_runs(monkeypatch):
 
 
 def test_a_clearly_slower_candidate_is_dropped_after_one_run_and_a_close_or_helpful_one_is_not():
-    """H200 round 7: fp8 (0.93x) and the fused loss (0.63x) each cost three fresh processes of
+    """On an H200 fp8 (0.93x) and the fused loss (0.63x) each cost three fresh processes of
     15-26 s in the GPT ladder. A candidate whose first run is clearly slower than the best
     configuration's runs is now dropped after that run; one within the noise, or faster, gets
     the full comparison (an early look can drop, never keep)."""
@@ -424,7 +424,7 @@ def test_one_run_interval_holds_its_false_drop_rate_under_the_null():
 
 
 def test_a_feed_is_not_measured_when_neither_clock_spends_much_getting_batches():
-    """GPT on the H200 (round 7): GPU busy 93% (under the 95% rule) but data wait 0.3%: workers,
+    """GPT on the H200: GPU busy 93% (under the 95% rule) but data wait 0.3%: workers,
     pin_memory and prefetch each cost a ~12 s run to learn they could not help. A feed can give
     back at most the GPU's idle time while the batch comes, or the host's time getting it."""
     effects = {"workers": 1.0, "bf16": 1.25, "fused_optimizer": 1.0}
@@ -491,7 +491,7 @@ def _quiet(effects, run_noise):
 
 
 def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster():
-    """H200 round 8: workers on the compiled GPT step (1.00x) ran up to 6 processes a side. With
+    """On an H200 workers on the compiled GPT step (1.00x) ran up to 6 processes a side. With
     quiet runs the interval excludes a 1% gain after 3 a side: dropped there. With noisy runs it
     does not, and the comparison goes on to max_repeats (the rule cannot cut a real gain short)."""
     effects = {"bf16": 1.5, "workers": 1.0}
@@ -519,10 +519,10 @@ def test_a_comparison_stops_once_the_candidate_can_be_at_most_one_percent_faster
 
 
 def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
-    """GPT on the H200 (round 9): the loader took 1.5 ms of host time a batch (4.9% of the
+    """GPT on the H200: the loader took 1.5 ms of host time a batch (4.9% of the
     compiled step), the copy to the device a small part of it, and the GPU waited 0.2%. The copy
     speedup then ran 11 runs to learn ~1.00x. Workers and prefetch (whose thread builds the next
-    batches off the step's path, issue 64) can give back the loader's time and are measured;
+    batches off the step's path) can give back the loader's time and are measured;
     pin_memory only the copy's, and is not."""
     from fastloop.speedups.pin_memory import PinMemory
     from fastloop.speedups.prefetch import Prefetch
@@ -566,7 +566,7 @@ def test_a_copy_speedup_is_weighed_against_the_copy_alone(monkeypatch):
 
 
 def test_the_report_lists_what_the_selected_sets_speedups_changed_not_a_dropped_rungs():
-    """Round 29's U-Net report listed ``workers: 8 worker processes`` under a pick without workers
+    """A U-Net's report listed ``workers: 8 worker processes`` under a pick without workers
     (the line came from a rung measured and dropped)."""
     from fastloop.report.markdown import render_markdown
 

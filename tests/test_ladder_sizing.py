@@ -1,4 +1,4 @@
-"""Sizes measured where they run (issue 50, item 3): the worker count the probe chose alone is
+"""Sizes measured where they run: the worker count the probe chose alone is
 measured against the counts around it in the whole configuration, and the one that trains fastest
 is kept (a smaller one also when it is not missed); the report lists each count measured there."""
 
@@ -67,7 +67,7 @@ def test_fewer_workers_not_missed_are_kept_and_more_that_are_slower_are_not():
 
 
 def test_the_size_kept_in_the_configuration_is_pinned_for_the_final_and_the_users_line():
-    """Round 26's U-Net (H100): sized in the configuration to 8, the final run's own probe chose
+    """A U-Net on an H100: sized in the configuration to 8, the final run's own probe chose
     16 and waited twice as long for data. The kept size is pinned, so the final comparison runs it."""
     probe_choices = iter([16, 8] + [16] * 200)  # the second run of plain ``workers`` probes 8 (noise)
     fake = _fake({16: 1.0, 8: 0.8, 4: 0.7})
@@ -129,7 +129,7 @@ def test_the_sizes_around_the_probes_choice():
 
 
 def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_sized():
-    """Round 20's U-Net pattern: the feed fixed first (16 workers, the fastest alone), the compute
+    """A U-Net's pattern: the feed fixed first (16 workers, the fastest alone), the compute
     bundle kept, the faster step still waiting 30% for data: the worker count is measured in the
     configuration before the bundle's members are taken out (taken out behind a wait, a member
     looks not missed)."""
@@ -148,7 +148,7 @@ def _crowded(
     seed: int = 0,
     feeds_fast: dict[int, float] | None = None,
 ):
-    """Round 24's U-Net on an H100: the user's loader has 4 workers. Without the compute stack 16
+    """A U-Net on an H100: the user's loader has 4 workers. Without the compute stack 16
     workers (the probe's choice) feed fastest (``plain``: the feed rate by count; the baseline
     waits 40% by default); with it, the faster step's process needs cores, and 16 workers feed no
     faster than the user's 4, where 8 feed fastest (``pinned``: pinned memory's factor on the
@@ -183,7 +183,7 @@ def _crowded(
 
 def test_a_feed_bundle_kept_first_has_its_count_sized_before_it_is_ablated(monkeypatch):
     """The probe's 16 workers, no faster than the user's 4 once the compute stack runs, would be
-    removed as not missed and no count measured in the configuration (round 24's U-Net). Sized
+    removed as not missed and no count measured in the configuration (a U-Net on an H100). Sized
     first, 8 is measured in their place and kept, and the ablation then measures the user's 4
     against 8: the report shows each count measured where it runs."""
     for name in ("pin_memory", "prefetch"):  # CUDA-only: on this CPU, let the fake feed bundle have them
@@ -200,7 +200,7 @@ def test_a_feed_bundle_kept_first_has_its_count_sized_before_it_is_ablated(monke
 
 
 def test_a_feed_bundle_measured_after_the_compute_stack_is_sized_before_it_is_ablated(monkeypatch):
-    """Round 24's U-Net exactly: the baseline waits 10%, so the compute stack comes first; its
+    """That U-Net exactly: the baseline waits 10%, so the compute stack comes first; its
     faster step waits 40%; the feed bundle is kept for its pinned memory, and its 16 workers are
     no faster than the user's 4. The count is measured in the configuration (8, kept) before the
     bundle is ablated."""
@@ -222,7 +222,7 @@ def test_a_feed_bundle_measured_after_the_compute_stack_is_sized_before_it_is_ab
 
 
 def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(monkeypatch):
-    """Round 25's U-Net on an H100: in the feed bundle `workers` skipped itself (its probe alone:
+    """A U-Net on an H100: in the feed bundle `workers` skipped itself (its probe alone:
     "8 workers would save the main process 9.9% of its time, under 10%"), so the user's 4 stayed,
     the bundle was kept for its pinned memory, and the pick still waited 20% for data. The larger
     counts the probe measured are now added in the configuration in turn: 8 trains faster and is
@@ -276,7 +276,7 @@ def test_a_count_the_probe_kept_alone_is_measured_larger_in_the_configuration(mo
 
 
 def test_a_feed_bundle_dropped_at_the_count_chosen_alone_is_measured_again_one_count_down(monkeypatch):
-    """Round 28's U-Net on an H100: the compute stack first (the baseline waits 10%), its faster
+    """A U-Net on an H100: the compute stack first (the baseline waits 10%), its faster
     step waits for data; the feed bundle with the probe's 16 workers, which crowd the training
     process, trains no faster than the user's 4 and is dropped as a tie, so no count was measured
     where it runs. The bundle is now measured once more with 8 in place of 16, kept, and its count
@@ -324,7 +324,7 @@ def test_a_feed_bundle_is_not_measured_again_where_the_count_is_not_what_held_it
 
 
 def test_the_feed_kept_after_the_compute_stack_is_ablated_with_it_costliest_first(monkeypatch):
-    """Round 29's two U-Net ladders (H100): the compute bundle's ablation waited for the feed; the
+    """Two U-Net ladders on an H100: the compute bundle's ablation waited for the feed; the
     feed bundle, kept and sized, was ablated at once (its count, prefetch), then the compute
     members, and the budget ran out at channels_last and bf16 both times. Now the feed kept after
     the compute stack is ablated together with the compute bundle, in the one order (compile,

@@ -52,7 +52,7 @@ def test_identical_losses_are_called_bitwise_equal_and_gaps_are_skipped():
 
 
 def test_ab_of_a_batch_size_change_compares_throughput_and_not_the_losses():
-    """H200 round 6: B (the batch-size search's B122) trained 1.04x faster per token, but the A/B
+    """On an H200 B (the batch-size search's B122) trained 1.04x faster per token, but the A/B
     compared mean step times and said 'A is 7.31x faster', and compared losses of different batches."""
 
     def measure(target, spec, **kw):

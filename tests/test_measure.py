@@ -242,7 +242,7 @@ def _window(
 
 
 def test_a_window_that_spans_a_change_of_rate_measures_on_until_steady(monkeypatch):
-    """Issue 37: the step turns 16x slower at step 12, inside the first window (steps 2-21). The
+    """The step turns 16x slower at step 12, inside the first window (steps 2-21). The
     run does not report the mixed window with a request to measure more: the steps before the
     change become warm-up and it measures on until the window is steady, and says it did."""
     from fastloop.drivers.run_document import steadiness_warning
@@ -273,7 +273,7 @@ def test_a_steady_window_ends_where_planned(monkeypatch):
 
 
 def test_a_window_whose_planned_steps_fall_short_of_measure_s_measures_on(monkeypatch):
-    """Issue 48: the warm-up's estimate planned 20 steps, but they sum to 0.2 s of the 1 s asked
+    """The warm-up's estimate planned 20 steps, but they sum to 0.2 s of the 1 s asked
     for: the window extends until its measured steps' times sum to at least ``measure_s``."""
     m = _window([0.01] * 300, monkeypatch, measure_s=1.0)
     measured = m.timer.result(upto=m._measured_end).step_s
@@ -370,7 +370,7 @@ def test_measured_steps_exclude_the_warmup_collection(monkeypatch):
 
 @pytest.mark.slow
 def test_every_run_of_a_default_window_ladder_measures_the_asked_seconds(tmp_path):
-    """Issue 48: on a ~1 ms-step CPU fixture, without --steps, every run of every rung measures
+    """On a ~1 ms-step CPU fixture, without --steps, every run of every rung measures
     at least 0.9 s of the CPU's default 1 s window (the sum of its measured steps' times)."""
     import json
     import subprocess

@@ -1,4 +1,4 @@
-"""Options are objects (issue 66): each speedup's options are one keyword-only frozen dataclass
+"""Options are objects: each speedup's options are one keyword-only frozen dataclass
 whose fields give the parsing, the check, the help and the spec; a spec reads back as an equal
 object for every registered speedup and every option, built from keywords or from text."""
 

@@ -1,4 +1,4 @@
-"""pad_buckets (issue 49): pad values read from the collate's own output, a model that ignores its
+"""pad_buckets: pad values read from the collate's own output, a model that ignores its
 mask refused, a tensor that does not vary left alone, buckets bounding the shapes, the loss
 trajectory unchanged, and the ladder putting it in the compute bundle."""
 
@@ -168,7 +168,7 @@ def test_cuda_graph_keeps_one_whole_step_graph_per_bucket_and_trains_the_same():
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore")
 def test_the_plain_loop_also_keeps_one_graph_per_bucket():
-    """Issue 49: FastLoop's capture (adapters/graph_step.py) keeps a graph per batch shape too,
+    """FastLoop's capture (adapters/graph_step.py) keeps a graph per batch shape too,
     up to MAX_GRAPHS, and trains as the eager loop does."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -189,7 +189,7 @@ def test_the_plain_loop_also_keeps_one_graph_per_bucket():
 
 
 def test_the_padding_applies_before_the_feed_wraps_the_loader():
-    """H100 round 21: in the ladder's feed bundle, prefetch had wrapped the loader in a
+    """On an H100, in the ladder's feed bundle, prefetch had wrapped the loader in a
     prefetcher before pad_buckets came to it, and the padding skipped itself there. It now
     applies before pin_memory and prefetch (and after workers, whose rebuilt loader it keeps)."""
     names = [s.name for s in resolve("prefetch,pin_memory,pad_buckets,workers")]
@@ -198,7 +198,7 @@ def test_the_padding_applies_before_the_feed_wraps_the_loader():
 
 @pytest.mark.filterwarnings("ignore")
 def test_workers_then_pad_buckets_keeps_the_workers_loader_and_its_batches():
-    """Issue 64: a loader rebuilt by a later speedup keeps the class and options of the one it
+    """A loader rebuilt by a later speedup keeps the class and options of the one it
     replaces: workers' PersistentWorkersLoader (its RNG parity) survives pad_buckets, with the same
     batches as pad_buckets alone and the workers it was given."""
     from fastloop.loop import FastLoop
@@ -263,7 +263,7 @@ def test_more_bucket_lengths_than_torchs_recompile_limit_are_said_in_the_record(
 
 
 def test_nothing_is_padded_past_the_longest_length_seen():
-    """r23, on the GPU: long-tailed rows whose sampled batches reached 200 tokens were padded on to
+    """On the GPU, long-tailed rows whose sampled batches reached 200 tokens were padded on to
     280 (a multiple past every length seen) and a 256-position model crashed. A batch is padded at
     most to the longest length sampled; a longer one is left at its own length."""
     ids = [torch.arange(1, n + 1) for n in (20, 50, 130, 200)]

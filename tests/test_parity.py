@@ -180,7 +180,7 @@ class _Counted(torch.nn.Module):
 
 @pytest.mark.filterwarnings("ignore")
 def test_change_model_returning_a_wrapper_means_the_same_in_both_adapters(monkeypatch):
-    """Issue 47: a speedup whose change_model returns a new object trains through that wrapper
+    """A speedup whose change_model returns a new object trains through that wrapper
     under FastLoop and under Lightning (on the module's children there), both recorded applied,
     with the same losses; never applied-but-dropped."""
     from fastloop.speedups.base import REGISTRY, Speedup
@@ -223,7 +223,7 @@ COMBOS = {"cuda_graph,fp16": 2e-2, "cuda_graph,compile": 1e-4, "channels_last,cu
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("spec", sorted(COMBOS))
 def test_both_adapters_reach_the_same_cuda_graph_tier_in_combinations(spec):
-    """Issue 47: fp16 + cuda_graph, compile + cuda_graph, channels_last + cuda_graph through the
+    """fp16 + cuda_graph, compile + cuda_graph, channels_last + cuda_graph through the
     callbacks and FastLoop: the same statuses, the same cuda_graph tier, the losses within COMBOS."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -238,7 +238,7 @@ def test_both_adapters_reach_the_same_cuda_graph_tier_in_combinations(spec):
 
 @pytest.mark.filterwarnings("ignore")
 def test_compile_that_compiled_nothing_is_the_same_fallback_in_both_adapters():
-    """Issue 47: the 'compiled nothing' check is the compile speedup's (compiled_nothing), so
+    """The 'compiled nothing' check is the compile speedup's (compiled_nothing), so
     FastLoop records what the callbacks record: fallback, with torch's first graph-break reason."""
     from tests.targets import untraceable
 
@@ -263,7 +263,7 @@ def test_compile_that_compiled_nothing_is_the_same_fallback_in_both_adapters():
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore")
 def test_a_step_that_draws_on_the_host_drops_one_tier_in_the_plain_loop_as_under_lightning():
-    """Issue 47: a whole step that cannot be captured (a host draw) drops to forward+backward
+    """A whole step that cannot be captured (a host draw) drops to forward+backward
     through compile's CUDA graphs in the same run, in FastLoop as in the callbacks; not to eager."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")

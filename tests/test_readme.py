@@ -67,7 +67,7 @@ def _main_job_records() -> list[dict]:
 
 
 def test_the_readmes_claim_on_the_main_job_is_the_recorded_run():
-    """Issue 48: the sentence that states what the main job measured matches the recorded runs of
+    """The sentence that states what the main job measured matches the recorded runs of
     that command (names kept, dropped and untried in every run; the range of the point estimates),
     so the two cannot drift."""
     records = _main_job_records()

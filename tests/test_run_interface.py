@@ -1,4 +1,4 @@
-"""The one Run interface (issue 33): each speedup makes its whole change through it, both adapters
+"""The one Run interface: each speedup makes its whole change through it, both adapters
 implement it once, one ``apply_all`` records every speedup, and a speedup that did not apply
 leaves nothing changed."""
 

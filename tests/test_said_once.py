@@ -1,4 +1,4 @@
-"""Issue 37: each thing said once. A warning that holds for several configurations is printed
+"""Each thing said once. A warning that holds for several configurations is printed
 once with the configurations it concerns (terminal, report.md, report.html); the JSON keeps
 every occurrence. And the README's main job asks the user to measure nothing more."""
 

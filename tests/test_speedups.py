@@ -352,7 +352,7 @@ def test_default_ladders_per_recipe_and_device():
 
 
 def test_none_means_the_baseline_in_every_public_entry_point():
-    """Issue 48: one rule for None across the Python API: callbacks, FastLoop and resolve."""
+    """One rule for None across the Python API: callbacks, FastLoop and resolve."""
     import torch
 
     from fastloop.lightning import callbacks

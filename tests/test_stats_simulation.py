@@ -110,7 +110,7 @@ def _window_experiment(rng, effect: float, runs: int, steps: int, run_noise: flo
 
 
 def test_a_two_second_window_tells_five_percent():
-    """Issue 31: a 16 ms step measured for a 2 s window (125 steps) tells a true 5% difference
+    """A 16 ms step measured for a 2 s window (125 steps) tells a true 5% difference
     within 6 runs a side in >= 80% of simulated comparisons (1.5% noise per process, 5% per
     step). A vs A stays <= 5%. (With this independent per-step noise 30 steps do almost as well:
     the +-15% intervals of the old 30-step runs on the H200 came from within-run drift this model
@@ -158,7 +158,7 @@ def _a_vs_a_with_drift(rng, counterbalance: bool, runs: int = DEFAULT_REPEATS) -
 
 
 def test_counterbalanced_pairs_cancel_drift_between_consecutive_processes(capsys):
-    """Issue 37: with the fixed order A B A B ... the drift lands on B every time and A vs A is
+    """With the fixed order A B A B ... the drift lands on B every time and A vs A is
     called significant far above the promised rate; alternating the order within pairs (A B, B A,
     ...) keeps it at most 5%."""
     rng = np.random.default_rng(37)
@@ -188,7 +188,7 @@ def test_run_ab_records_the_counterbalanced_order():
     assert doc["run_order"] == ["A", "B", "B", "A", "A", "B", "B", "A"]
 
 
-# One A vs A trial on the H200 (2026-12-03, round 19: `noise --aa unet=...compile,cuda_graph`,
+# One A vs A trial on the H200 (`noise --aa unet=...compile,cuda_graph`,
 # trial 3; benchmarks/results/round19/noise_unet/aa_unet_2.json in git history at 283a213): run mean step times, in the
 # order the pairs ran. fastloop called it "A is 1.00x faster (97% CI 1.000-1.002)".
 _UNET_A = [
@@ -232,7 +232,8 @@ def test_on_a_quiet_gpu_a_vs_a_with_a_small_drift_is_no_longer_called_significan
         old += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE, min_effect=0.0).significant
         new += run_ratio_ci(a, b, confidence=VERDICT_CONFIDENCE).significant
     print(
-        f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, {new / 3:.1f}% with it"
+        f"A vs A with a 0.15% drift at 0.09% spread: significant {old / 3:.1f}% without the floor, "
+        f"{new / 3:.1f}% with it"
     )
     assert old > 60 and new == 0
 

@@ -144,7 +144,7 @@ def test_a_zoo_modules_data_is_prepared_before_anything_is_timed(monkeypatch, tm
 
 
 def test_the_zoo_table_prints_no_interval_where_a_side_had_too_few_runs():
-    """Round 27's table printed 2.81 [0.01,635.45] for two runs a side and pick/before [0.00,0.00]
+    """The table once printed 2.81 [0.01,635.45] for two runs a side and pick/before [0.00,0.00]
     for one: numbers that read as an interval and are none."""
     from fastloop.compare import compare
 

@@ -1,4 +1,4 @@
-"""Issue 31 item 6: the user's Trainer settings travel with the target (a third element, a dict
+"""The user's Trainer settings travel with the target (a third element, a dict
 of Trainer keyword arguments): every run trains with them, fastloop's speedups respect them,
 settings fastloop's measurement owns are left out with the reason, bad ones are refused."""
 

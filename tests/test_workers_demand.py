@@ -1,4 +1,4 @@
-"""``workers`` weighs the loader's measured rates against what the step consumes: H200 round 8,
+"""``workers`` weighs the loader's measured rates against what the step consumes: on an H200
 a CIFAR loader measured 91.7k samples/s alone and 137.8k with 16 workers (1.5x, so workers were
 used) for a step that consumed ~15k/s, and trained 0.90x; a GPT loader delivers ~15k/s for a step
 that consumes 500/s. With the step's rate known (``RunInputs.step_rate``, which the ladder declares

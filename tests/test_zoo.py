@@ -290,7 +290,7 @@ def test_scheduler_monitoring_val_loss_is_held_not_an_error():
 
 
 def test_ab_verdict_names_both_sides_and_prints_the_ratio_one_way():
-    # issue 65: B/A = 0.30 (B slower) is said as B's ratio, "slower", not "A is 3.33x faster"
+    # B/A = 0.30 (B slower) is said as B's ratio, "slower", not "A is 3.33x faster"
     ci = RatioCI(ratio=0.3, ci_low=0.25, ci_high=0.4, confidence=0.97, significant=True, runs=5)
     assert verdict(ci, label_a="none", label_b="bf16") == "bf16 is slower than none: 0.30x (97% CI 0.250-0.400)"
     ci = RatioCI(ratio=2.0, ci_low=1.8, ci_high=2.2, confidence=0.97, significant=True, runs=5)

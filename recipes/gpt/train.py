@@ -1,7 +1,8 @@
 """Train the GPT recipe with a plain Lightning Trainer and fastloop's callbacks.
 
     python -m fastloop.recipes.gpt.train --preset tiny --steps 300 --speedups bf16,fused_optimizer
-    python -m fastloop.recipes.gpt.train --preset gpt2 --data-dir /data/openwebtext --speedups tf32,bf16,fused_optimizer,compile
+    python -m fastloop.recipes.gpt.train --preset gpt2 --data-dir /data/openwebtext \
+        --speedups tf32,bf16,fused_optimizer,compile
 
 Checkpoints (``--ckpt-dir``) resume exactly: weights, optimizer, LR schedule and data position.
 """

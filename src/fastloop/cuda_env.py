@@ -6,7 +6,7 @@ work on a stream that shares a queue with the training stream waits behind whate
 there first: a false dependency. DALI decodes on about 16 streams (nvJPEG's per-thread streams and
 its executor's), so with 8 queues some of its small kernels land behind the training stream. With
 the whole training step captured as one CUDA graph, "behind" is the whole 37 ms step: on our H200
-(round 12, RESULTS.md "imagenet-feed") a DALI-fed ResNet-50 ran at 0.81 of its synthetic-data
+(benchmarks/RESULTS.md, "imagenet-feed") a DALI-fed ResNet-50 ran at 0.81 of its synthetic-data
 throughput with 8 queues and 0.99 with 32, data wait 20% -> 0.6%.
 
 The variable is read when CUDA starts in the process, so it must be set before: fastloop's

@@ -231,10 +231,11 @@ def fixed_samples(dataset: Any) -> FixedSamples | str:
 
     The test: the dataset holds a tensor or array as long as itself (or a list of that many tensors,
     arrays or tuples of them), owns no random generator and no ``transform`` attribute but a fixed
-    one (:data:`FIXED_TRANSFORMS`: ToTensor, Normalize, ...); :data:`FIXED_PROBES` indices read three times each give equal samples (a random
-    augmentation applied with probability 0.05 differs in one of them with probability above
-    0.9999); every sample is tensors and numbers. The global random states (torch, numpy, random)
-    are put back afterwards, so probing changes nothing the training draws.
+    one (:data:`FIXED_TRANSFORMS`: ToTensor, Normalize, ...); :data:`FIXED_PROBES` indices read
+    three times each give equal samples (a random augmentation applied with probability 0.05
+    differs in one of them with probability above 0.9999); every sample is tensors and numbers.
+    The global random states (torch, numpy, random) are put back afterwards, so probing changes
+    nothing the training draws.
 
     Example:
         >>> class Pairs(torch.utils.data.Dataset):

@@ -152,7 +152,7 @@ def on_a_failed_rank(leave: Any, grace_s: float = 10.0) -> Any:
     Why: Lightning's ``_ChildProcessObserver._terminate_all`` (``lightning.fabric``, polled every
     5 s in rank 0) sends SIGKILL to the children and to rank 0 itself, so the command ended with
     status -9 instead of 1 whenever the observer saw the failed rank before rank 0's collective
-    did (seen on a 2-core CI machine, 2026-12-03). There is no public hook for it.
+    did (seen on a 2-core CI machine). There is no public hook for it.
     """
     cls = _observer()
     original = cls._terminate_all
@@ -170,8 +170,8 @@ def on_a_failed_rank(leave: Any, grace_s: float = 10.0) -> Any:
 # --- the logger connector, for deferred_logging (fastloop/adapters/lightning_logging.py) ---
 # Why, for all of these: Lightning reads logged values to the host (.item()) inside its private
 # logger connector, after every step for prog_bar values, and offers no public way to read them
-# later (Lightning issue 20995 asks for a recipe to avoid the sync; 21232, open, proposes skipping
-# the conversion when no progress bar is shown). The public route is for the user to log without
+# later (Lightning-AI/pytorch-lightning#20995 asks for a recipe to avoid the sync; #21232, open,
+# proposes skipping the conversion when no progress bar is shown). The public route is for the user to log without
 # prog_bar=True and with a large log_every_n_steps.
 
 LOGGER_CONNECTOR_OVERRIDES: dict[str, str] = {

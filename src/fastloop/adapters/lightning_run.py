@@ -62,15 +62,19 @@ def graphs_unsafe(trainer: Trainer, module: LightningModule) -> str | None:
         >>> from tests.targets import tiny_mlp
         >>> module, _ = tiny_mlp()
         >>> print(graphs_unsafe(Trainer(accelerator="cpu", devices=2, strategy="ddp", accumulate_grad_batches=2,
-        ...                             logger=False), module))
-        2 processes with accumulate_grad_batches=2: the gradients held between steps would be overwritten by the next replay
+        ...                             logger=False), module))  # doctest: +NORMALIZE_WHITESPACE
+        2 processes with accumulate_grad_batches=2: the gradients held between steps would be overwritten
+        by the next replay
         >>> print(graphs_unsafe(Trainer(accelerator="cpu", accumulate_grad_batches=2, logger=False), module))
         None
     """
     held = held_gradients(trainer, module)
     if trainer.world_size <= 1 or held is None:
         return None
-    return f"{trainer.world_size} processes with {held}: the gradients held between steps would be overwritten by the next replay"
+    return (
+        f"{trainer.world_size} processes with {held}: "
+        "the gradients held between steps would be overwritten by the next replay"
+    )
 
 
 def held_gradients(trainer: Trainer, module: LightningModule) -> str | None:

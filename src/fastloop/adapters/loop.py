@@ -175,13 +175,23 @@ class LoopRun(Run):
 
 @dataclass
 class LoopResult:
-    """What :meth:`FastLoop.train` did."""
+    """What :meth:`FastLoop.train` did.
+
+    Example:
+        >>> from fastloop.measure.timer import StepStats
+        >>> result = LoopResult(losses=[0.7, 0.6], stats=StepStats([0.01], [0.0], warmup_steps=1), records=[], extra={})
+        >>> result.stats.steps, result.losses[-1]
+        (1, 0.6)
+    """
 
     losses: list[float]
     """Loss of every step, warm-up included."""
     stats: StepStats
+    """The measured steps' times (warm-up left out): ``stats.step_s``, ``stats.data_wait_frac``, ..."""
     records: list[Record]
+    """What each speedup did: applied, skipped or fallback, with the reason."""
     extra: dict
+    """What the speedups counted while the loop trained (recompiles, fp16's skipped steps, ...)."""
 
 
 def _epoch_length(loader: Iterable) -> int | None:
@@ -195,7 +205,9 @@ def _epoch_length(loader: Iterable) -> int | None:
 
 
 class FastLoop:
-    """A train loop over ``model``/``optimizer``/``loader`` with speedups applied.
+    """A train loop over ``model``/``optimizer``/``loader`` with speedups applied: the speedups
+    change what they change when the loop is built (each recorded in :attr:`records`), and
+    :meth:`train` runs the steps.
 
     Args:
         model: the model (moved to ``device``).
@@ -207,6 +219,22 @@ class FastLoop:
         device: ``auto``, ``cpu`` or ``cuda``.
         scheduler: an LR scheduler stepped after every optimizer step (not after an fp16
             step the scaler skipped).
+
+    Raises:
+        TypeError: ``model``, ``optimizer``, ``loader`` or a function is not what it must be.
+        ValueError: neither or both of ``loss_fn`` and ``step_fn``; the optimizer's parameters
+            are not the model's.
+        FastloopError: an unknown speedup, a bad option, or two speedups that conflict.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> model = torch.nn.Linear(4, 2)
+        >>> data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8)
+        >>> loop = FastLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+        ...                 loss_fn=torch.nn.functional.cross_entropy, speedups="channels_last,tf32", device="cpu")
+        >>> [(r.name, r.status, r.reason) for r in loop.records]
+        [('tf32', 'skipped', 'no CUDA'), ('channels_last', 'skipped', 'model has no Conv2d layers')]
     """
 
     def __init__(

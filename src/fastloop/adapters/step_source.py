@@ -198,8 +198,8 @@ def step_reads_counters(pl_module: LightningModule) -> str | None:
     ``self.current_epoch`` (also through ``self.trainer``), its ``batch_idx`` argument (passing
     it on to another call is not reading it; the callee is followed), a Python number of its
     own that it updates (``self.seen += 1``: the replay would not count), a draw from Python's or
-    numpy's generator (a mixup weight), or its scheduler stepped by hand (``self.lr_schedulers()``). None when it reads none of
-    them, or when the source cannot be read (then nothing is claimed).
+    numpy's generator (a mixup weight), or its scheduler stepped by hand (``self.lr_schedulers()``).
+    None when it reads none of them, or when the source cannot be read (then nothing is claimed).
 
     Example:
         >>> from tests.targets import graph_pattern

@@ -167,11 +167,13 @@ def data_advice(
     ``model_checks``): a GPU feed path ruled out there is not advised.
 
     Example:
-        >>> for name, text in data_advice({"pin_memory"}, checks={"dali": "not a folder", "gpu_augment": "no transform"}):
+        >>> checks = {"dali": "not a folder", "gpu_augment": "no transform"}
+        >>> for name, text in data_advice({"pin_memory"}, checks=checks):  # doctest: +NORMALIZE_WHITESPACE
         ...     print(name, "|", text)
         workers | workers (more loader processes)
         prefetch | prefetch (the next batches built on a background thread while the step runs)
-        None | this loader's data cannot be decoded or augmented on the GPU by fastloop (no transform); cache decoded data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in __getitem__)
+        None | this loader's data cannot be decoded or augmented on the GPU by fastloop (no transform); cache decoded
+        data, or make per-sample work cheaper (one transform on the whole batch instead of each sample in __getitem__)
     """
     if not cuda:
         if "workers" in applied:
@@ -262,6 +264,32 @@ def _feed_rates(cfg: dict, wait: float) -> str:
     )
 
 
+def _host_sync_note(prof: dict) -> str:
+    """'; the host waits for the GPU N times per step (...)' and the user's lines that synchronize, from the
+    step's GPU profile; empty under half a sync a step.
+
+    Example:
+        >>> prof = {"host_syncs_per_step": 2.0, "sync_calls": {"item": 2},
+        ...         "sync_sites": [{"site": "train.py:12 in training_step", "per_step": 2.0}]}
+        >>> print(_host_sync_note(prof))  # doctest: +NORMALIZE_WHITESPACE
+        ; the host waits for the GPU 2.0 times per step (item: .item(), .cpu(), print of a tensor, a copy from
+        pageable memory); it synchronizes at train.py:12 in training_step (2 a step)
+        >>> _host_sync_note({"host_syncs_per_step": 0.25})
+        ''
+    """
+    syncs = prof.get("host_syncs_per_step") or 0.0
+    if syncs < 0.5:
+        return ""
+    note = (
+        f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}"
+        ": .item(), .cpu(), print of a tensor, a copy from pageable memory)"
+    )
+    sites = [s for s in prof.get("sync_sites") or [] if s.get("site") != "outside your code"]
+    if sites:
+        note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
+    return note
+
+
 def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     """Name the bottleneck of a measured configuration and the next fix to try."""
     wait = cfg.get("data_wait_frac") or 0.0
@@ -322,17 +350,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     busy = prof.get("gpu_busy_frac")
     if busy is not None and busy + wait < HOST_BOUND_BUSY:
         syncs = prof.get("host_syncs_per_step") or 0.0
-        sync_note = (
-            (
-                f"; the host waits for the GPU {syncs:.1f} times per step ({', '.join(sorted(prof.get('sync_calls') or {}))}: "
-                f".item(), .cpu(), print of a tensor, a copy from pageable memory)"
-            )
-            if syncs >= 0.5
-            else ""
-        )
-        sites = [s for s in prof.get("sync_sites") or [] if s.get("site") != "outside your code"]
-        if sync_note and sites:
-            sync_note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
+        sync_note = _host_sync_note(prof)
         pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
         on_device = any(getattr(REGISTRY.get(n), "replaces_loader", False) for n in applied)
         fix = (
@@ -367,7 +385,8 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         # a whole step replayed as one CUDA graph launches no kernels one by one: not this
         return {
             "bottleneck": "launch-bound",
-            "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation ({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
+            "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation "
+            f"({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
             "recommendation": _launch_fix(cfg, applied) + "; a larger batch.",
         }
     user_half = _user_half_precision(cfg)
@@ -435,8 +454,10 @@ def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
     Example:
         >>> cfg = {"extra": {"cuda_graph_tier": "forward+backward graphed", "cuda_graph_why_not_whole":
         ...        "OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in"}}
-        >>> print(_graph_in_part(cfg, {"cuda_graph"}))
-        the whole step in one CUDA graph: the graph holds only forward+backward (whole step: OneCycleLR cycles AdamW's betas every step (cycle_momentum=True), which a graph would bake in); change that in the module and the whole step is captured
+        >>> print(_graph_in_part(cfg, {"cuda_graph"}))  # doctest: +NORMALIZE_WHITESPACE
+        the whole step in one CUDA graph: the graph holds only forward+backward (whole step: OneCycleLR cycles
+        AdamW's betas every step (cycle_momentum=True), which a graph would bake in); change that in the module and
+        the whole step is captured
     """
     extra = cfg.get("extra") or {}
     tier, why = extra.get("cuda_graph_tier"), extra.get("cuda_graph_why_not_whole")
@@ -444,7 +465,10 @@ def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
         return None
     held = f"the graph holds only {tier.removesuffix(' graphed')}" if tier == TIERS[1] else f"the step runs {tier}"
     # no speedup's name in the text: advice filtering reads them (without_measured)
-    return f"the whole step in one CUDA graph: {held} (whole step: {why}); change that in the module and the whole step is captured"
+    return (
+        f"the whole step in one CUDA graph: {held} (whole step: {why}); "
+        "change that in the module and the whole step is captured"
+    )
 
 
 def _user_half_precision(cfg: dict) -> bool:

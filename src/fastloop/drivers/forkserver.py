@@ -14,12 +14,13 @@ dies with the leader (``PR_SET_PDEATHSIG``), and each child with the server.
 
 ``FASTLOOP_FORKSERVER=0`` turns it off (every run then starts Python afresh).
 
-The first request whose arguments name a compiling speedup (:attr:`~fastloop.speedups.base.Speedup.compiles`) also makes the
-server import torch's compiler stack (:data:`COMPILER_MODULES`: Inductor's code generators and
-the partitioner) before it forks: each compiling child would otherwise import it again, 3.3 s
-on a 2-core machine for a first ``torch.compile`` (4.4 s -> 1.1 s with them imported), paid by
-every compile run of a ladder. Importing them initializes no CUDA (checked; the server gives the
-preload up otherwise). ``FASTLOOP_FORKSERVER_PRELOAD=0`` turns that off.
+The first request whose arguments name a compiling speedup
+(:attr:`~fastloop.speedups.base.Speedup.compiles`) also makes the server import torch's compiler
+stack (:data:`COMPILER_MODULES`: Inductor's code generators and the partitioner) before it forks:
+each compiling child would otherwise import it again, 3.3 s on a 2-core machine for a first
+``torch.compile`` (4.4 s -> 1.1 s with them imported), paid by every compile run of a ladder.
+Importing them initializes no CUDA (checked; the server gives the preload up otherwise).
+``FASTLOOP_FORKSERVER_PRELOAD=0`` turns that off.
 """
 
 from __future__ import annotations

@@ -209,7 +209,8 @@ def run_configuration(
 class _RunStrategy(SingleDeviceStrategy):
     """Lightning's single-device strategy for a measured run on one GPU, without its end-of-fit
     move of the model and the optimizer state to the CPU and its garbage collection and cache
-    release: 1.3-1.6 s of every GPT-124M run on the H200 (round 9), paid per process by a ladder,
+    release: 1.3-1.6 s of every GPT-124M run on the H200 (`git show d4c3d80:benchmarks/HISTORY.md`,
+    the phase timings), paid per process by a ladder,
     for memory the run's process gives back when it ends anyway. The weights digest reads the
     weights where they are."""
 

@@ -10,7 +10,8 @@ so fastloop's Trainer gets this logger: every call on it, or on its experiment, 
 Example:
     >>> log = SilentLogger()
     >>> log.log_hyperparams({"lr": 0.1}); log.log_metrics({"loss": 1.0}, step=0)
-    >>> log.experiment.add_image("sample", None, 0)
+    >>> log.experiment.add_image("sample", None, 0) is log.experiment
+    True
     >>> log[0].experiment.log({"x": 1}) is log.experiment
     True
 """

@@ -98,7 +98,8 @@ def split_callbacks(callbacks: list) -> tuple[list, dict[str, str]]:
 
     Example:
         >>> from fastloop._compat import pl
-        >>> kept, left = split_callbacks([pl.callbacks.LearningRateMonitor(), pl.callbacks.GradientAccumulationScheduler({0: 2})])
+        >>> user = [pl.callbacks.LearningRateMonitor(), pl.callbacks.GradientAccumulationScheduler({0: 2})]
+        >>> kept, left = split_callbacks(user)
         >>> [type(c).__name__ for c in kept], left
         (['GradientAccumulationScheduler'], {'callbacks: LearningRateMonitor': "fastloop's runs write no logs"})
     """

@@ -68,15 +68,15 @@ class MeasureCallback(Callback):
             raise ValueError(f"measure_s must be > 0 seconds, got {measure_s}")
         self.warmup = warmup
         self.steps = steps
+        """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
+        not optimizer steps: with manual optimization or a training_step that returns None,
+        Lightning's ``max_steps`` counts something else."""
         self.measure_s = measure_s
         """With ``steps`` and a steady-state warm-up: measure fewer steps (at least
         :data:`MIN_MEASURED_STEPS`) when the warm-up's last step times say ``steps`` would take
         longer than this many seconds (a slow fp32 step needs fewer steps for a precise mean)."""
         self.steps_planned = steps
         """``steps`` as asked, before ``measure_s`` shortened it."""
-        """Stop the fit after this many measured batches (None: the Trainer's own limits). Batches,
-        not optimizer steps: with manual optimization or a training_step that returns None,
-        Lightning's ``max_steps`` counts something else."""
         self.profile_steps = profile_steps
         """On CUDA with ``steps`` set: this many extra steps after the measured ones run under
         :class:`~fastloop.measure.gpu_busy.GpuProfile` (GPU busy fraction, host syncs per step);
@@ -290,9 +290,10 @@ class MeasureCallback(Callback):
     def _measure_on_until_steady(self, trainer: Trainer, n: int) -> bool:
         """The window is over: when its second half ran clearly slower or faster than its first (a
         loader's buffer draining, clocks ramping), its steps before the change (at least a quarter
-        of them) become warm-up and the window measures on, until the rate is steady or the window has run WINDOW_OVERRUN times its
-        first length (then the run is marked not steady). One synchronize per check, at the
-        window's end; one process only (ranks must stop at the same step)."""
+        of them) become warm-up and the window measures on, until the rate is steady or the window
+        has run WINDOW_OVERRUN times its first length (then the run is marked not steady). One
+        synchronize per check, at the window's end; one process only (ranks must stop at the same
+        step)."""
         if not self.steady or self._window_t0 is None or trainer.world_size != 1:
             return False
         step_s = self.timer.result(upto=n).step_s

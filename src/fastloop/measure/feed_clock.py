@@ -54,8 +54,9 @@ class FeedClock(PassThroughProfiler):
 
     Example:
         >>> clock = FeedClock()
-        >>> clock.start("[_TrainingEpochLoop].train_dataloader_next"); clock.stop("[_TrainingEpochLoop].train_dataloader_next")
-        >>> clock.start("[LightningModule]M.on_train_batch_start"); clock.stop("[LightningModule]M.on_train_batch_start")
+        >>> fetch, hook = "[_TrainingEpochLoop].train_dataloader_next", "[LightningModule]M.on_train_batch_start"
+        >>> clock.start(fetch); clock.stop(fetch)
+        >>> clock.start(hook); clock.stop(hook)
         >>> 0.0 <= clock.take() < 0.1, clock.take()
         (True, 0.0)
         >>> with clock.profile("[Strategy]SingleDeviceStrategy.batch_to_device"):

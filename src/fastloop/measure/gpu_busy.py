@@ -90,7 +90,8 @@ def per_measured_step(profile: dict | None, mean_step_s: float | None) -> dict |
     stays as ``span_busy_frac``.
 
     Example:
-        >>> p = per_measured_step({"gpu_busy_frac": 0.735, "gpu_busy_ms_per_step": 36.29, "span_ms_per_step": 49.36}, 0.03732)
+        >>> profile = {"gpu_busy_frac": 0.735, "gpu_busy_ms_per_step": 36.29, "span_ms_per_step": 49.36}
+        >>> p = per_measured_step(profile, 0.03732)
         >>> round(p["gpu_busy_frac"], 3), p["span_busy_frac"]
         (0.972, 0.735)
     """

@@ -108,7 +108,8 @@ def graph_shape_check(summary: dict | None) -> str | None:
 
     Example:
         >>> graph_shape_check({"steps": 40, "distinct": 2, "most_common_share": 0.97, "varying": "input 0 dim 0: 7-64"})
-        >>> graph_shape_check({"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"})[:48]
+        >>> varying = {"steps": 40, "distinct": 30, "most_common_share": 0.1, "varying": "input 0 dim 1: 8-63"}
+        >>> graph_shape_check(varying)[:48]
         'the batches change shape (30 shapes in 40 steps:'
     """
     if not summary or summary["distinct"] <= GRAPH_MAX_SHAPES or summary["most_common_share"] >= GRAPH_MIN_SHARE:

@@ -113,7 +113,9 @@ class StepStats:
 
 def _timed_apart(values: list[float | None]) -> list[float] | None:
     """``values`` when every step has one (the caller timed that part apart), else None."""
-    return [float(v) for v in values] if values and all(v is not None for v in values) else None  # type: ignore[arg-type]
+    if not values or any(v is None for v in values):
+        return None
+    return [float(v) for v in values]  # type: ignore[arg-type]
 
 
 class StepTimer:

@@ -67,8 +67,9 @@ def check_lines(doc: dict) -> list[str]:
     Example:
         >>> check = {"passed": True, "verdict": "passed: x", "steps": 50, "seconds": 6.2, "predicted_s": 5.0,
         ...          "tolerance": {"rel": 0.0, "basis": "exact"}, "runs": [{}, {}]}
-        >>> check_lines({"check": check})[1]
-        'tolerance: 0 of the loss per step (exact); 50 steps a side, seeded, from the same weights; 2 runs, 6.2 s (5.0 s reserved)'
+        >>> print(check_lines({"check": check})[1])  # doctest: +NORMALIZE_WHITESPACE
+        tolerance: 0 of the loss per step (exact); 50 steps a side, seeded, from the same weights;
+        2 runs, 6.2 s (5.0 s reserved)
     """
     check = doc.get("check")
     if not check:

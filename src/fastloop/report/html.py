@@ -90,9 +90,8 @@ def _notes(doc: dict) -> list[str]:
         notes.append("<p><b>Warnings:</b></p><ul>" + "".join(f"<li>{e(w)}</li>" for w in warning_lines(doc)) + "</ul>")
     if doc.get("diagnosis"):
         d = doc["diagnosis"]
-        notes.append(
-            f"<p><b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])} <b>Next:</b> {e(d['recommendation'])}</p>"
-        )
+        found = f"<b>Diagnosis:</b> {e(d['bottleneck'])} — {e(d['evidence'])}"
+        notes.append(f"<p>{found} <b>Next:</b> {e(d['recommendation'])}</p>")
     return notes
 
 
@@ -118,7 +117,8 @@ def render_html(doc: dict) -> str:
                 + "</pre>"
             )
     notes += _notes(doc)
-    return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8"><title>fastloop {e(doc.get("kind", "run"))}</title>
+    title = f"<title>fastloop {e(doc.get('kind', 'run'))}</title>"
+    return f"""<!doctype html><!-- fastloop-report --><html><head><meta charset="utf-8">{title}
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}.stamp{{color:#555;font-size:12px}}
 img.plot{{max-width:100%}}.left-out{{color:#555;margin:0.3em 0}}

@@ -194,7 +194,8 @@ def applied_changes(doc: dict) -> dict[str, str]:
     (interrupted), the latest configuration's line of each speedup.
 
     Example:
-        >>> rung = lambda label, *names: {"rung": label, "speedups": [{"name": n, "status": "applied", "detail": n + "!"} for n in names]}
+        >>> def rung(label, *names):
+        ...     return {"rung": label, "speedups": [{"name": n, "status": "applied", "detail": n + "!"} for n in names]}
         >>> applied_changes({"rungs": [rung("+workers", "workers", "bf16"), rung("selected: bf16", "bf16")]})
         {'bf16': 'bf16!'}
         >>> applied_changes({"rungs": [rung("+workers", "workers")]})

@@ -3,10 +3,11 @@ their options dataclasses): what ``fastloop speedups`` prints and the options ta
 docs/guide.md, which a test compares with :func:`options_markdown`.
 
 Example:
-    >>> print(options_text(["workers"]))
+    >>> print(options_text(["workers"]))  # doctest: +NORMALIZE_WHITESPACE
     workers: DataLoader worker processes, the count chosen by measuring the loader
       workers:COUNT
-        count: loader worker processes; none: measure 0, 1, 2, 4, ... and use the fastest (an integer from 1 to 256 or none; default: none)
+        count: loader worker processes; none: measure 0, 1, 2, 4, ... and use the fastest
+        (an integer from 1 to 256 or none; default: none)
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ class Options:
             if low is not None and high is not None and kind is int and not (m["low_open"] or m["high_open"]):
                 text = f"{noun} from {_num(low)} to {_num(high)}"
             elif low is not None and high is not None:
-                text = f"{noun} in {'(' if m['low_open'] else '['}{_num(low)}, {_num(high)}{')' if m['high_open'] else ']'}"
+                opening, closing = "(" if m["low_open"] else "[", ")" if m["high_open"] else "]"
+                text = f"{noun} in {opening}{_num(low)}, {_num(high)}{closing}"
             elif low is not None:
                 text = f"{noun} {'>' if m['low_open'] else '>='} {_num(low)}"
             else:

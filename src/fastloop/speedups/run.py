@@ -129,7 +129,8 @@ class Run:
 
     def graph_tier_facts(self) -> Any:
         """What decides the tier below the whole step here
-        (:class:`~fastloop.speedups.cuda_graph.cuda_graph.TierFacts`), for :func:`~fastloop.speedups.cuda_graph.cuda_graph.below_whole`."""
+        (:class:`~fastloop.speedups.cuda_graph.cuda_graph.TierFacts`), for
+        :func:`~fastloop.speedups.cuda_graph.cuda_graph.below_whole`."""
         raise self._cannot("say what the step could compile")
 
     def compile_for_tier(self, mode: str | None, *, mark_steps: bool) -> None:

@@ -173,16 +173,16 @@ def choose_num_workers(loader: DataLoader, *, most: int | None = None) -> tuple[
 WORKER_MIN_SAVING = 0.10
 """With the step's demand known, workers must save the main process this share of each second:
 the prediction leaves out the worker processes' contention for the cores with the main process
-(H200 round 8, CIFAR ResNet-18 B256 from memory: a predicted 5.8% saving with 16 workers trained
-0.90x, 97% CI 0.79-1.04)."""
+(on an H200, CIFAR ResNet-18 B256 from memory: a predicted 5.8% saving with 16 workers trained
+0.90x, 97% CI 0.79-1.04; benchmarks/HISTORY.md)."""
 
 
 WORKER_HEADROOM = 1.5
 """With the step's demand known, the fewest workers whose steady rate alone is this many times the
 demand are used, not the fastest count: every worker past that takes a core the training process
 needs (its Python, the copy to the device, the kernels' launches) and adds nothing the step can
-eat (H200, round 20: a U-Net chose 16 workers at 14,328 samples/s alone, trained at 3.8-4.1k/s
-with 28-33% data wait; an expert's 8 trained as fast or faster)."""
+eat (on an H200 a U-Net chose 16 workers at 14,328 samples/s alone, trained at 3.8-4.1k/s with
+28-33% data wait, and an expert's 8 trained as fast or faster; benchmarks/HISTORY.md)."""
 
 
 def size_for_demand(rates: dict[str, float], demand: float, fastest: int) -> int:
@@ -305,7 +305,8 @@ class Workers(Speedup):
     def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
         """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
 
-        >>> Workers.sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
+        >>> stats = {"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}}
+        >>> Workers.sizes_above_kept(stats)
         (4, [8, 16])
         """
         own = stats.get("loader_own_workers")

@@ -67,7 +67,8 @@ __all__ = ["BatchSize", "is_oom", "search_batch_size", "set_batch_size"]
 _OOM_MARKERS = (
     "cuda out of memory",  # torch.cuda.OutOfMemoryError
     "cudnn_status_alloc_failed",  # cuDNN workspace allocation
-    "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",  # cuDNN OOM in disguise
+    # cuDNN out of memory in disguise
+    "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",
     "cublas_status_alloc_failed",
     "defaultcpuallocator: can't allocate memory",
     "defaultcpuallocator: not enough memory",

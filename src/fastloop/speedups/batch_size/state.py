@@ -204,7 +204,8 @@ def trial_optimizer_conf(module: LightningModule, loader: Any) -> Any:
         ...         super().__init__(); self.w = torch.nn.Linear(2, 2)
         ...     def configure_optimizers(self):
         ...         opt = torch.optim.SGD(self.parameters(), lr=0.1)
-        ...         return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=self.trainer.estimated_stepping_batches)]
+        ...         steps = self.trainer.estimated_stepping_batches
+        ...         return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=steps)]
         >>> conf = trial_optimizer_conf(M(), range(8))
         >>> conf[1][0].total_steps
         8000

@@ -44,10 +44,12 @@ Example (no GPU: a stand-in for the graphs, as the CPU tests use):
     >>> import torch
     >>> p = torch.nn.Parameter(torch.ones(2))
     >>> sgd = torch.optim.SGD([p], lr=0.1, momentum=0.9)
-    >>> prepare_for_capture(sgd, [torch.optim.lr_scheduler.OneCycleLR(sgd, max_lr=1.0, total_steps=10)])
+    >>> cycle = torch.optim.lr_scheduler.OneCycleLR(sgd, max_lr=1.0, total_steps=10)
+    >>> prepare_for_capture(sgd, [cycle])  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    fastloop.errors.GraphIneligible: OneCycleLR cycles SGD's momentum every step (cycle_momentum=True), which a graph would bake in
+    fastloop.errors.GraphIneligible: OneCycleLR cycles SGD's momentum every step (cycle_momentum=True), which a
+    graph would bake in
 """
 
 from __future__ import annotations
@@ -184,10 +186,12 @@ def prepare_for_capture(
     Example:
         >>> p = torch.nn.Parameter(torch.ones(2))
         >>> sgd = torch.optim.SGD([p], lr=0.1, momentum=0.9, differentiable=True)
-        >>> prepare_for_capture(sgd, [torch.optim.lr_scheduler.StepLR(sgd, step_size=1)])
+        >>> step_lr = torch.optim.lr_scheduler.StepLR(sgd, step_size=1)
+        >>> prepare_for_capture(sgd, [step_lr])  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        fastloop.errors.GraphIneligible: SGD reads its lr as a Python number (differentiable optimizers cannot be fused), which a graph would bake in while StepLR changes it
+        fastloop.errors.GraphIneligible: SGD reads its lr as a Python number (differentiable optimizers cannot be
+        fused), which a graph would bake in while StepLR changes it
     """
     scheds = _schedulers(schedulers)
     why = cycled_hyperparameters(scheds)

@@ -12,8 +12,9 @@ not translated. Without a GPU the same DALI pipeline runs on the CPU.
 Needs ``CUDA_DEVICE_MAX_CONNECTIONS`` >= 16 (fastloop's command line, its runner and asking for
 ``dali`` before CUDA starts set 32, unless you set it): with CUDA's default 8 hardware queues,
 some of DALI's ~16 streams share a queue with the training stream and their kernels wait behind
-it, behind the whole step when it is one CUDA graph (H200, ResNet-50 with the whole step captured: 0.81 of synthetic-data throughput at 8
-queues, 0.99 at 32; see :mod:`fastloop.cuda_env`). The record says when it is missing.
+it, behind the whole step when it is one CUDA graph (ResNet-50 with the whole step captured:
+0.81 of synthetic-data throughput at 8 queues, 0.99 at 32; see :mod:`fastloop.cuda_env`). The
+record says when it is missing.
 
 Ladder position: last, after the model speedups, because that is where the data bottleneck
 shows: once bf16, channels_last and compile make the step fast, the CPU JPEG pipeline is the
@@ -81,7 +82,8 @@ class Dali(Speedup):
             (ctx.device.index if ctx.device.index is not None else torch.cuda.current_device()) if ctx.cuda else None
         )
         try:
-            out = DaliFolderLoader(loader, device_id=device_id, seed=int(torch.initial_seed() % 2**31))  # type: ignore[arg-type]
+            seed = int(torch.initial_seed() % 2**31)
+            out = DaliFolderLoader(loader, device_id=device_id, seed=seed)  # type: ignore[arg-type]
         except NotTranslated as why:
             raise Skip(f"not served by DALI: {why}") from None
         p = out.plan

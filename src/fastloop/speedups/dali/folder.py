@@ -10,13 +10,15 @@ sampler shuffles (the whole list permuted each epoch from a seed: the same seed,
 and the batch structure it yields (``[images, labels]``: float32 NCHW in the transform's value
 range, int64 labels). Recognised ops, with the parameters read from the user's objects:
 ``RandomResizedCrop`` (size, scale, ratio), ``Resize`` (an int: torchvision's own output size;
-or ``(h, w)``), each with its interpolation (bilinear, bicubic or nearest), ``CenterCrop``, ``RandomCrop`` (size, padding, a constant fill: its place drawn
-per image as torchvision draws it), ``RandomHorizontalFlip`` (p), ``ToTensor`` / ``PILToTensor``
-/ ``ToImage`` + ``ToDtype`` (float, scaled), ``Normalize``. Anything else (another op, another interpolation, a ``Resize`` before
-``RandomResizedCrop``, a padding mode or ``pad_if_needed`` DALI's constant padding cannot copy, a custom sampler, collate, batch
-sampler, a ``target_transform``, files DALI does not decode) raises :class:`NotTranslated`
-naming it. DALI's resize is not PIL's: values differ by interpolation; the test measures the
-mean absolute difference after normalisation on a deterministic pipeline.
+or ``(h, w)``), each with its interpolation (bilinear, bicubic or nearest), ``CenterCrop``,
+``RandomCrop`` (size, padding, a constant fill: its place drawn per image as torchvision draws
+it), ``RandomHorizontalFlip`` (p), ``ToTensor`` / ``PILToTensor`` / ``ToImage`` + ``ToDtype``
+(float, scaled), ``Normalize``. Anything else (another op, another interpolation, a ``Resize``
+before ``RandomResizedCrop``, a padding mode or ``pad_if_needed`` DALI's constant padding cannot
+copy, a custom sampler, collate, batch sampler, a ``target_transform``, files DALI does not
+decode) raises :class:`NotTranslated` naming it. DALI's resize is not PIL's: values differ by
+interpolation; the test measures the mean absolute difference after normalisation on a
+deterministic pipeline.
 
 Example (a CPU pipeline; on a GPU pass ``device_id``):
     ``DaliFolderLoader(loader, device_id=None)`` iterates like ``loader``.
@@ -279,7 +281,8 @@ def default_hw_decoder_load(device_id: int | None) -> float:
 
     DALI's default, 0.65, was tuned on the A100. Hopper has more NVJPG engines: on our H200
     0.99 decoded 22.5k img/s alone vs 20.7k at 0.65, and DALI's own kernels took 1.4 instead of
-    2.1 ms of GPU time per ResNet-50 step (round 12; `git show d4c3d80:benchmarks/HISTORY.md`). Other GPUs keep DALI's default.
+    2.1 ms of GPU time per ResNet-50 step (the DALI settings table of
+    `git show d4c3d80:benchmarks/HISTORY.md`). Other GPUs keep DALI's default.
     """
     if device_id is None or not torch.cuda.is_available():
         return 0.65

@@ -364,8 +364,9 @@ def _stored_sample(dataset: Any, holder: Any) -> Any:
     with _transform_as(holder, _unchanged):
         sample = dataset[0]
     if not isinstance(sample, (tuple, list)) or not torch.is_tensor(as_chw(sample[0])):
+        given = type(sample[0] if isinstance(sample, (tuple, list)) else sample).__name__
         return (
-            f"behind its transform the dataset gives {type(sample).__name__ if not isinstance(sample, (tuple, list)) else type(sample[0]).__name__}"
+            f"behind its transform the dataset gives {given}"
             f" samples, not (image, ...) tuples of tensors, arrays or PIL images"
         )
     return sample

@@ -192,7 +192,8 @@ def _channel_stats(
     """``mean`` and ``std`` as (1, C, 1, 1) tensors on ``device``, made once per device and dtype:
     a tensor built from a list on a CUDA device is a copy from pageable memory, which waits for
     every kernel queued before it; once a batch, that sync kept the host from running ahead."""
-    return tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))  # type: ignore[return-value]
+    stats = tuple(torch.tensor(v, dtype=dtype).to(device)[None, :, None, None] for v in (mean, std))
+    return stats  # type: ignore[return-value]
 
 
 class CropMaps(NamedTuple):

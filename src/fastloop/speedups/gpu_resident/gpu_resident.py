@@ -88,7 +88,8 @@ class GPUResidentLoader:
         self.device = tensors[0].device
 
     def batch_indices(self) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """Each batch's indices on the host and on the device (:func:`~fastloop.speedups.gpu_resident.padded.batch_indices`)."""
+        """Each batch's indices on the host and on the device
+        (:func:`~fastloop.speedups.gpu_resident.padded.batch_indices`)."""
         return batch_indices(self.loader, self.device)
 
     def __iter__(self) -> Iterator[Any]:
