@@ -19,6 +19,7 @@ MODULES = [
     "fastloop.drivers.ladder.sizing",
     "fastloop.drivers.ladder.state",
     "fastloop.drivers.ladder.wording",
+    "fastloop.drivers.ladder.fit_objective",
     "fastloop.drivers.doctor",
     "fastloop.speedups.batch_size.batch_size",
     "fastloop.device",
@@ -54,6 +55,9 @@ MODULES = [
     "fastloop.drivers.fit_result",
     "fastloop.drivers.ab_fit",
     "fastloop.drivers.fit_share",
+    "fastloop.drivers.fit_parts",
+    "fastloop.measure.fit_recorder",
+    "fastloop.report.ladder_fit",
     "fastloop.report.fit",
     "fastloop.recipes.demo.target",
 ]

@@ -211,14 +211,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
     sp.add_argument(
-        "--objective",
-        choices=["step", "fit"],
-        default="step",
-        help="what the ladder makes fast: the training step (default), or the whole fit (validation, checkpoint "
-        "saves, logging syncs too: short fits measure their phases, the fit speedups are rungs, and the report "
-        "predicts the fit's time plain vs pick beside the step's)",
-    )
-    sp.add_argument(
         "--measure-s",
         type=_measure_seconds,
         default=None,
@@ -269,7 +261,7 @@ def _length(sp: argparse.ArgumentParser) -> None:
 
 
 def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``fastloop fit`` and the ``--fit`` form of ``fastloop ab``."""
+    """``fastloop fit``, the ``--fit`` form of ``fastloop ab`` and ``fastloop ladder --objective fit``."""
     sp = sub.add_parser("fit", help="run the target's whole fit as you train it; account for every second")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
@@ -282,6 +274,14 @@ def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -
     sp.add_argument("--root-dir", default=None, help=argparse.SUPPRESS)
     _no_cache(sp)
     _common(sp)
+    sub.choices["ladder"].add_argument(
+        "--objective",
+        choices=["step", "fit"],
+        default="step",
+        help="what the ladder makes fast: the training step (default), or the whole fit (validation, checkpoint "
+        "saves, logging syncs too: short fits measure their phases, the fit speedups are rungs, and the report "
+        "predicts the fit's time plain vs pick beside the step's)",
+    )
     ab = sub.choices["ab"]
     ab.add_argument(
         "--fit", action="store_true", help="compare whole fits (time by phase, and what they learn) instead of steps"

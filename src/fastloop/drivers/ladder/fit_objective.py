@@ -69,6 +69,8 @@ FIT_RESERVE = 1.2
 own set-up: a writer thread, a deferred connector)."""
 EPOCH_PHASES = ("train", "validation", "checkpoint", "epoch_edges", "host_syncs")
 """The phases every epoch pays again; the rest (start-up, compile, teardown) a fit pays once."""
+COMPILE_PHASE = "compile"
+"""The fit's phase of compiles (the phase, not the speedup of that name): the pick's compile seconds go there."""
 NEEDS = {"validation": ("validates",), "checkpoint": ("checkpoints",), "host_syncs": ("logs", "progress_bar")}
 """What the target's fit must have (:func:`~fastloop.drivers.fit_parts.fit_parts`, any of them) for
 a speedup of each phase to have something to shorten."""
@@ -182,7 +184,7 @@ def predict_pick(plain: FitShape, step_ratio: float, kept: dict[str, FitShape], 
     for phase, shape in kept.items():
         once[phase], epoch[phase] = shape.once.get(phase, 0.0), shape.epoch.get(phase, 0.0)
     if compile_s:
-        once["compile"] = max(once.get("compile", 0.0), compile_s)
+        once[COMPILE_PHASE] = max(once.get(COMPILE_PHASE, 0.0), compile_s)
     return FitShape(once=once, epoch=epoch)
 
 
