@@ -20,7 +20,7 @@ PHASES = ("startup", "compile", "train", "validation", "checkpoint", "epoch_edge
 
 def _ratio(r: dict | None) -> str:
     if not r or r.get("ratio") is None:
-        return "-"
+        return "1.00x (nothing selected)"
     ends = f" ({r['ci_low']:.2f}-{r['ci_high']:.2f}x)" if r.get("ci_low") and r.get("ci_high") else ""
     return f"{r['ratio']:.2f}x{ends}"
 
@@ -57,15 +57,18 @@ def fit_objective_lines(doc: dict) -> list[str]:
     lines = []
     p = fit.get("predicted")
     if p:
-        pick = p["pick"]
+        pick, measured_step = p["pick"], bool(p.get("step_speedup"))
+        # the pick's interval is the step's: without a step pick there is none
+        spread = f" ({fmt_s(pick['low_s'])}-{fmt_s(pick['high_s'])})" if measured_step else ""
+        fit_ratio = _ratio(p["speedup"]) if measured_step else f"{p['speedup']['ratio']:.2f}x"
         lines.append(
-            f"{p['for']}: predicted plain {fmt_s(p['plain']['wall_s'])}, pick {fmt_s(pick['wall_s'])} "
-            f"({fmt_s(pick['low_s'])}-{fmt_s(pick['high_s'])}): {_ratio(p['speedup'])} for the fit, against "
-            f"{_ratio(p['step_speedup'])} for the step; each further epoch {fmt_s(p['plain']['epoch_s'])} vs "
-            f"{fmt_s(pick['epoch_s'])}" + (f" ({p['epoch_speedup']:.2f}x)" if p.get("epoch_speedup") else "")
+            f"{p['for']}: predicted plain {fmt_s(p['plain']['wall_s'])}, pick {fmt_s(pick['wall_s'])}{spread}: "
+            f"{fit_ratio} for the fit, against {_ratio(p['step_speedup'])} for the step; each further epoch "
+            f"{fmt_s(p['plain']['epoch_s'])} vs {fmt_s(pick['epoch_s'])}"
+            + (f" ({p['epoch_speedup']:.2f}x)" if p.get("epoch_speedup") else "")
         )
     else:
-        lines.append("the fit's prediction comes once the step's search and the fits have ended")
+        lines.append("the fit's prediction is written once the step's search and the short fits have ended")
     lines.append(f"how: {fit['method']}: {fit['why']}")
     lines.append(f"assumes: {fit['assumes']}")
     for f in fit.get("fits") or []:

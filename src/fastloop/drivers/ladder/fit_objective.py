@@ -15,7 +15,8 @@ many: :func:`~fastloop.drivers.ladder.wording.fit_method_why`). Two short fits a
    second fit while the step's search runs (:meth:`LadderState.reserve_for_fits`).
 2. **With the fit speedups** (those whose :func:`~fastloop.drivers.ladder.candidates.fit_phase_of`
    names a phase the target has), after the step's search: each shortens its own phase, so one fit
-   measures them all; each is kept where its phase is at least ``FIT_PHASE_GAIN`` shorter.
+   measures them all; each is kept where its phase is at least ``FIT_PHASE_GAIN`` shorter and what
+   it saves at least ``FIT_MIN_SHARE`` of the fit.
 
 A short fit runs one epoch of a few batches (``SHORT_FIT``) and its record says what a whole epoch
 of the target's fit has (its loaders' batches): :func:`fit_shape` scales the short fit's phases up
@@ -46,6 +47,7 @@ from fastloop.speedups.base import Context, Speedup
 
 __all__ = [
     "EPOCH_PHASES",
+    "FIT_MIN_SHARE",
     "FIT_PHASE_GAIN",
     "FIT_RESERVE",
     "NEEDS",
@@ -63,7 +65,10 @@ Enough for a steady step and a per-batch validation cost; few enough that two fi
 beside the step's search (a CPU step of the demo is ~0.1-0.5 s)."""
 FIT_PHASE_GAIN = 0.1
 """A fit speedup is kept where its phase is at least this much shorter in the fit with it (one
-short fit a side: a point estimate, not an interval)."""
+short fit a side: a point estimate, not an interval) ..."""
+FIT_MIN_SHARE = 0.01
+"""... and the seconds it saves are at least this share of the plain fit (one whole epoch): a
+phase of a few milliseconds moves by as much from one fit to the next."""
 FIT_RESERVE = 1.2
 """The fit with the fit speedups is predicted to cost this many times the plain fit (the speedups'
 own set-up: a writer thread, a deferred connector)."""
@@ -292,15 +297,17 @@ class FitObjective:
         state.record_fit(self.section())
 
     def _decide(self, s: Speedup, record: dict | None, plain: FitShape, with_shape: FitShape) -> dict:
-        """Keep ``s`` where it applied and its phase is at least :data:`FIT_PHASE_GAIN` shorter."""
+        """Keep ``s`` where it applied, its phase is at least :data:`FIT_PHASE_GAIN` shorter and the
+        seconds saved at least :data:`FIT_MIN_SHARE` of the plain fit."""
         if record is None or record.get("status") != "applied":
             status = (record or {}).get("status") or "skipped"
             return self._rung(s, status, (record or {}).get("reason") or wording.FIT_NOT_RECORDED)
         phase = fit_phase_of(s) or ""
         before, after = plain.phase(phase), with_shape.phase(phase)
-        kept = before > 0 and after <= before * (1 - FIT_PHASE_GAIN)
-        rung = self._rung(s, "applied", plain_s=before, with_s=after)
-        return {**rung, "kept": kept, "decision": wording.fit_rung_decision(phase, before, after, kept, FIT_PHASE_GAIN)}
+        least = FIT_MIN_SHARE * plain.total()
+        kept = before > 0 and after <= before * (1 - FIT_PHASE_GAIN) and before - after >= least
+        decision = wording.fit_rung_decision(phase, before, after, kept, FIT_PHASE_GAIN, least)
+        return {**self._rung(s, "applied", plain_s=before, with_s=after), "kept": kept, "decision": decision}
 
     def kept(self) -> list[dict]:
         return [r for r in self.rungs if r["kept"]]

@@ -500,20 +500,28 @@ def fit_budget(plan: dict) -> str:
     )
 
 
-def fit_rung_decision(phase: str, before: float, after: float, kept: bool, gain: float) -> str:
-    """A fit speedup's decision from its phase's seconds in the plain fit and in the fit with it.
+def fit_rung_decision(phase: str, before: float, after: float, kept: bool, gain: float, least_s: float) -> str:
+    """A fit speedup's decision from its phase's seconds in the plain fit and in the fit with it
+    (kept where at least ``gain`` shorter and ``least_s`` seconds saved).
 
     Example:
-        >>> fit_rung_decision("checkpoint", 2.0, 0.2, True, 0.1)
+        >>> fit_rung_decision("checkpoint", 2.0, 0.2, True, 0.1, 0.4)
         'kept: checkpoint 2.00 s -> 0.20 s in a whole epoch of the fit (10.0x shorter; one short fit a side)'
+        >>> fit_rung_decision("host_syncs", 0.11, 0.07, False, 0.1, 0.4)[:80]
+        'dropped: host_syncs 0.11 s -> 0.07 s in a whole epoch of the fit (it saves 0.04 '
     """
     change = f"{phase} {before:.2f} s -> {after:.2f} s in a whole epoch of the fit"
-    shorter = f"{before / after:.1f}x shorter" if after > 0 else "gone"
     if kept:
+        shorter = f"{before / after:.1f}x shorter" if after > 0 else "gone"
         return f"kept: {change} ({shorter}; one short fit a side)"
     if before <= 0:
         return f"dropped: the plain fit spent no time in {phase}"
-    return f"dropped: {change} (not {100 * gain:g}% shorter; one short fit a side)"
+    if after > before * (1 - gain):
+        return f"dropped: {change} (not {100 * gain:g}% shorter; one short fit a side)"
+    return (
+        f"dropped: {change} (it saves {before - after:.2f} s, less than {least_s:.2f} s, the least that counts "
+        "against one short fit a side)"
+    )
 
 
 def fit_method_why(fit_cost_s: float | None, candidates: int, runs_a_side: int, budget_s: float | None) -> str:
