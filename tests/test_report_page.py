@@ -36,6 +36,9 @@ PAGES = {
     # a ViT ladder on an H200 at c7fbbb2 (git show 283a213:benchmarks/results/round20/reports/ladder_vit_2/report.json):
     # 6 rungs, peak memory, compile and capture time, the GPU profile
     "ladder_gpu": "ladder_gpu.json",
+    # `fastloop ladder demo --objective fit --rungs workers,async_checkpoint,deferred_logging --budget 150 --out DIR`
+    # on a busy 2-core CPU at d19d96f: the step's search had room for its baseline; the fit's section
+    "ladder_fit_demo_cpu": "ladder_fit_demo_cpu.json",
 }
 """Recorded ladder documents, with the keys no report reads (each rung's env, timings, checks) taken out."""
 WINDOW_WIDTH = 1200

@@ -261,16 +261,27 @@ def _length(sp: argparse.ArgumentParser) -> None:
 
 
 def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``fastloop fit`` and the ``--fit`` form of ``fastloop ab``."""
+    """``fastloop fit``, the ``--fit`` form of ``fastloop ab`` and ``fastloop ladder --objective fit``."""
     sp = sub.add_parser("fit", help="run the target's whole fit as you train it; account for every second")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
     _length(sp)
     sp.add_argument("--seed", type=_positive("--seed", allow_zero=True, most=2**31 - 1), default=0)
     sp.add_argument("--child-of", type=float, default=None, help=argparse.SUPPRESS)  # the fit's own process
+    # a short fit (the ladder's fit objective): batches an epoch and a validation run
+    sp.add_argument("--train-batches", type=_positive("--train-batches"), default=None, help=argparse.SUPPRESS)
+    sp.add_argument("--val-batches", type=_positive("--val-batches"), default=None, help=argparse.SUPPRESS)
     sp.add_argument("--root-dir", default=None, help=argparse.SUPPRESS)
     _no_cache(sp)
     _common(sp)
+    sub.choices["ladder"].add_argument(
+        "--objective",
+        choices=["step", "fit"],
+        default="step",
+        help="what the ladder makes fast: the training step (default), or the whole fit (validation, checkpoint "
+        "saves, logging syncs too: short fits measure their phases, the fit speedups are rungs, and the report "
+        "predicts the fit's time plain vs pick beside the step's)",
+    )
     ab = sub.choices["ab"]
     ab.add_argument(
         "--fit", action="store_true", help="compare whole fits (time by phase, and what they learn) instead of steps"
@@ -339,6 +350,10 @@ def _check_fit_flags(args: argparse.Namespace) -> None:
         Until.parse(args.until)
     if args.cmd == "fit" and args.child_of is not None and not (args.json and args.root_dir):
         raise FastloopError("--child-of is fastloop fit's own process: it needs --json and --root-dir")
+    if args.cmd == "ladder" and args.objective == "fit" and (args.devices > 1 or args.strategy):
+        raise FastloopError(
+            "--objective fit measures fits on one device: leave out --devices/--strategy, or use --objective step"
+        )
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

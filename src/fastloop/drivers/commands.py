@@ -194,6 +194,7 @@ def _ladder_or_ab(args: argparse.Namespace, device: str) -> dict:
                 on_update=partial,
                 measure=_measure_on(args),
                 base=args.base,
+                objective=args.objective,
             )
             doc.update(budget_s=budget, started_s=round(started_s, 2), teardown_reserve_s=TEARDOWN_S)
             if doc["rungs"]:

@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from fastloop.drivers.fit_parts import fit_parts
 from fastloop.drivers.fit_result import (
     EpochRecord,
     FitResult,
@@ -80,6 +81,11 @@ class FitOptions:
     seed: int = 0
     compile_cache: bool = True
     """Compiles use the project's compile cache (False: ``--no-cache``, a cold compile)."""
+    train_batches: int | None = None
+    """At most this many training batches an epoch (Lightning's ``limit_train_batches``; None: the
+    target's own): the ladder's short fit, whose record still gives a full epoch's batches."""
+    val_batches: int | None = None
+    """At most this many batches a validation run (Lightning's ``limit_val_batches``; None: the target's own)."""
 
     def length_args(self) -> list[str]:
         """The length and target flags as the command line spells them."""
@@ -87,12 +93,16 @@ class FitOptions:
         for flag, value in (("--epochs", self.epochs), ("--max-steps", self.max_steps), ("--max-time", self.max_time)):
             if value is not None:
                 out += [flag, repr(value) if isinstance(value, float) else str(value)]
-        return out + (["--until", self.until] if self.until else [])
+        out += ["--until", self.until] if self.until else []
+        for flag, value in (("--train-batches", self.train_batches), ("--val-batches", self.val_batches)):
+            out += [flag, str(value)] if value is not None else []
+        return out
 
     def length_kwargs(self, user: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """(the Trainer's length settings, the target's length settings they replace -> why). The
         flags replace the target's length as a whole; without flags the target's own stand, and
-        a target with none needs a flag (Lightning's default would train 1000 epochs)."""
+        a target with none needs a flag (Lightning's default would train 1000 epochs). A short
+        fit's batch limits (:meth:`limit_kwargs`) replace the target's own."""
         given = {"max_epochs": self.epochs, "max_steps": self.max_steps, "max_time": self.max_time}
         if all(v is None for v in given.values()):
             if self.until is None and all(user.get(k) in (None, -1) for k in ("max_epochs", "max_steps", "max_time")):
@@ -100,14 +110,24 @@ class FitOptions:
                     f"{self.target}'s Trainer settings give the fit no length (Lightning would train 1,000 epochs): "
                     "give --epochs N, --max-steps N, --max-time S or --until METRIC>=X"
                 )
-            return {}, {}
+            return self.limit_kwargs(), self.limits_replace(user)
         kwargs = {
             "max_epochs": self.epochs,
             "max_steps": -1 if self.max_steps is None else self.max_steps,
             "max_time": None if self.max_time is None else timedelta(seconds=self.max_time),
         }
         why = "the fit's length is --epochs/--max-steps/--max-time"
-        return kwargs, {k: why for k in LENGTH_KEYS if k in user}
+        return kwargs | self.limit_kwargs(), {k: why for k in LENGTH_KEYS if k in user} | self.limits_replace(user)
+
+    def limit_kwargs(self) -> dict[str, int]:
+        """Lightning's batch limits of a short fit (``train_batches``, ``val_batches``; {} for a whole fit)."""
+        limits = {"limit_train_batches": self.train_batches, "limit_val_batches": self.val_batches}
+        return {k: v for k, v in limits.items() if v is not None}
+
+    def limits_replace(self, user: dict[str, Any]) -> dict[str, str]:
+        """The target's own batch limits that a short fit's replace, and why."""
+        why = "a short fit (the ladder's fit objective) sets the batches an epoch and a validation run"
+        return {k: why for k in self.limit_kwargs() if k in user}
 
 
 def _sync(device: str) -> Callable[[], None] | None:
@@ -241,6 +261,8 @@ def fit_here(opts: FitOptions, *, spawned_at: float, root_dir: str) -> tuple[dic
     record = _record(clock, recorder, watch, settings, [c.record.to_dict() for c in speedup_cbs] + prepared)
     record["record_s"] = ended  # the phases are charged up to here
     record["extra"] = extra
+    record["parts"] = fit_parts(module, data, user)  # what the fit has beside its steps, read off the target
+    record["loaders"] = _loaders(recorder, user)
     if error is not None:
         culprit = next((s for s in reversed(chosen) if s.claims(error)), None)
         first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
@@ -249,6 +271,31 @@ def fit_here(opts: FitOptions, *, spawned_at: float, root_dir: str) -> tuple[dic
             return record, None
         record["failed"] = {"phase": failed_in[0], "second": failed_in[1], "error": first}
     return record, error
+
+
+def _limited(batches: int | None, limit: Any) -> int | None:
+    """The batches Lightning runs of ``batches`` under the user's own ``limit_*_batches`` (an int:
+    at most that many; a fraction: that share, as Lightning rounds it).
+
+    Example:
+        >>> _limited(100, None), _limited(100, 30), _limited(100, 0.25), _limited(None, 5)
+        (100, 30, 25, None)
+    """
+    if batches is None or limit is None or isinstance(limit, bool):
+        return batches
+    return min(batches, limit) if isinstance(limit, int) else int(batches * float(limit))
+
+
+def _loaders(recorder: Any, user: dict) -> dict:
+    """The batches a whole epoch and a whole validation run of the target's own fit have (its own
+    limits applied), and the validation batches this fit ran (the sanity check's apart)."""
+    full = recorder.loader_batches
+    return {
+        "train": _limited(full["train"], user.get("limit_train_batches")),
+        "val": _limited(full["val"], user.get("limit_val_batches")),
+        "val_run": recorder.val_batches,
+        "sanity_run": recorder.sanity_batches,
+    }
 
 
 def _record(clock: Any, recorder: Any, watch: Any, settings: dict, speedups: list[dict]) -> dict:
@@ -326,6 +373,8 @@ def fit_result(record: dict, wall_s: float, opts: FitOptions, fallbacks: list[di
         phase_check=check,
         warnings=warnings,
         failed=record.get("failed"),
+        parts=record.get("parts") or {},
+        loaders=record.get("loaders") or {},
     )
 
 

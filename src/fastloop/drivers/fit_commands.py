@@ -31,6 +31,8 @@ def fit_options(args: argparse.Namespace, device: str, speedups: str | None = No
         until=args.until,
         seed=getattr(args, "seed", 0),
         compile_cache=not getattr(args, "no_cache", False),
+        train_batches=getattr(args, "train_batches", None),
+        val_batches=getattr(args, "val_batches", None),
     )
 
 

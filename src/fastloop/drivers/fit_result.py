@@ -154,6 +154,13 @@ class FitResult:
     warnings: list[str] = field(default_factory=list)
     failed: dict | None = None
     """Where a fit that raised was: ``{"phase", "second", "error"}`` (the timeline up to it is kept)."""
+    parts: dict = field(default_factory=dict)
+    """What the target's fit has beside its steps, read off the target
+    (:func:`~fastloop.drivers.fit_parts.fit_parts`: ``validates``, ``checkpoints``, ``progress_bar``, ``logs``)."""
+    loaders: dict = field(default_factory=dict)
+    """Batches: ``train``, a whole epoch of the target's own fit; ``val``, a whole validation run
+    (None: a loader without a length); ``val_run`` and ``sanity_run``, the validation batches this
+    fit ran after and in the sanity check. A short fit (``train_batches``) ran fewer than ``train``."""
 
     def to_dict(self) -> dict[str, Any]:
         """The document: plain dicts and lists (non-finite numbers become null when written)."""

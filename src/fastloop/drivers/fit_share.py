@@ -2,11 +2,11 @@
 
 Their step figures leave out what the target's fit also does (validation, checkpoint saves,
 start-up, epoch edges, logging). The note costs nothing to make: each run records what the target's
-fit has beside its steps (:func:`fit_parts`: a validation loop, checkpoints, a progress bar: read
-off the module, its data and its Trainer settings, nothing run); when ``--out`` holds the
-document of a plain fit of the same target on the same device (``fit.json``, which ``fastloop
-fit --out`` keeps there), the note gives that fit's measured shares; otherwise it names what is
-left out and the command that measures it.
+fit has beside its steps (:func:`~fastloop.drivers.fit_parts.fit_parts`: a validation loop,
+checkpoints, a progress bar, a logger: read off the module, its data and its Trainer settings,
+nothing run); when ``--out`` holds the document of a plain fit of the same target on the same
+device (``fit.json``, which ``fastloop fit --out`` keeps there), the note gives that fit's measured
+shares; otherwise it names what is left out and the command that measures it.
 
 Example:
     >>> doc = {"kind": "run", "target": "demo", "device": "cpu", "fit_parts": {"validates": True, "checkpoints": True}}
@@ -18,31 +18,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from fastloop.drivers.fit import FIT_RECORD
+from fastloop.drivers.fit_parts import fit_parts
 
 __all__ = ["fit_parts", "fit_share", "keep_fit_record"]
-
-
-def fit_parts(module: Any, data: Any, trainer_kwargs: dict) -> dict:
-    """What the target's fit does beside its training steps, read off the module, its data and its
-    Trainer settings: ``validates`` (a ``validation_step`` and a validation loader, not turned off),
-    ``checkpoints`` (Lightning checkpoints unless told not to), ``progress_bar``."""
-    from fastloop._compat import LightningDataModule, LightningModule
-
-    own_loader = type(module).val_dataloader is not LightningModule.val_dataloader
-    data_loader = isinstance(data, LightningDataModule) and (
-        type(data).val_dataloader is not LightningDataModule.val_dataloader
-    )
-    limit = trainer_kwargs.get("limit_val_batches")
-    return {
-        "validates": type(module).validation_step is not LightningModule.validation_step
-        and (own_loader or data_loader)
-        and limit not in (0, 0.0),
-        "checkpoints": trainer_kwargs.get("enable_checkpointing", True) is not False,
-        "progress_bar": trainer_kwargs.get("enable_progress_bar", True) is not False,
-    }
 
 
 def _parts_of(doc: dict) -> dict | None:

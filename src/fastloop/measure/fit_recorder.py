@@ -21,7 +21,7 @@ from fastloop.measure.batches import batch_items
 from fastloop.measure.fit_clock import PhaseClock
 from fastloop.measure.until import Until
 
-__all__ = ["FitRecorder"]
+__all__ = ["FitRecorder", "loader_batches"]
 
 
 def _scalar(value: Any) -> float | None:
@@ -30,6 +30,25 @@ def _scalar(value: Any) -> float | None:
             return None
         value = value.detach().float().item()
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def loader_batches(loaders: Any) -> int | None:
+    """The batches of one pass over ``loaders`` (a loader, or a list or dict of them: their sum);
+    None where there is none or one has no length.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader_batches([DataLoader(range(10), batch_size=4), DataLoader(range(3))]), loader_batches(None)
+        (6, None)
+    """
+    if loaders is None:
+        return None
+    parts = list(loaders.values()) if isinstance(loaders, dict) else loaders
+    parts = parts if isinstance(parts, (list, tuple)) else [parts]
+    try:
+        return sum(len(p) for p in parts) if parts else None
+    except TypeError:  # an iterable dataset without __len__
+        return None
 
 
 class FitRecorder(Callback):
@@ -56,6 +75,13 @@ class FitRecorder(Callback):
         validation, save, compile or epoch edge between them; the progress bar's, the loggers'
         and the checkpoint callbacks' per-step work left out): the step-only figure's steps."""
         self.reached: dict | None = None
+        self.val_batches = 0
+        """Validation batches the fit ran (the sanity check's apart: :attr:`sanity_batches`)."""
+        self.sanity_batches = 0
+        self.loader_batches: dict[str, int | None] = {"train": None, "val": None}
+        """The batches of a whole epoch of the training loader and of a whole validation run, as
+        the loaders give them (None: a loader without a length, or none): a fit limited to fewer
+        batches (a short fit) says what the full one would run."""
         self._before: dict[str, Any] = {}
         self._last_end: tuple[float, int, int] | None = None
 
@@ -98,6 +124,18 @@ class FitRecorder(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.clock.set_base("other", sync=True)
         self.clock.epoch = None
+        self.loader_batches = {
+            "train": loader_batches(trainer.train_dataloader),
+            "val": loader_batches(trainer.val_dataloaders),
+        }
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int, *args: Any
+    ) -> None:
+        if trainer.sanity_checking:
+            self.sanity_batches += 1
+        else:
+            self.val_batches += 1
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._before = dict(trainer.callback_metrics)

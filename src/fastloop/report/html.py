@@ -13,6 +13,7 @@ from fastloop.compare import loss_line
 from fastloop.report.figures import figure_png, report_figures, short_labels
 from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import check_lines, rows, selected_line, warning_lines
+from fastloop.report.ladder_fit import HEADING, fit_objective_lines, fit_phase_rows
 
 __all__ = ["render_html"]
 
@@ -95,13 +96,29 @@ def _notes(doc: dict) -> list[str]:
     return notes
 
 
+def _fit_objective(doc: dict) -> list[str]:
+    """A ladder aimed at the fit: its section (the phases plain vs pick, then its lines); [] otherwise."""
+    e = html.escape
+    lines = fit_objective_lines(doc)
+    if not lines:
+        return []
+    rows = "".join(f"<tr><td>{e(a)}</td><td>{e(b)}</td><td>{e(c)}</td></tr>" for a, b, c in fit_phase_rows(doc))
+    table = (
+        f"<table id='fit-objective'><tr><th>phase</th><th>plain (predicted)</th><th>pick (predicted)</th></tr>{rows}"
+        "</table>"
+        if rows
+        else ""
+    )
+    return [f"<h2>{e(HEADING)}</h2>{table}<ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>"]
+
+
 def render_html(doc: dict) -> str:
     env = doc.get("env", {})
     e = html.escape
     stamp = " | ".join(f"<b>{e(k)}</b> {e(str(v))}" for k, v in env.items() if v is not None)
     # Interrupted: answer Ctrl-C at once; the plots (the slow part) wait for a finished run
     imgs, left_out = ("", "") if doc.get("interrupted") else _plots(doc)
-    notes = [f"<p><b>The whole fit:</b> {e(note)}</p>" for note in fit_share_lines(doc)]
+    notes = [f"<p><b>The whole fit:</b> {e(note)}</p>" for note in fit_share_lines(doc)] + _fit_objective(doc)
     top = ""
     if doc.get("interrupted") or doc.get("partial"):
         top += (

@@ -6,6 +6,7 @@ from fastloop.compare import loss_line
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import check_lines, ranks_lines, rows, selected_line, warning_lines
+from fastloop.report.ladder_fit import HEADING, fit_objective_lines, fit_phase_rows
 
 __all__ = ["applied_changes", "render_markdown"]
 
@@ -153,7 +154,7 @@ def render_markdown(doc: dict) -> str:
             f"The ladder ran {doc['runs']} configuration runs (each a fresh process, {doc['run_s_mean']:.1f} s on "
             f"average) in {doc.get('wall_s', 0):.0f} s."
         )
-    lines += search_story(doc) + [f"\n**The whole fit:** {note}" for note in fit_share_lines(doc)]
+    lines += search_story(doc) + _whole_fit(doc)
     checked = check_lines(doc)
     if checked:
         lines += ["", f"**Check** (does the pick train as the baseline?): {checked[0]}"] + [
@@ -185,6 +186,24 @@ def render_markdown(doc: dict) -> str:
     if changed:
         lines += ["", "What the applied speedups changed:"] + [f"- `{n}`: {d}" for n, d in sorted(changed.items())]
     return "\n".join(lines) + "\n"
+
+
+def _whole_fit(doc: dict) -> list[str]:
+    """What the report says of the whole fit: the share of it the step figures cover, and a ladder's
+    fit objective (:func:`fit_objective_markdown`)."""
+    return [f"\n**The whole fit:** {note}" for note in fit_share_lines(doc)] + fit_objective_markdown(doc)
+
+
+def fit_objective_markdown(doc: dict) -> list[str]:
+    """A ladder aimed at the fit: its section (the phases plain vs pick, then its lines); [] otherwise."""
+    lines = fit_objective_lines(doc)
+    if not lines:
+        return []
+    out = ["", f"**{HEADING}**", ""]
+    if fit_phase_rows(doc):
+        out += ["| phase | plain (predicted) | pick (predicted) |", "|---|---|---|"]
+        out += [f"| {a} | {b} | {c} |" for a, b, c in fit_phase_rows(doc)] + [""]
+    return out + [f"- {line}" for line in lines]
 
 
 def applied_changes(doc: dict) -> dict[str, str]:

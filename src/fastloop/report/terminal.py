@@ -8,6 +8,7 @@ from rich.table import Table
 from fastloop.compare import loss_line
 from fastloop.report.fit import fit_share_lines
 from fastloop.report.format import check_lines, ranks_lines, rows, selected_line, warning_lines
+from fastloop.report.ladder_fit import HEADING, fit_objective_lines, fit_phase_rows
 from fastloop.report.markdown import search_story
 
 __all__ = ["make_console", "print_document"]
@@ -68,6 +69,15 @@ def print_document(doc: dict, console: Console | None = None) -> None:
         console.print(f"bottleneck moved {move}")
     for note in fit_share_lines(doc):
         console.print(f"the whole fit: {note}", highlight=False, markup=False)
+    if fit_phase_rows(doc):
+        fit = Table(title=HEADING)
+        for col in ("phase", "plain (predicted)", "pick (predicted)"):
+            fit.add_column(col)
+        for row in fit_phase_rows(doc):
+            fit.add_row(*row)
+        console.print(fit)
+    for line in fit_objective_lines(doc):
+        console.print(f"the whole fit: {line}", highlight=False, markup=False)
     if selected_line(doc):
         console.print(f"[bold]{selected_line(doc)}[/bold]\n{doc.get('callbacks_line', '')}")
         if doc.get("loop_line"):

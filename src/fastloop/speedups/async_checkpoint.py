@@ -449,6 +449,7 @@ class AsyncCheckpoint(Speedup):
     name = "async_checkpoint"
     changes = "step"
     order = 80
+    fit_phase = "checkpoint"
     options_type = AsyncCheckpointOptions
     advice_pattern = r"async[ _]checkpoint|checkpoint saves? block"
 

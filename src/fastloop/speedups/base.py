@@ -120,6 +120,11 @@ class Speedup:
     another kernel (fp32 rounding); ``"band"``, the math rounded coarser (:meth:`band` says how
     much); ``"own_draws"``, random draws of its own (augmentation on its own generator, another
     decoder), so no run without it sees the same batches; ``"workload"``, other batches (their size)."""
+    fit_phase: ClassVar[str | None] = None
+    """The phase of a fit it shortens instead of the training step (a ``fastloop fit`` phase:
+    ``validation``, ``checkpoint``, ``host_syncs``); None: it speeds up the step. The ladder's step
+    runs turn validation, checkpoints and loggers off, so it measures such a speedup only when it
+    aims at the fit (``--objective fit``): on short fits, where the target has what it speeds up."""
     reads_in_workers: ClassVar[bool] = False
     """It reads the dataset in worker processes, each seeded apart from the main process: a dataset
     that draws from the global generators per read draws other numbers with it."""

@@ -152,6 +152,7 @@ class DeferredLogging(Speedup):
     name = "deferred_logging"
     changes = "step"
     order = 67
+    fit_phase = "host_syncs"
     options_type = DeferredLoggingOptions
 
     def apply(self, run: Run) -> None:

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from fastloop.speedups.base import REGISTRY, Speedup, name_of
 
-__all__ = ["ablation_order", "as_sized", "join_specs", "replaces_loader", "select_order", "spec_names", "split_groups"]
+__all__ = [
+    "ablation_order",
+    "as_sized",
+    "fit_phase_of",
+    "join_specs",
+    "replaces_loader",
+    "select_order",
+    "spec_names",
+    "split_fit",
+    "split_groups",
+]
 
 
 def join_specs(specs: list[str]) -> str:
@@ -39,6 +49,30 @@ def split_groups(speedups: list[Speedup]) -> tuple[list[Speedup], list[Speedup],
     compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.changes_workload]
     rest = [s for s in speedups if s.changes_workload]
     return feed, compute, rest
+
+
+def fit_phase_of(speedup: Speedup | type[Speedup]) -> str | None:
+    """The phase of the fit ``speedup`` shortens (:attr:`Speedup.fit_phase`; None: it speeds up the
+    step): the ladder reads this trait here alone.
+
+    Example:
+        >>> from fastloop.speedups import REGISTRY
+        >>> fit_phase_of(REGISTRY["async_checkpoint"]), fit_phase_of(REGISTRY["bf16"]())
+        ('checkpoint', None)
+    """
+    return speedup.fit_phase
+
+
+def split_fit(speedups: list[Speedup]) -> tuple[list[Speedup], list[Speedup]]:
+    """(step, fit): the speedups the step's runs measure, and those that shorten another phase of the
+    fit (:func:`fit_phase_of`), which short fits measure.
+
+    Example:
+        >>> from fastloop.speedups import resolve
+        >>> [[s.name for s in part] for part in split_fit(resolve("workers,deferred_logging,bf16"))]
+        [['workers', 'bf16'], ['deferred_logging']]
+    """
+    return [s for s in speedups if fit_phase_of(s) is None], [s for s in speedups if fit_phase_of(s) is not None]
 
 
 def select_order(speedups: list[Speedup], recipe: set[str]) -> list[Speedup]:

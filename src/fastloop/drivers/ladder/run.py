@@ -1,6 +1,9 @@
 """``run_ladder``: the ladder's entry. It checks its inputs, parses the speedups once into speedup
 objects, gives a :class:`~fastloop.drivers.ladder.state.LadderState` its budget, runs the search
 the mode names on it, and ends with the state's :meth:`~fastloop.drivers.ladder.state.LadderState.finish`.
+Aimed at the fit (``objective="fit"``), the fit's short fits come around the search
+(:class:`~fastloop.drivers.ladder.fit_objective.FitObjective`: the plain one before it, the fit
+speedups' after it, the prediction after the final comparison).
 
 Example:
     >>> default_rungs("cpu")[:3]
@@ -15,16 +18,17 @@ from collections.abc import Callable
 import torch
 
 from fastloop.drivers.ladder.budget import Budget
-from fastloop.drivers.ladder.candidates import join_specs, select_order
+from fastloop.drivers.ladder.candidates import fit_phase_of, join_specs, select_order, split_fit
+from fastloop.drivers.ladder.fit_objective import Fit, FitObjective
 from fastloop.drivers.ladder.search import Search, StagedSearch
 from fastloop.drivers.ladder.sequential import SequentialSearch
 from fastloop.drivers.ladder.state import MIN_REPEATS, LadderState
 from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.drivers.targets import recipe_rungs
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import Context, Speedup, default_ladder, resolve
+from fastloop.speedups.base import REGISTRY, Context, Speedup, default_ladder, resolve, speedup_names
 
-__all__ = ["DEFAULT_RUNGS", "MODES", "default_budget", "default_measure_s", "default_rungs", "run_ladder"]
+__all__ = ["DEFAULT_RUNGS", "MODES", "OBJECTIVES", "default_budget", "default_measure_s", "default_rungs", "run_ladder"]
 
 DEFAULT_RUNGS = default_ladder()
 """The registered speedups marked ``in_default_ladder``, in ladder order."""
@@ -62,31 +66,48 @@ def default_budget(device: str) -> float:
     return BUDGET_S.get(device, BUDGET_S["cuda"])
 
 
-def _default_speedups(device: str, target: str | None) -> list[Speedup]:
+OBJECTIVES = ("step", "fit")
+"""What the ladder makes fast: the training step, or the whole fit (:mod:`~fastloop.drivers.ladder.fit_objective`)."""
+
+
+def _default_speedups(device: str, target: str | None, objective: str = "step") -> list[Speedup]:
     ctx = Context(torch.device(device))
     own, extra = recipe_rungs(target)
-    return [s for s in resolve(own or DEFAULT_RUNGS + extra) if s.why_not(ctx) is None]
+    # the fit's own speedups, by their trait: a new one is a rung of the fit objective once registered
+    fit = [n for n in speedup_names() if fit_phase_of(REGISTRY[n]) is not None] if objective == "fit" else []
+    names = own or DEFAULT_RUNGS + extra
+    return [s for s in resolve(names + [n for n in fit if n not in names]) if s.why_not(ctx) is None]
 
 
-def default_rungs(device: str, target: str | None = None) -> list[str]:
+def default_rungs(device: str, target: str | None = None, objective: str = "step") -> list[str]:
     """The default ladder for a device (and recipe): rungs that cannot apply there are left out.
 
     Args:
         device: ``cpu`` or ``cuda``.
         target: a recipe's short name, whose own rungs (or extra rungs) count; None for any other.
+        objective: ``step``, or ``fit``: the fit speedups (those with a ``fit_phase``) are rungs too.
 
     Returns:
         The rungs' names, in ladder order.
+
+    Example:
+        >>> sorted(set(default_rungs("cpu", objective="fit")) - set(default_rungs("cpu")))
+        ['async_checkpoint', 'deferred_logging']
     """
-    return [s.name for s in _default_speedups(device, target)]
+    return [s.name for s in _default_speedups(device, target, objective)]
 
 
 def _candidates(
-    device: str, target: str, rungs: list[str] | list[Speedup] | str | None, base: list[Speedup], mode: str
+    device: str,
+    target: str,
+    rungs: list[str] | list[Speedup] | str | None,
+    base: list[Speedup],
+    mode: str,
+    objective: str = "step",
 ) -> list[Speedup]:
     """The speedups to try, parsed once: ``rungs`` (or the default ladder, less what ``base`` has);
     a rung that is also in the base, or a pair across them that conflicts, is bad input."""
-    chosen = resolve(rungs) if rungs is not None else _default_speedups(device, target)
+    chosen = resolve(rungs) if rungs is not None else _default_speedups(device, target, objective)
     if rungs is None and mode == "sequential":
         # feed the fast step: data speedups are tried once the step is as fast as the others make
         # it (a loader that keeps up with an fp32 step may be the wall after compile)
@@ -119,6 +140,8 @@ def run_ladder(
     on_update: Callable[[dict], None] | None = None,
     base: str | list[str] | list[Speedup] | None = None,
     measure_s: float | None | str = "auto",
+    objective: str = "step",
+    fit: Fit | None = None,
 ) -> dict:
     """Run the ladder: keep what measurably helps ``target``, each step a measured comparison.
 
@@ -142,6 +165,11 @@ def run_ladder(
             this many seconds of steady steps (at least 10 steps), however short or long the step
             (``fastloop run --measure-s``); ``"auto"``: :func:`default_measure_s`; None measures
             ``steps``.
+        objective: ``"step"`` (the default) makes the training step fast; ``"fit"`` the whole fit:
+            short fits measure its phases, the fit speedups are rungs measured on them, and the
+            document's ``fit`` section predicts the fit's time plain vs pick beside the step's
+            (:mod:`~fastloop.drivers.ladder.fit_objective`).
+        fit: with ``objective="fit"``, runs one fit and returns its document (default: a fresh process).
 
     Returns:
         The ladder's document (without the env stamp); on Ctrl-C the document of what finished,
@@ -149,10 +177,15 @@ def run_ladder(
     """
     if mode not in MODES:
         raise FastloopError(f"ladder mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if objective not in OBJECTIVES:
+        raise FastloopError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not isinstance(max_repeats, int) or max_repeats < MIN_REPEATS:
         raise FastloopError(f"--max-repeats must be an integer >= {MIN_REPEATS}, got {max_repeats!r}")
     base_speedups = resolve(base or [])
-    chosen = _candidates(device, target, rungs, base_speedups, mode)
+    chosen = _candidates(device, target, rungs, base_speedups, mode, objective)
+    fit_rungs: list[Speedup] = []
+    if objective == "fit":  # the fit speedups are measured on short fits, the rest on the step
+        chosen, fit_rungs = split_fit(chosen)
     if measure_s == "auto":
         measure_s = default_measure_s(device)
     if measure is None:
@@ -170,9 +203,18 @@ def run_ladder(
         measure_s=measure_s if isinstance(measure_s, (int, float)) else None,
         progress=progress,
         on_update=on_update,
+        objective=objective,
     )
+    ctx = Context(torch.device(device))
+    aim = FitObjective(state, fit_rungs, ctx, step_candidates=len(chosen), fit=fit) if objective == "fit" else None
     try:
-        SEARCHES[mode]().run(state, chosen, Context(torch.device(device)))
-        return state.finish()
+        if aim is not None:
+            aim.start()
+        SEARCHES[mode]().run(state, chosen, ctx)
+        if aim is None:
+            return state.finish()
+        aim.measure_rungs()
+        state.record_fit(aim.section(state.finish()))
+        return state.document()
     except KeyboardInterrupt:
         return state.interrupt()

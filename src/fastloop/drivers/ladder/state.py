@@ -80,8 +80,16 @@ class LadderState:
         measure_s: float | None = None,
         progress: Callable[[str], None] | None = None,
         on_update: Callable[[dict], None] | None = None,
+        objective: str = "step",
     ) -> None:
         self.target, self.steps, self.warmup, self.device = target, steps, warmup, device
+        self.objective = objective
+        """What the ladder makes fast: ``step`` (the training step) or ``fit`` (the whole fit:
+        :mod:`~fastloop.drivers.ladder.fit_objective`)."""
+        self._fit: dict = {}
+        """The fit objective's section of the document (its short fits, rungs and prediction)."""
+        self._fit_reserve_s = 0.0
+        """Seconds kept for the fit objective's fit still to run (the fit with the fit speedups)."""
         self.budget, self.max_repeats, self.mode = budget, max_repeats, mode
         self.min_repeats, self.min_gain = MIN_REPEATS, MIN_GAIN
         self.measure_s = measure_s
@@ -211,7 +219,7 @@ class LadderState:
         """The budget's arithmetic for ``runs`` more runs (of ``spec``): their predicted seconds,
         the reserve kept for the final comparison (``final``) and, with ``queued``, for the first
         runs of the comparisons the search has still planned (:meth:`queue`), what is left."""
-        reserve = self.final_reserve_s() + self.check_reserve_s() if final else 0.0
+        reserve = (self.final_reserve_s() + self.check_reserve_s() if final else 0.0) + self._fit_reserve_s
         if queued:
             reserve += sum(n * self.budget.per_run_s(s) for n, s in self._queued)
         return self.budget.plan(runs, spec, reserve)
@@ -229,7 +237,7 @@ class LadderState:
         final comparison itself always gets its first look (a selection must be measured)."""
         if self._finalizing and len(fresh[spec].docs) < self._final_first:
             return True
-        reserve = 0.0 if self._finalizing else self.final_reserve_s() + self.check_reserve_s()
+        reserve = 0.0 if self._finalizing else self.final_reserve_s() + self.check_reserve_s() + self._fit_reserve_s
         return self.budget.run_fits(spec, reserve)
 
     # -- measuring ---------------------------------------------------------------------------------
@@ -455,6 +463,16 @@ class LadderState:
         self._check = check
         self._publish()
 
+    def reserve_for_fits(self, seconds: float) -> None:
+        """Keep ``seconds`` of the budget for the fit objective's fit still to run while the step's
+        search plans its runs (0: none left to run)."""
+        self._fit_reserve_s = max(0.0, seconds)
+
+    def record_fit(self, section: dict) -> None:
+        """The fit objective's section of the document (:mod:`~fastloop.drivers.ladder.fit_objective`)."""
+        self._fit = dict(section)
+        self._publish()
+
     def fall_back(self, kept: set[str]) -> None:
         """The check refused the pick: keep only the speedups named ``kept`` (the configuration that
         passed, or none: the baseline)."""
@@ -556,6 +574,7 @@ class LadderState:
             **wording.answer_lines(self.spec_with(), bool(self._selected), measured, not_finished),
             "moves": [r["bottleneck_moved"] for r in docs if r.get("bottleneck_moved")],
             **self._check_section(),
+            **({"objective": self.objective, "fit": dict(self._fit)} if self.objective != "step" else {}),
         }
 
     def _check_section(self) -> dict:

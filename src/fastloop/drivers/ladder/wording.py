@@ -44,6 +44,14 @@ __all__ = [
     "feed_busy_gpu",
     "feed_host_bound",
     "feed_line",
+    "FIT_ASSUMES",
+    "FIT_NOT_RECORDED",
+    "fit_budget",
+    "fit_callbacks_line",
+    "fit_method_why",
+    "fit_nothing_to_shorten",
+    "fit_predicted_for",
+    "fit_rung_decision",
     "filter_advice",
     "in_progress",
     "pick_refused",
@@ -452,3 +460,105 @@ NOTHING_KEPT = "nothing was kept: the baseline"
 def pick_refused(pick_spec: str) -> str:
     """The callbacks line when the check refused the pick and nothing passed."""
     return f"# the pick ({pick_spec}) trained differently from the baseline (the check): none is recommended"
+
+
+# -- the fit objective (fit_objective.py) -------------------------------------------------------------
+FIT_ASSUMES = (
+    "the step's measured speedup shortens the training phase alone (its interval gives the prediction's); "
+    "validation, checkpoint saves, logging syncs, epoch edges and start-up stay as in the plain fit unless a kept "
+    "fit speedup shortens them (its phase as measured in the fit with it); the pick's compile is its step runs' "
+    "compile seconds; the short fit's phases are scaled to a whole epoch by batches (steady steps, validation and "
+    "logging syncs per batch)"
+)
+"""What the fit objective's prediction takes as given (the document's ``fit.assumes``)."""
+FIT_NOT_RECORDED = "the fit with it has no record of it (it did not run)"
+PART_WORDS = {
+    "validates": "validation loop",
+    "checkpoints": "checkpoint save",
+    "logs": "logger",
+    "progress_bar": "progress bar",
+}
+"""How the fit objective names what a target's fit has (the keys of ``fit_parts``)."""
+
+
+def fit_nothing_to_shorten(phase: str | None, needs: tuple[str, ...]) -> str:
+    """Why a fit speedup is not measured: the target's fit has nothing in its phase.
+
+    Example:
+        >>> fit_nothing_to_shorten("host_syncs", ("logs", "progress_bar"))
+        "the target's fit has no logger or progress bar (read off the target, not run): no host_syncs to shorten"
+    """
+    has = " or ".join(PART_WORDS.get(n, n) for n in needs)
+    return f"the target's fit has no {has} (read off the target, not run): no {phase} to shorten"
+
+
+def fit_budget(plan: dict) -> str:
+    """Why the fit with the fit speedups was not measured: the budget."""
+    return (
+        f"not tried: budget (the fit with it is predicted at {plan['predicted_s']:g} s and {plan['left_s']:g} s "
+        "were left, the final comparison's reserve to keep)"
+    )
+
+
+def fit_rung_decision(phase: str, before: float, after: float, kept: bool, gain: float, least_s: float) -> str:
+    """A fit speedup's decision from its phase's seconds in the plain fit and in the fit with it
+    (kept where at least ``gain`` shorter and ``least_s`` seconds saved).
+
+    Example:
+        >>> fit_rung_decision("checkpoint", 2.0, 0.2, True, 0.1, 0.4)
+        'kept: checkpoint 2.00 s -> 0.20 s in a whole epoch of the fit (10.0x shorter; one short fit a side)'
+        >>> fit_rung_decision("host_syncs", 0.11, 0.07, False, 0.1, 0.4)[:80]
+        'dropped: host_syncs 0.11 s -> 0.07 s in a whole epoch of the fit (it saves 0.04 '
+    """
+    change = f"{phase} {before:.2f} s -> {after:.2f} s in a whole epoch of the fit"
+    if kept:
+        shorter = f"{before / after:.1f}x shorter" if after > 0 else "gone"
+        return f"kept: {change} ({shorter}; one short fit a side)"
+    if before <= 0:
+        return f"dropped: the plain fit spent no time in {phase}"
+    if after > before * (1 - gain):
+        return f"dropped: {change} (not {100 * gain:g}% shorter; one short fit a side)"
+    return (
+        f"dropped: {change} (it saves {before - after:.2f} s, less than {least_s:.2f} s, the least that counts "
+        "against one short fit a side)"
+    )
+
+
+def fit_method_why(fit_cost_s: float | None, candidates: int, runs_a_side: int, budget_s: float | None) -> str:
+    """Why the fit objective predicts from measured phases rather than measuring each candidate as
+    fits: what measuring them would cost (``runs_a_side`` fits for the baseline and for each of the
+    ``candidates``) against the budget.
+
+    Example:
+        >>> fit_method_why(20.0, 3, 3, 300.0)[:96]
+        'a short fit of this target cost 20.0 s; measuring the candidates as fits (12 fits, 3 a side for '
+    """
+    fits = (candidates + 1) * runs_a_side
+    cost = f"a short fit of this target cost {fit_cost_s:.1f} s" if fit_cost_s else "a fit pays its start-up"
+    need = f"{fits} fits, {runs_a_side} a side for the baseline and each of {candidates} candidates"
+    total = f", about {fits * fit_cost_s:.0f} s" if fit_cost_s else ""
+    budget = f" against a budget of {budget_s:.0f} s" if budget_s else ""
+    return (
+        f"{cost}; measuring the candidates as fits ({need}{total}{budget}) would leave the step's search no room, "
+        "so two short fits are measured (plain, and with the fit speedups) and the pick's fit is predicted from "
+        "their phases and the step's measured speedup"
+    )
+
+
+def fit_predicted_for(train_batches: int | None, val_batches: int | None) -> str:
+    """What fit the prediction is for.
+
+    Example:
+        >>> fit_predicted_for(64, 16)
+        "one whole epoch of the target's fit (64 training batches; validation runs of 16 batches) and each further one"
+    """
+    train = f"{train_batches} training batches" if train_batches else "its training batches"
+    val = f"; validation runs of {val_batches} batches" if val_batches else ""
+    return f"one whole epoch of the target's fit ({train}{val}) and each further one"
+
+
+def fit_callbacks_line(spec: str) -> str:
+    """The line to paste for the fit's pick (the step's pick and the kept fit speedups)."""
+    if spec == "none":
+        return "# nothing measured helped the fit: train as before"
+    return f'Trainer(..., callbacks=fastloop.lightning.callbacks("{spec}"))'
