@@ -52,4 +52,7 @@ PARITY: dict[str, Parity] = {
     # tests/test_deferred_logging.py)
     "deferred_logging": Parity(MLP, 0.0, cpu=True, plain_loop=False),
     "async_checkpoint": Parity(MLP, 0.0, cpu=True),  # saves only; its files: tests/test_async_checkpoint.py
+    # validation only, and its warm-up leaves no trace: the same training; the plain loop has no validation
+    # loop (it skips: tests/test_fast_validation.py)
+    "fast_validation": Parity(MLP, 0.0, cpu=True, plain_loop=False),
 }

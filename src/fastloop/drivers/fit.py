@@ -240,6 +240,9 @@ def fit_here(opts: FitOptions, *, spawned_at: float, root_dir: str) -> tuple[dic
     ended = clock.finish(base="other")
     record = _record(clock, recorder, watch, settings, [c.record.to_dict() for c in speedup_cbs] + prepared)
     record["record_s"] = ended  # the phases are charged up to here
+    for cb in speedup_cbs:  # what the speedups counted (fast_validation: the compiles after its warm-up)
+        if cb.ctx is not None:
+            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
     record["extra"] = extra
     if error is not None:
         culprit = next((s for s in reversed(chosen) if s.claims(error)), None)
@@ -326,6 +329,7 @@ def fit_result(record: dict, wall_s: float, opts: FitOptions, fallbacks: list[di
         phase_check=check,
         warnings=warnings,
         failed=record.get("failed"),
+        extra=record.get("extra") or {},
     )
 
 

@@ -154,6 +154,9 @@ class FitResult:
     warnings: list[str] = field(default_factory=list)
     failed: dict | None = None
     """Where a fit that raised was: ``{"phase", "second", "error"}`` (the timeline up to it is kept)."""
+    extra: dict = field(default_factory=dict)
+    """What the speedups counted, by statistic (the batch-size search's; ``fast_validation``: the compiles
+    after its warm-up, by phase)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The document: plain dicts and lists (non-finite numbers become null when written)."""
