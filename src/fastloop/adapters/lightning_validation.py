@@ -269,7 +269,14 @@ class ValidationLikeTraining:
                 children = compilable_children(self.module)
                 self._own_calls = [(c, compile_call(c, mode=VALIDATION_GRAPH_MODE)) for _, c in children]
             if self.opts.warm:
-                self._warm(train_why, eval_why)
+                try:
+                    self._warm(train_why, eval_why)
+                except Exception as err:  # noqa: BLE001 - the user's step, outside its loop: the fit goes on
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    self.warmup["not_warmed"].append(
+                        f"the warm-up stopped at {type(err).__name__}: {first[:200]} (everything it ran was put "
+                        "back; the shapes left compile when the fit meets them)"
+                    )
             else:
                 self.warmup["not_warmed"].append("warm=false: the shapes compile when the fit first meets them")
         finally:
@@ -331,6 +338,7 @@ class ValidationLikeTraining:
             if eval_why is None:
                 with _validating(trainer), evaluation_grad_mode(trainer)():
                     module.on_validation_model_eval()  # the user's override, as Lightning calls it
+                    module.on_validation_epoch_start()  # where a step's accumulators are often reset
                     self._swap_in()
                     try:
                         for index, loader in enumerate(vals):
