@@ -144,6 +144,16 @@ def test_the_warm_up_compiles_every_shape_and_no_compile_follows_it(fits):
     assert cold["total"] >= 1 and cold["train"] >= 1 and cold["validation"] >= 1, cold
 
 
+@pytest.mark.parametrize("inference_mode", [True, False])
+def test_without_a_sanity_check_the_validation_step_is_warmed_as_lightning_runs_it(inference_mode):
+    """Nothing validated before the warm-up: its validation graphs are the only ones, made in Lightning's
+    grad mode (``torch.inference_mode``, or ``no_grad``), after the module's ``on_validation_epoch_start``
+    (the step appends to the list that hook starts: without it the warm-up's step would raise)."""
+    fit = _fit("fast_validation", num_sanity_val_steps=0, inference_mode=inference_mode)
+    assert fit["stats"]["compiles_after_warmup"]["total"] == 0, fit["stats"]["compiles_after_warmup"]
+    assert [sorted(run) for run in fit["module"].runs] == [list(range(VAL))]
+
+
 def test_the_short_batch_runs_as_measured_or_told(fits):
     """``eager``: the short validation batch is not compiled in the warm-up and runs eagerly (under
     force_eager: no compile after the warm-up either); ``compile`` and ``measure`` warm it."""
