@@ -365,7 +365,10 @@ def test_a_fit_without_validation_skips_it_with_the_reason():
     (record,) = records_of(trainer)
     assert record.status == "skipped" and "has no validation_step" in record.reason, record
     skipped = _fit("fast_validation", compiled=False, epochs=1, limit_val_batches=0)
-    assert skipped["records"]["fast_validation"].reason == "limit_val_batches=0: the fit runs no validation"
+    assert skipped["records"]["fast_validation"].reason == (
+        "limit_val_batches=0: nothing is validated (as in a step benchmark, `fastloop run` or `ab` without --fit): "
+        "fast_validation acts in whole fits"
+    )
 
 
 def test_bad_options_say_what_is_accepted():

@@ -226,10 +226,13 @@ class ValidationLikeTraining:
 
     def _why_no_validation(self) -> str | None:
         module, trainer = self.module, self.trainer
+        if trainer.limit_val_batches == 0:  # first: a step benchmark's Trainer, whatever the module has
+            return (
+                "limit_val_batches=0: nothing is validated (as in a step benchmark, `fastloop run` or `ab` "
+                "without --fit): fast_validation acts in whole fits"
+            )
         if not is_overridden("validation_step", module):
             return f"{type(module).__name__} has no validation_step: the fit runs no validation to speed up"
-        if trainer.limit_val_batches == 0:
-            return "limit_val_batches=0: the fit runs no validation"
         return None
 
     def _feed_validation(self) -> None:
