@@ -30,9 +30,11 @@ case for validation). With this speedup:
    validation batch is timed compiled and eager, and runs the faster way (``short=measure``), or as
    told (``compile``, ``eager``). Every sample is evaluated exactly once: no batch is dropped or
    padded (padding would change what ``validation_step`` averages over).
-5. **Graphed where it can be.** On CUDA, where the training step is compiled or captured, the
-   validation step replays CUDA graphs too (compile's ``reduce-overhead``: eval holds no optimizer
-   state and no gradients between batches), one per shape, recorded in the warm-up.
+5. **Graphed where it can be.** On CUDA, where fastloop compiles the step or ``cuda_graph`` replays
+   the whole training step, the validation step replays CUDA graphs too (compile's ``reduce-overhead``:
+   eval holds no optimizer state and no gradients between batches), one per shape, recorded in the
+   warm-up: a compile of its own, or the training's where that already records graphs. The user's own
+   ``torch.compile`` keeps the user's mode (warmed and counted, not graphed).
 
 The plain loop (``FastLoop``) has no validation loop: there it is skipped with that reason.
 
