@@ -219,7 +219,7 @@ class KeptState:
         >>> bn = torch.nn.BatchNorm1d(3)
         >>> bn.seen = []
         >>> with KeptState(bn):
-        ...     _ = bn(torch.randn(4, 3)); bn.seen.append(1); bn.eval(); _ = torch.rand(1)
+        ...     _ = bn(torch.randn(4, 3)); bn.seen.append(1); _ = bn.eval(); _ = torch.rand(1)
         >>> bool(bn.running_mean.eq(0).all()), int(bn.num_batches_tracked), bn.seen, bn.training
         (True, 0, [], True)
     """
