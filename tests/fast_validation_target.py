@@ -93,3 +93,55 @@ def compiled_fit(seed: int = 0):
     module = ShortBatchesWithData(seed)
     module.net = torch.compile(module.net, backend="eager")
     return module, None, {"enable_checkpointing": False, "log_every_n_steps": 2}
+
+
+class PaddedText(LightningModule):
+    """Rows of 3 to 24 tokens padded to each batch's longest (as ``DataCollatorWithPadding`` pads), the
+    mean of the unmasked embeddings classified; ``runs`` as in :class:`ShortBatches`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.out = torch.nn.Embedding(50, 16), torch.nn.Linear(16, 4)
+        self.runs: list[list[int]] = []
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask.unsqueeze(-1).float()
+        return self.out((self.embed(ids) * m).sum(1) / m.sum(1))
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self(batch["ids"], batch["mask"]), batch["labels"])
+
+    def on_validation_epoch_start(self) -> None:
+        self.runs.append([])
+
+    def validation_step(self, batch, batch_idx):
+        self.runs[-1].extend(batch["index"].tolist())
+        logits = self(batch["ids"], batch["mask"])
+        self.log("val_loss", torch.nn.functional.cross_entropy(logits, batch["labels"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _pad(rows: list[tuple[torch.Tensor, int, int]]) -> dict[str, torch.Tensor]:
+    longest = max(len(ids) for ids, _, _ in rows)
+    ids, mask = torch.zeros(len(rows), longest, dtype=torch.long), torch.zeros(len(rows), longest, dtype=torch.long)
+    for i, (row, _, _) in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return {
+        "ids": ids,
+        "mask": mask,
+        "labels": torch.tensor([label for _, label, _ in rows]),
+        "index": torch.tensor([index for _, _, index in rows]),
+    }
+
+
+def padded_loaders(seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    """Training (64 rows, batches of 16) and validation (37 rows, four batches of 8 and one of 5) rows,
+    each batch padded to its longest row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 25, (64 + VAL,), generator=g).tolist()
+    rows = [(torch.randint(1, 50, (n,), generator=g), n % 4, i) for i, n in enumerate(lengths)]
+    train = DataLoader(rows[:64], batch_size=16, collate_fn=_pad)
+    val = DataLoader([(ids, label, i) for i, (ids, label, _) in enumerate(rows[64:])], batch_size=8, collate_fn=_pad)
+    return train, val

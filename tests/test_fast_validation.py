@@ -28,7 +28,7 @@ from fastloop.speedups import resolve
 from fastloop.speedups.base import Context, Speedup
 from fastloop.speedups.fast_validation import CompileCount, KeptState, epoch_batch_indices
 from fastloop.speedups.run import Run
-from tests.fast_validation_target import VAL, ShortBatches, loaders
+from tests.fast_validation_target import VAL, PaddedText, ShortBatches, loaders, padded_loaders
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -152,6 +152,40 @@ def test_without_a_sanity_check_the_validation_step_is_warmed_as_lightning_runs_
     fit = _fit("fast_validation", num_sanity_val_steps=0, inference_mode=inference_mode)
     assert fit["stats"]["compiles_after_warmup"]["total"] == 0, fit["stats"]["compiles_after_warmup"]
     assert [sorted(run) for run in fit["module"].runs] == [list(range(VAL))]
+
+
+def _padded_fit(spec: str) -> tuple[dict, PaddedText]:
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    module = PaddedText()
+    module.embed = torch.compile(module.embed, backend="eager")  # sees (batch, length): both vary
+    train, val = padded_loaders()
+    trainer = Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks(spec),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, train_dataloaders=train, val_dataloaders=val)
+    return _stats(trainer)["fast_validation"], module
+
+
+def test_batches_padded_per_batch_are_warmed_at_two_lengths_and_nothing_compiles_after():
+    """Text padded to each batch's longest: a batch size met at one length only would compile again at
+    the fit's next length. The warm-up runs each full batch size at a second length too (Dynamo makes
+    the length dynamic, as the fit's second batch would): no compile after it; without it, some."""
+    stats, module = _padded_fit("fast_validation")
+    shapes = [(s["step"], s["batch"], s.get("shapes", 1)) for s in stats["warmup"]["shapes"]]
+    assert shapes == [("training", 16, 2), ("validation", 8, 2), ("validation", 5, 1)], shapes
+    assert stats["compiles_after_warmup"]["total"] == 0, stats["compiles_after_warmup"]
+    assert [sorted(run) for run in module.runs[1:]] == [list(range(VAL))]
+    cold, _ = _padded_fit("fast_validation:warm=false")
+    assert cold["compiles_after_warmup"]["total"] >= 1, cold["compiles_after_warmup"]
 
 
 def test_the_short_batch_runs_as_measured_or_told(fits):

@@ -64,7 +64,9 @@ from fastloop.speedups.fast_validation import (
     batch_of,
     epoch_batch_indices,
     faster_way,
+    other_indices,
     recompile_budget,
+    shapes_of,
 )
 
 __all__ = ["VALIDATION_GRAPH_MODE", "ValidationLikeTraining", "feed_like_training", "note_loader_change"]
@@ -339,6 +341,12 @@ class ValidationLikeTraining:
             if train_why is None:
                 self._warm_training(trains[0])
             if eval_why is None:
+                if self._own_calls and any(self._varies(loader) for loader in vals):
+                    self._own_calls, self.graphed = [], False  # own calls: training's mode records no graphs
+                    self.warmup["not_warmed"].append(
+                        "validation graphs: its batches change shape beyond the batch size (padded per batch), "
+                        "a CUDA graph would be recorded per shape; the validation step is not graphed"
+                    )
                 with _validating(trainer), evaluation_grad_mode(trainer)():
                     module.on_validation_model_eval()  # the user's override, as Lightning calls it
                     module.on_validation_epoch_start()  # where a step's accumulators are often reset
@@ -374,6 +382,31 @@ class ValidationLikeTraining:
         sizes = list(shapes)
         return [(size, shapes[size], i > 0) for i, size in enumerate(sizes)]
 
+    def _second_batch(self, loader: Any, indices: list, tries: int = 4) -> Any | None:
+        """Another batch of the same size as the one at ``indices`` whose tensors' shapes differ from that
+        one's (text padded per batch: the first of ``tries`` other batches that does), to warm too, so
+        that the compiled step is general in what varies (Dynamo makes a dimension dynamic once it has
+        seen two sizes of it, as the fit's second batch would); None where they all have its shapes."""
+        data = _data_loader(loader)
+        if data is None:
+            return None
+        shapes, taken = shapes_of(batch_of(data, indices)), list(indices)
+        for _ in range(tries):
+            other = other_indices(data, taken, len(indices))
+            if other is None:
+                return None
+            second = batch_of(data, other)
+            if shapes_of(second) != shapes:
+                return second
+            taken += other
+        return None
+
+    def _varies(self, loader: Any) -> bool:
+        """Whether ``loader``'s full batches change shape beyond the batch size."""
+        data = _data_loader(loader)
+        shapes = epoch_batch_indices(data) if data is not None else {}
+        return bool(shapes) and self._second_batch(loader, next(iter(shapes.values()))) is not None
+
     def _repeats(self, graphed: bool) -> int:
         """Calls per shape: one compiles it; compile's CUDA graphs warm up, then record, then replay."""
         return 3 if graphed else 1
@@ -381,21 +414,24 @@ class ValidationLikeTraining:
     def _warm_training(self, loader: Any) -> None:
         trainer, module = self.trainer, self.module
         graphed = self.training_compile() in CUDAGRAPH_MODES
-        for size, indices, _ in self._shapes(loader, "training"):
+        for size, indices, short in self._shapes(loader, "training"):
             started = time.perf_counter()
-            batch = batch_as_the_loop_moves_it(trainer, batch_of(_data_loader(loader), indices), 0)
-            for _ in range(self._repeats(graphed)):
-                if graphed:
-                    torch.compiler.cudagraph_mark_step_begin()
-                out = trainer.strategy.training_step(batch, 0)
-                loss = out.get("loss") if isinstance(out, dict) else out
-                if isinstance(loss, torch.Tensor) and loss.requires_grad:
-                    loss.backward()
-                for p in module.parameters():
-                    p.grad = None
+            second = None if short else self._second_batch(loader, indices)
+            batches = [batch_of(_data_loader(loader), indices)] + ([second] if second is not None else [])
+            for batch in (batch_as_the_loop_moves_it(trainer, b, 0) for b in batches):
+                for _ in range(self._repeats(graphed)):
+                    if graphed:
+                        torch.compiler.cudagraph_mark_step_begin()
+                    out = trainer.strategy.training_step(batch, 0)
+                    loss = out.get("loss") if isinstance(out, dict) else out
+                    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                        loss.backward()
+                    for p in module.parameters():
+                        p.grad = None
             _synchronized(self.ctx.device)
             self.warmup["shapes"].append(
                 {"step": "training", "loader": 0, "batch": size, "seconds": time.perf_counter() - started}
+                | ({"shapes": len(batches)} if len(batches) > 1 else {})
             )
 
     def _warm_validation(self, loader: Any, index: int, loaders: int) -> None:
@@ -414,11 +450,15 @@ class ValidationLikeTraining:
                 self.short.append({"loader": index, "batch": size, "runs": "eager", "rule": "eager"})
                 continue
             started = time.perf_counter()
-            for _ in range(self._repeats(self.graphed)):
-                step(batch)
+            second = None if short else self._second_batch(loader, indices)
+            batches = [batch] + ([batch_as_the_loop_moves_it(trainer, second, index)] if second is not None else [])
+            for each in batches:
+                for _ in range(self._repeats(self.graphed)):
+                    step(each)
             _synchronized(self.ctx.device)
             self.warmup["shapes"].append(
                 {"step": "validation", "loader": index, "batch": size, "seconds": time.perf_counter() - started}
+                | ({"shapes": len(batches)} if len(batches) > 1 else {})
             )
             if short and self.opts.short == "measure":
                 self._measure_short(lambda batch=batch: step(batch), index, size)
@@ -515,7 +555,10 @@ class ValidationLikeTraining:
             parts.append("validation loader as given (no feed speedup of this fit applies to it)")
         if "seconds" in self.warmup:
             shapes = self.warmup["shapes"]
-            named = ", ".join(f"{shape['step']} {shape['batch']}" for shape in shapes)
+            named = ", ".join(
+                f"{shape['step']} {shape['batch']}" + (f" at {shape['shapes']} lengths" if "shapes" in shape else "")
+                for shape in shapes
+            )
             warmed = (
                 f"warmed {len(shapes)} shapes ({named}) in {self.warmup['seconds']:.2f} s, "
                 f"{self.warmup['compiles']['total']} compiles"

@@ -57,6 +57,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from fastloop._torch_private import compile_event_hooks, dynamo_frames
+from fastloop.data import map_tensors
 from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
@@ -70,7 +71,9 @@ __all__ = [
     "batch_of",
     "epoch_batch_indices",
     "faster_way",
+    "other_indices",
     "recompile_budget",
+    "shapes_of",
 ]
 
 SHORT_RULES = ("measure", "compile", "eager")
@@ -140,6 +143,40 @@ def batch_of(loader: DataLoader, indices: list) -> Any:
         tensor([3, 4, 5])
     """
     return loader.collate_fn([loader.dataset[i] for i in indices])
+
+
+def other_indices(loader: DataLoader, exclude: list, count: int) -> list | None:
+    """``count`` samples of ``loader``'s dataset, none of them in ``exclude`` (the first ones by
+    position), to build another batch of a size; None where the dataset has no length or too few samples.
+
+    Example:
+        >>> other_indices(DataLoader(list(range(37))), [0, 1, 2], 3), other_indices(DataLoader([1, 2]), [0], 2)
+        ([3, 4, 5], None)
+    """
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    taken = set(exclude)
+    out = list(itertools.islice((i for i in range(n) if i not in taken), count))
+    return out if len(out) == count else None
+
+
+def shapes_of(batch: Any) -> list[tuple[int, ...]]:
+    """The shapes of a batch's tensors, in the order met (what a compiled step is specialized to).
+
+    Example:
+        >>> shapes_of({"ids": torch.zeros(8, 30, dtype=torch.long), "labels": torch.zeros(8)})
+        [(8, 30), (8,)]
+    """
+    found: list[tuple[int, ...]] = []
+
+    def note(t: torch.Tensor) -> torch.Tensor:
+        found.append(tuple(t.shape))
+        return t
+
+    map_tensors(note, batch)
+    return found
 
 
 def recompile_budget(compiled_children: int, default: int = 8, calls_per_child: int = 2) -> int:
