@@ -12,7 +12,8 @@ training step is (:mod:`fastloop.speedups.fast_validation` says what and why; th
   a batch of each size of the training loader's epoch through the training step and its backward, and
   of each validation loader's through the validation step, in the mode, grad mode and precision
   Lightning runs them in, inside :class:`~fastloop.speedups.fast_validation.KeptState`, with
-  ``self.log`` dropped. Then the short last validation batch is timed compiled and eager.
+  ``self.log`` dropped (a full batch padded per batch also at a second length). Then the short last
+  validation batch is timed compiled and eager.
 - **While the fit runs**: the compiles after the warm-up are counted
   (:class:`~fastloop.speedups.fast_validation.CompileCount`); on CUDA the validation step's own
   compiled call (compile's CUDA graphs) is swapped in for each validation run and out after it; a new

@@ -15,8 +15,10 @@ case for validation). With this speedup:
 2. **Every batch shape of the fit is compiled before its first step.** Where the training step is
    compiled (the ``compile`` speedup, ``cuda_graph``'s compiled tier, or the user's own
    ``torch.compile``), the training step (with its backward) and the validation step are run once on
-   a batch of each size an epoch has (the full one and the short last one), in train mode and in the
-   mode and grad mode Lightning validates in, when training starts. Nothing the warm-up runs stays: the
+   a batch of each size an epoch has (the full one and the short last one; the full one at a second
+   length too where batches are padded per batch, so that Dynamo makes the length dynamic then), in
+   train mode and in the mode and grad mode Lightning validates in, when training starts. Nothing
+   the warm-up runs stays: the
    module's buffers (BatchNorm's running statistics), its attributes (a list of outputs, a
    torchmetrics state), the gradients, every random generator and the optimizer are as before it
    (:class:`KeptState`), and what the steps log is dropped.
