@@ -24,9 +24,15 @@ class Parity:
     """Marks the CPU parity run slow (compile: tens of seconds per process on a CPU)."""
     option: str = ""
     """Run as ``name:option`` (workers: a fixed count, so that it applies whatever it measures)."""
+    step_skip: str = ""
+    """Where the speedup acts only in a whole fit (fast_validation): the reason a step run skips it with."""
 
 
 MLP, CONV = "tests/targets.py:tiny_mlp", "tests/targets.py:tiny_conv"
+FIT_ONLY = (
+    "limit_val_batches=0: nothing is validated (as in a step benchmark, `fastloop run` or `ab` without --fit): "
+    "fast_validation acts in whole fits"
+)
 
 PARITY: dict[str, Parity] = {
     "gpu_resident": Parity(MLP, 0.0, cpu=False),
@@ -52,4 +58,7 @@ PARITY: dict[str, Parity] = {
     # tests/test_deferred_logging.py)
     "deferred_logging": Parity(MLP, 0.0, cpu=True, plain_loop=False),
     "async_checkpoint": Parity(MLP, 0.0, cpu=True),  # saves only; its files: tests/test_async_checkpoint.py
+    # validation only: a step run validates nothing and the plain loop has no validation loop; its fits (the
+    # same training with it, the same metrics) are in tests/test_fast_validation.py
+    "fast_validation": Parity(MLP, 0.0, cpu=True, plain_loop=False, step_skip=FIT_ONLY),
 }

@@ -6,8 +6,10 @@ Supported: torch 2.11 to 2.14 (the GPU machine and CI).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ import torch
 __all__ = [
     "CONV_TYPES",
     "IndexSamplerAtLength",
+    "compile_call",
     "compile_event_hooks",
     "compiled_call",
     "compiled_draws_as_eager",
@@ -22,12 +25,14 @@ __all__ = [
     "first_graph_break",
     "draw_loader_base_seed",
     "dynamo_counters",
+    "dynamo_frames",
     "found_inf",
     "inductor_cache_counters",
     "inductor_default_cache_dir",
     "is_compiled",
     "loader_auto_collation",
     "loader_iterator",
+    "recompile_limit_at_least",
     "scaler_scale",
     "set_compiled_call",
     "shutdown_workers",
@@ -128,6 +133,35 @@ def recompile_limit() -> tuple[int, bool]:
     return int(limit), bool(getattr(config, "automatic_dynamic_shapes", True))
 
 
+@contextlib.contextmanager
+def recompile_limit_at_least(limit: int) -> Iterator[None]:
+    """While inside, Dynamo's recompile limit per code object is at least ``limit``
+    (``torch._dynamo.config.recompile_limit``, ``cache_size_limit`` before torch 2.6); put back on exit.
+    Why: every module compiled in place (``nn.Module.compile``) runs the same code object (torch
+    compiles its bound ``_call_impl`` through ``torch._dynamo.external_utils.wrap_inline``'s
+    ``inner``), so they all share one limit of 8: a model with three compiled children reaches it at
+    its first eval-mode batch, and every frame past it runs eagerly without a word (seen on torch
+    2.14). The public route would be ``torch._dynamo.config.patch``, which is the same private config."""
+    import torch._dynamo.config as config
+
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    before = getattr(config, name)
+    setattr(config, name, max(int(before), int(limit)))
+    try:
+        yield
+    finally:
+        setattr(config, name, before)
+
+
+def dynamo_frames() -> tuple[int, int]:
+    """(frames Dynamo tried to convert, frames it converted) in this process so far
+    (``counters["frames"]["total"]`` and ``["ok"]``): a frame tried and not converted runs eagerly
+    (a recompile limit reached, a frame Dynamo cannot trace). Same private, same reason as
+    :func:`dynamo_counters`."""
+    frames = dynamo_counters()["frames"]
+    return int(frames.get("total", 0)), int(frames.get("ok", 0))
+
+
 def first_graph_break() -> str | None:
     """The first line of the first graph-break reason Dynamo counted in this process, if any."""
     breaks = dynamo_counters().get("graph_break") or {}
@@ -159,6 +193,15 @@ def compiled_call(module: torch.nn.Module) -> Any:
 def set_compiled_call(module: torch.nn.Module, value: Any) -> None:
     """Put back what :func:`compiled_call` returned (same private, same reason)."""
     module._compiled_call_impl = value
+
+
+def compile_call(module: torch.nn.Module, **options: Any) -> Any:
+    """What ``module.compile(**options)`` would install as its compiled call, without installing it
+    (``torch.compile(module._call_impl, **options)``, as ``nn.Module.compile`` builds it), for
+    :func:`set_compiled_call`. Why: ``fast_validation`` gives a module a second compiled call for the
+    validation loop (compile's CUDA graphs, where the training step's own call cannot have them) and
+    swaps it in while Lightning validates; ``nn.Module.compile`` can only replace the one it holds."""
+    return torch.compile(module._call_impl, **options)
 
 
 def is_compiled(module: torch.nn.Module) -> bool:

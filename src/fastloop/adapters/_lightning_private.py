@@ -18,21 +18,26 @@ from fastloop.adapters.lightning_changes import patch_attr
 __all__ = [
     "LOGGER_CONNECTOR_OVERRIDES",
     "at_epoch_level",
+    "batch_as_the_loop_moves_it",
     "batches_that_stepped",
     "closure_result",
     "current_hook",
     "ddp_kwargs",
+    "evaluation_grad_mode",
     "logged_values",
     "logger_connector",
     "on_a_failed_rank",
     "peek_closure_result",
     "prepare_train_loader",
+    "prepare_val_loader",
     "progress_bar_values",
     "progress_bar_values_as_tensors",
     "set_current_hook",
     "set_train_source",
+    "set_val_source",
     "swap_logger_connector",
     "train_source",
+    "val_source",
     "wrap_logged_metrics",
     "wrap_validation_loop",
 ]
@@ -87,6 +92,83 @@ def prepare_train_loader(trainer: Trainer, loader: Any) -> Any:
     prepared = trainer._data_connector._prepare_dataloader(loader, shuffle=True, mode=RunningStage.TRAINING)
     _auto_add_worker_init_fn(prepared, trainer.global_rank)
     return prepared
+
+
+def val_source(trainer: Trainer) -> Any:
+    """What the fit's validation loaders come from (``trainer.fit_loop.epoch_loop.val_loop._data_source.instance``):
+    the DataLoader(s) given to ``fit`` as ``val_dataloaders``, else the DataModule or the LightningModule
+    whose ``val_dataloader`` Lightning calls. Why: ``fast_validation`` feeds the validation loaders as the
+    training loader is fed, in ``setup``, before Lightning asks for them; as for :func:`train_source`,
+    Lightning has no public setter, and the public route is the user's own loader."""
+    return trainer.fit_loop.epoch_loop.val_loop._data_source.instance
+
+
+def set_val_source(trainer: Trainer, source: Any, undo: list) -> None:
+    """Replace what :func:`val_source` returns for this fit (same private, same reason); ``undo``
+    gets the function that puts back what ``fit`` was given."""
+    patch_attr(trainer.fit_loop.epoch_loop.val_loop._data_source, "instance", source, undo)
+
+
+def prepare_val_loader(trainer: Trainer, loader: Any) -> Any:
+    """``loader`` as Lightning's validation loop prepares a DataLoader before it iterates it: under
+    DDP or FSDP a copy with Lightning's ``DistributedSampler`` (this rank's share, shuffled only
+    where the loader shuffles), and Lightning's worker seeding (``trainer._data_connector._prepare_dataloader``
+    with ``_is_dataloader_shuffled``, and fabric's ``_auto_add_worker_init_fn``: the steps of
+    ``_process_dataloader`` for a validation loader that act on the loader); anything but a
+    DataLoader comes back as it is. Why: as for :func:`prepare_train_loader`, a feed that is not a
+    DataLoader would hide the loader from that preparation, and every rank would validate on the
+    whole data set."""
+    try:
+        from lightning.fabric.utilities.data import _auto_add_worker_init_fn
+        from lightning.pytorch.trainer.states import RunningStage
+        from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+    except ImportError:  # pragma: no cover
+        from lightning_fabric.utilities.data import _auto_add_worker_init_fn  # type: ignore[no-redef]
+        from pytorch_lightning.trainer.states import RunningStage  # type: ignore[no-redef]
+        from pytorch_lightning.utilities.data import _is_dataloader_shuffled  # type: ignore[no-redef]
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return loader
+    shuffle = _is_dataloader_shuffled(loader)
+    prepared = trainer._data_connector._prepare_dataloader(loader, shuffle=shuffle, mode=RunningStage.VALIDATING)
+    _auto_add_worker_init_fn(prepared, trainer.global_rank)
+    return prepared
+
+
+def evaluation_grad_mode(trainer: Trainer) -> Callable[[], contextlib.AbstractContextManager]:
+    """The grad mode Lightning's validation loop runs in (``torch.inference_mode``, or ``torch.no_grad``
+    under gloo, XLA, FSDP or ``Trainer(inference_mode=False)``), as a context factory: the rule of
+    ``lightning.pytorch.loops.utilities._no_grad_context``, asked of the fit's validation loop. Why:
+    a compiled graph is specialized to its grad mode; ``fast_validation`` warms the validation step's
+    graphs before the loop runs, in the loop's own mode, and Lightning exposes the rule only as the
+    decorator of the loop's ``run``."""
+    try:
+        from lightning.pytorch.loops.utilities import _no_grad_context
+    except ImportError:  # pragma: no cover
+        from pytorch_lightning.loops.utilities import _no_grad_context  # type: ignore[no-redef]
+    import torch
+
+    seen: list[Any] = []
+
+    def note(loop: Any) -> None:  # run inside the decorator's context: which mode it entered
+        seen.append(torch.inference_mode if torch.is_inference_mode_enabled() else torch.no_grad)
+
+    _no_grad_context(note)(trainer.fit_loop.epoch_loop.val_loop)
+    return seen[0]
+
+
+def batch_as_the_loop_moves_it(trainer: Trainer, batch: Any, dataloader_idx: int = 0) -> Any:
+    """``batch`` as Lightning's loops hand it to a step: the precision plugin's ``convert_input``, the
+    module's ``on_before_batch_transfer`` (``LightningModule._on_before_batch_transfer``), then the
+    strategy's ``batch_to_device`` (the device, ``transfer_batch_to_device``, ``on_after_batch_transfer``,
+    and what a speedup's ``change_batch`` added). Why: ``fast_validation`` warms the steps on batches
+    built before the loops run, which must reach the step exactly as the loops' batches do (a layout or
+    dtype the loop changes is part of what a compiled graph is specialized to); the first of the three
+    steps is a private method of the module, and Lightning has no public function for the sequence."""
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
+    return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
 
 
 def ddp_kwargs(strategy: Any) -> dict | None:

@@ -168,6 +168,37 @@ class SpeedupCallback(Callback):
             return False
         return bool((scaler_scale(scaler) < self._scale_before).item())
 
+    def _hook(self, name: str, *args: Any) -> None:
+        """Run what the speedup's changes do at Lightning's hook ``name`` (the run's ``hooks``), while it applies."""
+        if self.run is not None and self.ctx is not None and self.ctx.applied(self.speedup.name):
+            for change in self.run.hooks[name]:
+                change(*args)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hook("train_start")
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hook("validation_start")
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._hook("validation_batch_start", batch, batch_idx, dataloader_idx)
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._hook("validation_batch_end", batch, batch_idx, dataloader_idx)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hook("validation_end")
+
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.speedup.uses_cudagraphs() and self.ctx is not None and self.ctx.applied(self.speedup.name):
             if (self.run is None or self.run.graph is None) and own_held_gradients(trainer, pl_module, batch_idx):
@@ -199,6 +230,7 @@ class SpeedupCallback(Callback):
             check_compiled(self.ctx, [self.speedup], self._graphs_before)
         if self.ctx is not None and self._skipped is not None:
             self.ctx.stats["fp16_skipped_steps"] = int(self._skipped.item())
+        self._hook("fit_end")
 
     def _undo(self) -> list:
         """Where every change to the user's objects registers how to put it back (run at teardown)."""

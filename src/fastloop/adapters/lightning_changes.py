@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from fastloop._compat import Trainer
 
-__all__ = ["compilable_children", "describe_children", "patch_attr", "trainer_precision_conflict"]
+__all__ = ["compilable_children", "describe_children", "loader_members", "patch_attr", "trainer_precision_conflict"]
 
 
 _ORIGINALS: dict[tuple[int, str], tuple[Any, bool, Any]] = {}
@@ -105,3 +106,21 @@ def describe_children(children: list[tuple[str, torch.nn.Module]]) -> str:
         )
         out.append(f"{label} ({kind})")
     return ", ".join(out)
+
+
+def loader_members(loader: Any) -> dict | None:
+    """The DataLoaders of a dict, list or tuple of them (what ``train_dataloader`` may return for
+    Lightning to combine, or ``val_dataloader`` for it to run in turn), by key or position; None for
+    anything else.
+
+    Example:
+        >>> sorted(loader_members({"a": DataLoader([1]), "b": DataLoader([2])})), loader_members(DataLoader([1]))
+        (['a', 'b'], None)
+    """
+    if isinstance(loader, dict):
+        items = dict(loader)
+    elif isinstance(loader, (list, tuple)):
+        items = dict(enumerate(loader))
+    else:
+        return None
+    return items if items and all(isinstance(v, DataLoader) for v in items.values()) else None

@@ -31,23 +31,39 @@ from fastloop.adapters._lightning_private import prepare_train_loader, set_train
 from fastloop.adapters.lightning_changes import (
     compilable_children,
     describe_children,
+    loader_members,
     patch_attr,
     trainer_precision_conflict,
 )
 from fastloop.adapters.lightning_checkpoint import install_checkpoint_writer
 from fastloop.adapters.lightning_graph import WholeStepGraph, whole_step_blocker
 from fastloop.adapters.lightning_logging import defer_logged_reads
+from fastloop.adapters.lightning_validation import ValidationLikeTraining, note_loader_change
 from fastloop.speedups.base import Context, Skip
 from fastloop.speedups.compile.compile import CUDAGRAPH_MODES, apply_compile, compiled_by_user
 from fastloop.speedups.cuda_graph.cuda_graph import TierFacts, below_whole, common_blocker
 from fastloop.speedups.deferred_logging import Cadence
 from fastloop.speedups.run import Run, eval_loss
 
-__all__ = ["LightningRun", "graphs_unsafe", "held_gradients"]
+__all__ = ["HOOKS", "LightningRun", "graphs_unsafe", "held_gradients"]
 
 _COMPILE_MODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """The torch.compile mode a LightningModule's children were compiled with during this fit (so
 that compile and cuda_graph compile once); emptied when the fit is torn down."""
+
+_WHOLE_STEP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The LightningModules whose whole training step cuda_graph's engine replays in this fit (until it
+falls a tier, or the fit is torn down): fast_validation leaves their training shapes to the engine."""
+
+HOOKS = (
+    "train_start",
+    "validation_start",
+    "validation_batch_start",
+    "validation_batch_end",
+    "validation_end",
+    "fit_end",
+)
+"""The Lightning hooks at which a run's changes act while the fit runs (the callback calls each list)."""
 
 
 def graphs_unsafe(trainer: Trainer, module: LightningModule) -> str | None:
@@ -87,18 +103,6 @@ def held_gradients(trainer: Trainer, module: LightningModule) -> str | None:
     return None
 
 
-def _loader_members(loader: Any) -> dict | None:
-    """The DataLoaders of a dict, list or tuple of them (what ``train_dataloader`` may return for
-    Lightning to combine), by key or position; None for anything else."""
-    if isinstance(loader, dict):
-        items = dict(loader)
-    elif isinstance(loader, (list, tuple)):
-        items = dict(enumerate(loader))
-    else:
-        return None
-    return items if items and all(isinstance(v, DataLoader) for v in items.values()) else None
-
-
 class LightningRun(Run):
     """One speedup callback's run on one fit.
 
@@ -122,6 +126,9 @@ class LightningRun(Run):
         """fp16's GradScaler: the callback holds the schedulers on the steps it skipped."""
         self.graph: WholeStepGraph | None = None
         """cuda_graph only: the whole step's driver, while the whole step may still replay."""
+        self.hooks: dict[str, list[Callable[..., None]]] = {name: [] for name in HOOKS}
+        """What runs at each of :data:`HOOKS` (the callback's hook of that name calls them, with the hook's
+        arguments after the Trainer and the module)."""
 
     @property
     def undo(self) -> list:
@@ -201,9 +208,10 @@ class LightningRun(Run):
         with this rank's ``DistributedSampler``), so that a feed which is not a DataLoader keeps
         each rank's share."""
         inst = train_source(self.trainer)
+        note_loader_change(self.trainer, self, fn, self.undo)  # fast_validation feeds validation through it too
 
         def wrapped(loader: Any) -> Any:
-            members = _loader_members(loader)  # several loaders (Lightning combines them): each changed alike
+            members = loader_members(loader)  # several loaders (Lightning combines them): each changed alike
             parts = members or {None: loader}
             try:
                 changed = {k: fn(prepare_train_loader(self.trainer, v)) for k, v in parts.items()}
@@ -267,6 +275,14 @@ class LightningRun(Run):
         (:mod:`fastloop.adapters.lightning_logging`); put back, after a last read, at teardown."""
         defer_logged_reads(self.trainer, Cadence(every, seconds), self.undo, self.ctx.stats)
 
+    def validate_like_training(self, options: Any) -> None:
+        """fast_validation (:mod:`fastloop.adapters.lightning_validation`): the validation loaders fed in
+        ``setup``, the shapes warmed at ``on_train_start``, the validation runs graphed and counted."""
+        module = self.model
+        ValidationLikeTraining(
+            self, options, training_compile=lambda: _COMPILE_MODE.get(module), whole_step=lambda: module in _WHOLE_STEP
+        ).install()
+
     def autocast(self, dtype: torch.dtype, *, scale_loss: bool = False) -> None:
         assert self.speedup is not None
         reason = trainer_precision_conflict(self.trainer, dtype, self.speedup.name)
@@ -305,6 +321,9 @@ class LightningRun(Run):
                 on_fallback=self._graph_fallback,
             )
             self.ctx.describe(self.speedup.name, self.graph.engine.detail())
+            module = self.model
+            _WHOLE_STEP[module] = True
+            self.undo.append(lambda: _WHOLE_STEP.pop(module, None))
             self.fit_start.append(lambda: self.graph.prepare(self.undo) if self.graph is not None else None)
             return
         below_whole(self, self.speedup.name, blocker)
@@ -341,4 +360,5 @@ class LightningRun(Run):
         one tier, to compile's CUDA graphs of forward and backward, in the same run."""
         assert self.speedup is not None
         self.graph = None
+        _WHOLE_STEP.pop(self.model, None)
         below_whole(self, self.speedup.name, reason)

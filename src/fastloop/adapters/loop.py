@@ -164,6 +164,12 @@ class LoopRun(Run):
             "them once, at the end"
         )
 
+    def validate_like_training(self, options: Any) -> None:
+        raise Skip(
+            "the plain loop has no validation loop: FastLoop trains only, and what your code validates "
+            "outside it is not FastLoop's to change"
+        )
+
     def prepare(self, batch: Any, device: torch.device) -> Any:
         """The batch as the step sees it: on the device, then each speedup's transform."""
         if not self.on_device:

@@ -260,6 +260,9 @@ def fit_here(opts: FitOptions, *, spawned_at: float, root_dir: str) -> tuple[dic
     ended = clock.finish(base="other")
     record = _record(clock, recorder, watch, settings, [c.record.to_dict() for c in speedup_cbs] + prepared)
     record["record_s"] = ended  # the phases are charged up to here
+    for cb in speedup_cbs:  # what the speedups counted (fast_validation: the compiles after its warm-up)
+        if cb.ctx is not None:
+            extra.update({k: v for k, v in cb.ctx.stats.items() if isinstance(v, (int, float, str, dict))})
     record["extra"] = extra
     record["parts"] = fit_parts(module, data, user)  # what the fit has beside its steps, read off the target
     record["loaders"] = _loaders(recorder, user)
@@ -375,6 +378,7 @@ def fit_result(record: dict, wall_s: float, opts: FitOptions, fallbacks: list[di
         failed=record.get("failed"),
         parts=record.get("parts") or {},
         loaders=record.get("loaders") or {},
+        extra=record.get("extra") or {},
     )
 
 

@@ -161,6 +161,9 @@ class FitResult:
     """Batches: ``train``, a whole epoch of the target's own fit; ``val``, a whole validation run
     (None: a loader without a length); ``val_run`` and ``sanity_run``, the validation batches this
     fit ran after and in the sanity check. A short fit (``train_batches``) ran fewer than ``train``."""
+    extra: dict = field(default_factory=dict)
+    """What the speedups counted, by statistic (the batch-size search's; ``fast_validation``: the compiles
+    after its warm-up, by phase)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The document: plain dicts and lists (non-finite numbers become null when written)."""

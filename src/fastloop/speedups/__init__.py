@@ -32,6 +32,7 @@ from fastloop.speedups.cudnn_benchmark import CudnnBenchmark
 from fastloop.speedups.dali.dali import Dali
 from fastloop.speedups.ddp_comm import DDPComm
 from fastloop.speedups.deferred_logging import DeferredLogging
+from fastloop.speedups.fast_validation import FastValidation
 from fastloop.speedups.fp8 import FP8
 from fastloop.speedups.fused_loss import FusedLoss
 from fastloop.speedups.fused_optimizer import FusedOptimizer
@@ -62,6 +63,7 @@ __all__ = [
     "DeferredLogging",
     "Dali",
     "Fallback",
+    "FastValidation",
     "FusedLoss",
     "FusedOptimizer",
     "GPUAugment",

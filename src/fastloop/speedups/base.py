@@ -88,6 +88,12 @@ class Speedup:
     ``prefetch``): the most it can give back is the copy's host time or the GPU's wait for the
     batch, not the loader's own work (which stays in the main process)."""
 
+    feeds_validation: ClassVar[bool] = False
+    """A feed speedup whose change of the training loader holds for any loader of the same data: it
+    changes how batches arrive (processes, pinned memory, a thread, the device's memory), never which
+    samples a batch holds or what they are (augmentation, decoding, padding): ``fast_validation``
+    feeds the validation loaders through it too, each on its own terms."""
+
     replaces_loader: ClassVar[bool] = False
     """A feed serving batches on the GPU in place of the loader: with it, the CPU feed has nothing to do."""
     needs_in_memory_tensors: ClassVar[bool] = False

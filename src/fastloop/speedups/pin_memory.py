@@ -29,6 +29,7 @@ class PinMemory(Speedup):
     advice_pattern = r"pin_memory|pinned memory"
     changes = "data"
     feeds = True
+    feeds_validation = True
     feeds_copy_only = True
     order = 11
     in_default_ladder = True

@@ -38,6 +38,7 @@ class Prefetch(Speedup):
     ablation_rank = 8
     changes = "data"
     feeds = True
+    feeds_validation = True
     order = 12
     in_default_ladder = True
     needs_cuda = True

@@ -151,6 +151,15 @@ class Run:
         in one transfer, instead of after each step: every value still reaches the logger, at its step."""
         raise self._cannot("defer the reads of logged values")
 
+    def validate_like_training(self, options: Any) -> None:
+        """The run's validation loop treated as its training step is (``fast_validation``, with its
+        :class:`~fastloop.speedups.fast_validation.FastValidationOptions`): the validation loaders fed
+        through the run's feed speedups that hold for any loader, each batch shape of training and
+        validation compiled before the first step with nothing it ran kept, the compiles after that
+        counted, the short last validation batch compiled or eager, the validation step graphed on CUDA
+        where training is compiled."""
+        raise self._cannot("change how it validates")
+
     def save_checkpoints_with(self, writer: Any) -> None:
         """The run's checkpoint saves go through ``writer`` (an
         :class:`~fastloop.speedups.async_checkpoint.CheckpointWriter`): Lightning's saves and

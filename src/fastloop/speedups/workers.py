@@ -280,6 +280,7 @@ class Workers(Speedup):
     ablation_rank = 7
     changes = "data"
     feeds = True
+    feeds_validation = True
     order = 10
     in_default_ladder = True
 

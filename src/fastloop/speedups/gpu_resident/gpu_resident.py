@@ -210,6 +210,7 @@ class GPUResident(Speedup):
     stored_on_device = True
     changes = "data"
     feeds = True
+    feeds_validation = True
     order = 9
     needs_cuda = True
     in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder.search)
