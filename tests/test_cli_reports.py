@@ -123,6 +123,7 @@ def test_doctor_on_cpu_measures_what_it_can(tmp_path):
         assert set(ceil["not_measured"]) == {"gpu_matmul", "device_copy", "host_to_device", "launch_overhead"}
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_a_vs_a_not_significant(tmp_path):
     """A vs A is called significant in at most 3% of A/Bs by design (97% intervals), so one A/B
     may be: a second, independent one being significant too (<= 0.1% under the design) fails."""
@@ -160,6 +161,7 @@ def test_a_vs_a_not_significant(tmp_path):
     _check_config(doc["b"])
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_ladder_keeps_workers_on_a_data_bound_target(tmp_path):
     """Each batch costs 16 x 3 ms of sleeping 'decoding' against a sub-millisecond step: 4 loader
     workers overlap that sleep even on 2 busy cores: the point estimate is well above 1.5x. The

@@ -35,6 +35,7 @@ def _fastloop(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedPro
     return proc, time.perf_counter() - t0
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_two_ranks_report_per_rank_and_scaling(tmp_path):
     out = tmp_path / "ddp.json"
     proc, _ = _fastloop(
@@ -98,6 +99,7 @@ def test_doctor_calls_poor_scaling_communication_bound():
     assert diagnose(cfg)["bottleneck"] != "communication-bound"
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):
     out = tmp_path / "w.json"
     proc, _ = _fastloop(
@@ -126,6 +128,7 @@ def test_measured_worker_count_is_rank_zeros_on_every_rank(tmp_path):
     assert recs[0]["status"] == "applied" and " worker processes (measured fastest: " in recs[0]["detail"]
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 @pytest.mark.parametrize("target,failing", [("fails_on_rank_1", 1), ("fails_on_rank_0", 0)])
 def test_a_failing_rank_ends_every_rank_with_one_clear_error(target, failing):
     proc, took = _fastloop(
@@ -161,6 +164,7 @@ def test_bad_multi_device_input_exits_2(args, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-1000:]
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_ddp_comm_tunes_ddp_on_every_rank_and_is_skipped_on_one_device(tmp_path):
     out = tmp_path / "c.json"
     proc, _ = _fastloop(

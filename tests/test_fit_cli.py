@@ -16,6 +16,7 @@ def _err_line(capsys) -> str:
     return err
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_fit_demo_accounts_for_the_outside_clock(tmp_path):
     """The must-show: the phases sum to the outside clock, `other` (the remainder) within 5% of it,
     and each phase the demo's fit has is non-zero (no compile: the plain fit compiles nothing)."""

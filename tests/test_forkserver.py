@@ -24,6 +24,7 @@ def _run(target="tests/targets.py:tiny_mlp"):
     return run_in_subprocess(target, "none", steps=6, warmup=2, device="cpu")
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_forked_runs_are_separate_processes_and_train_as_a_new_interpreter_does(fresh_server, monkeypatch):
     a, b = _run(), _run()
     assert a["timings"]["forked"] and b["timings"]["forked"]
@@ -48,12 +49,14 @@ def test_a_user_error_in_a_forked_run_is_reported_like_a_plain_one(fresh_server)
     assert subproc._SERVER is not None and subproc._SERVER.proc.poll() is None  # the server carries on
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_a_child_that_cannot_start_cuda_in_a_fork_reruns_the_plain_way(fresh_server):
     doc = _run("tests/targets.py:fork_trouble")
     assert doc["timings"]["forked"] is False and doc["steps"] == 6
     assert subproc._SERVER is None and subproc._SERVER_OFF  # later runs start Python afresh
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_a_changed_environment_gets_a_new_server(fresh_server, monkeypatch):
     # torch reads some variables at import (TORCHINDUCTOR_*, ...): runs see the leader's env as of now
     a = _run()
@@ -64,6 +67,7 @@ def test_a_changed_environment_gets_a_new_server(fresh_server, monkeypatch):
     assert a["losses"][:8] == b["losses"][:8]
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypatch, tmp_path):
     """A configuration's GPU profile is taken in its first run only; the flag travels in the
     child's environment and is read at run time, so the server is kept."""
@@ -84,6 +88,7 @@ def test_later_runs_skip_the_profile_without_a_new_server(fresh_server, monkeypa
     assert subproc._SERVER.proc.pid == first
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, monkeypatch, tmp_path):
     """An A/B declares A's step rate to B's runs and not to A's (``--step-rate`` in B's arguments,
     ``run_inputs`` in its document); the declaration is an argument of the run, so one server

@@ -12,6 +12,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -108,6 +110,7 @@ def _ctrl_c_when_running(proc: subprocess.Popen, mark: str, processes: int, sett
     assert _processes_with(mark) == []
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_ctrl_c_to_a_ladder_with_loader_workers(tmp_path):
     proc, mark, out = _start(tmp_path, "ladder")
     _wait_for_a_finished_run(out, proc)
@@ -119,6 +122,7 @@ def test_ctrl_c_to_a_ladder_with_loader_workers(tmp_path):
     assert not list(out.glob(".fastloop-*"))  # no temporary file left behind
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_a_killed_leader_takes_its_children_along(tmp_path):
     proc, mark, out = _start(tmp_path, "ab")
     try:
@@ -161,9 +165,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-import pytest  # noqa: E402
-
-
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_nothing_outlives_a_killed_ladder(sig, tmp_path):
     """The leader of a ladder whose configuration runs 2 loader workers (the leader's
@@ -221,6 +223,7 @@ def test_a_dead_runs_folder_is_swept_and_a_live_one_kept(tmp_path):
         live.wait()
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
     """The third process (the first candidate's second run: rungs run in ladder order, bf16 first,
     and the pairs counterbalanced: none, bf16, then bf16, none) is killed: that rung is 'failed'

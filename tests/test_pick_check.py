@@ -341,6 +341,7 @@ def test_ab_check_runs_the_same_check_between_a_and_b():
 # -- real runs, each a fresh process -------------------------------------------------------------
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_workers_on_a_dataset_that_ignores_its_index_is_refused_where_its_batches_part():
     """Each worker process copies the dataset's reader at the same position: the second batch is
     the first again. The check sees the batches part at step 1 and the losses with them."""
@@ -355,6 +356,7 @@ def test_workers_on_a_dataset_that_ignores_its_index_is_refused_where_its_batche
     assert "its batches differ from the baseline's from step 1" in found["verdict"]
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_channels_last_under_strided_code_that_assumes_nchw_is_refused_on_the_same_batches():
     from fastloop.drivers.subproc import run_in_subprocess
 
@@ -366,6 +368,7 @@ def test_channels_last_under_strided_code_that_assumes_nchw_is_refused_on_the_sa
     assert found["max_deviation"] > 10 * REORDERED_TOL
 
 
+@pytest.mark.slow  # a CLI process end to end: .ci/run's second step
 def test_ab_check_from_the_command_line_passes_workers_on_an_indexed_dataset(tmp_path):
     """A shuffled loader with its own generator, 32 batches an epoch: the check's 100 steps cross
     three epoch edges, where persistent workers must shuffle as the plain loader does."""
