@@ -19,6 +19,7 @@ import numpy as np
 
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.speedups.base import REGISTRY, Speedup
+from fastloop.speedups.ladder_traits import LadderTraits
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -61,11 +62,13 @@ def _register(monkeypatch, rng) -> list[str]:
                 "name": f"sim{i}",
                 "changes": "data" if feeds else "model" if compiles else "step",
                 "order": 10 + i,
-                "feeds": feeds,
-                "replaces_loader": replaces,
-                "needs_in_memory_tensors": in_memory,
-                "changes_workload": workload,
-                "ablation_rank": rank,
+                "ladder": LadderTraits(
+                    feeds=feeds,
+                    replaces_loader=replaces,
+                    needs_in_memory_tensors=in_memory,
+                    changes_workload=workload,
+                    ablation_rank=rank,
+                ),
                 "compiles": compiles,
             },
         )
@@ -114,7 +117,7 @@ def scenario(seed: int, monkeypatch, clock: FakeClock) -> dict:
         speed = float(np.prod([gain[n] for n in on if n != lazy])) if on else 1.0
         if pair and set(pair) <= set(on):
             speed *= 1.5
-        feeding = [n for n in on if n in REGISTRY and REGISTRY[n].feeds and n != lazy]
+        feeding = [n for n in on if n in REGISTRY and REGISTRY[n].ladder.feeds and n != lazy]
         count = _workers_count(on)
         speed *= crowd.get(count, 1.0) if "workers" in on else 1.0
         wait = base_wait * (0.2 if feeding else 1.0) * (0.5 if count == 8 else 1.0)

@@ -28,6 +28,7 @@ MODULES = [
     "fastloop.measure.flops",
     "fastloop.measure.timer",
     "fastloop.speedups.base",
+    "fastloop.speedups.ladder_traits",
     "fastloop.adapters.lightning_graph",
     "fastloop.speedups.cuda_graph.captured_step",
     "fastloop.speedups.cuda_graph.graph_capture",

@@ -47,7 +47,7 @@ def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
     assert ctx.stats["step_demand"] == pytest.approx(500.0)
     assert ctx.stats["predicted_saving"] == pytest.approx(500 / 15_000 - 500 / 30_000)
     # what the ladder needs to measure the larger counts in the configuration (fastloop.drivers.ladder.sizing)
-    assert W.Workers.sizes_above_kept(ctx.stats) == (0, [4])
+    assert W.Workers.ladder.sized.above_kept(ctx.stats) == (0, [4])
 
 
 def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkeypatch):

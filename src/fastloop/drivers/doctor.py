@@ -334,7 +334,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
         if sync_note and sites:
             sync_note += "; it synchronizes at " + "; ".join(f"{s['site']} ({s['per_step']:g} a step)" for s in sites)
         pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
-        on_device = any(getattr(REGISTRY.get(n), "replaces_loader", False) for n in applied)
+        on_device = any(REGISTRY[n].ladder.replaces_loader for n in applied if n in REGISTRY)
         fix = (
             (
                 "remove the per-step host syncs first ("

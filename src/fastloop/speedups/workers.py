@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import IndexSamplerAtLength, draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
+from fastloop.speedups.ladder_traits import LadderTraits, SelfSized
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
@@ -44,6 +45,8 @@ __all__ = [
     "choose_num_workers",
     "default_num_workers",
     "size_for_demand",
+    "sizes_above_kept",
+    "sizes_around",
     "loader_rate",
     "predicted_saving",
     "step_rate_hint",
@@ -272,46 +275,49 @@ def _counts_above(stats: dict, own: int) -> list[int]:
     return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
 
 
+def sizes_around(stats: dict) -> tuple[int | None, list[int]]:
+    """The worker count a run's probe chose (``num_workers``), and the probe's measured counts next
+    below and above it (more than the user's loader's own count): the sizes the ladder measures in
+    the configuration.
+
+    >>> sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
+    (8, [4])
+    """
+    chosen = stats.get("num_workers")
+    if not isinstance(chosen, int) or isinstance(chosen, bool):
+        return None, []
+    counts = _counts_above(stats, stats.get("loader_own_workers") or 0)  # fewer than the user's: not this speedup
+    below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
+    return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def sizes_above_kept(stats: dict) -> tuple[int | None, list[int]]:
+    """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
+
+    >>> sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
+    (4, [8, 16])
+    """
+    own = stats.get("loader_own_workers")
+    if not isinstance(own, int) or isinstance(own, bool):
+        return None, []
+    return own, _counts_above(stats, own)
+
+
 @register
 class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
     reads_in_workers = True
-    ablation_rank = 7
+    ladder = LadderTraits(
+        ablation_rank=7,
+        feeds=True,
+        in_default=True,
+        sized=SelfSized(stat="num_workers", around=sizes_around, above_kept=sizes_above_kept),
+    )
     changes = "data"
-    feeds = True
     order = 10
-    in_default_ladder = True
 
     options_type = WorkersOptions
-    sized_stat = "num_workers"
-
-    @classmethod
-    def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """The count chosen, and the probe's measured counts next below and above it (more than the
-        user's loader's own count).
-
-        >>> Workers.sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
-        (8, [4])
-        """
-        chosen = stats.get(cls.sized_stat)
-        if not isinstance(chosen, int) or isinstance(chosen, bool):
-            return None, []
-        counts = _counts_above(stats, stats.get("loader_own_workers") or 0)  # fewer than the user's: not this speedup
-        below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
-        return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
-
-    @classmethod
-    def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
-
-        >>> Workers.sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
-        (4, [8, 16])
-        """
-        own = stats.get("loader_own_workers")
-        if not isinstance(own, int) or isinstance(own, bool):
-            return None, []
-        return own, _counts_above(stats, own)
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
