@@ -33,6 +33,7 @@ OPTIONAL = frozenset(
         "window_short",
         "failures",
         "loss_finite",
+        "losses_not_finite",
         "startup_s",
         "cold_compile_s",
         "interrupted",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.ladder.wording import feed_busy_gpu, feed_host_bound, model_rules_out
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups.base import Speedup
 
 __all__ = ["FEED_BUSY", "FEED_WAIT", "feed_cannot_help", "model_says_no"]
@@ -32,10 +33,10 @@ def model_says_no(base_runs: Runs | None, s: Speedup, shapes_fixed: bool = False
     out (``data_checks``: cuda_graph) is measured after all."""
     if base_runs is None or not base_runs.docs:
         return None
-    doc = base_runs.docs[-1]
-    if shapes_fixed and s.name in (doc.get("data_checks") or {}) and s.name not in (doc.get("built_checks") or {}):
+    run = RunResult.from_dict(base_runs.docs[-1])
+    if shapes_fixed and s.name in (run.data_checks or {}) and s.name not in (run.built_checks or {}):
         return None
-    reason = (doc.get("model_checks") or {}).get(s.name)
+    reason = (run.model_checks or {}).get(s.name)
     return model_rules_out(reason) if reason else None
 
 
@@ -48,13 +49,12 @@ def feed_cannot_help(best: Runs | None, best_spec: str, s: Speedup) -> str | Non
         return None
     if best is None or not best.docs:
         return None
-    doc = merge_runs(best)
-    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
-    wait = doc.get("data_wait_frac")
-    host = doc.get("host_wait_frac")
+    merged = RunResult.from_dict(merge_runs(best))
+    busy = (merged.gpu_profile or {}).get("gpu_busy_frac")
+    wait, host = merged.data_wait_frac, merged.host_wait_frac
     if wait is None:
         return None
-    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    fetch, copy = merged.host_fetch_s, merged.host_copy_s
     copy_only = False
     if s.ladder.feeds_copy_only and host is not None and fetch and copy is not None:
         # pinned or early copies leave the loader's own work where it is: only the copy's share counts

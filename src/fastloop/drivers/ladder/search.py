@@ -46,6 +46,7 @@ from fastloop.drivers.ladder.moves import Moves
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.ladder.sizing import Sizing
 from fastloop.drivers.ladder.state import LadderState
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import Context, Speedup, name_of
 
@@ -96,12 +97,12 @@ class _Stages:
 
     def _wait(self) -> float:
         """The best configuration's data-wait fraction."""
-        return merge_runs(self.state.best()).get("data_wait_frac") or 0.0
+        return RunResult.from_dict(merge_runs(self.state.best())).data_wait_frac or 0.0
 
     def _dataset(self) -> dict:
         """What the runs said of the dataset (``in_memory_tensors``, ...)."""
         best = self.state.best()
-        return ((merge_runs(best).get("extra") or {}).get("dataset") or {}) if best else {}
+        return (RunResult.from_dict(merge_runs(best)).extra.get("dataset") or {}) if best else {}
 
     def run(self, usable: list[Speedup]) -> None:
         state = self.state

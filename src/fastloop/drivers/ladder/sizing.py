@@ -32,6 +32,7 @@ from fastloop.drivers.ladder import wording
 from fastloop.drivers.ladder.moves import ABLATION_LOSS, Decision, Measured, Moves
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.ladder.state import LadderState
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups import REGISTRY, resolve
 from fastloop.speedups.base import Speedup
 from fastloop.speedups.ladder_traits import SelfSized
@@ -52,7 +53,8 @@ def self_sized(name: str | None) -> SelfSized | None:
 
 def _chosen(runs: Runs, stat: str) -> int | None:
     """The size the runs chose (the most common, where the probe's noise made them differ)."""
-    sizes = [int(d["extra"][stat]) for d in runs.docs if isinstance((d.get("extra") or {}).get(stat), (int, float))]
+    chosen = [RunResult.from_dict(d).extra.get(stat) for d in runs.docs]
+    sizes = [int(n) for n in chosen if isinstance(n, (int, float))]
     return max(set(sizes), key=sizes.count) if sizes else None
 
 
@@ -68,7 +70,7 @@ class Sizing:
     def _best_wait(self) -> float:
         """The data-wait fraction of the best configuration's kept runs (0 where it has none)."""
         now = self.state.best()
-        return (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None and now.docs else 0.0
+        return (RunResult.from_dict(merge_runs(now)).data_wait_frac or 0.0) if now is not None and now.docs else 0.0
 
     def size_in_configuration(self, stage: str = SIZED_STAGE) -> None:
         """For each kept speedup that sized itself (its spec without an option, a :func:`self_sized`),
@@ -80,7 +82,7 @@ class Sizing:
             best = state.best()
             if best is None or not best.docs:
                 break  # nothing measured in the configuration yet: neither loop can size
-            extra = merge_runs(best).get("extra") or {}
+            extra = RunResult.from_dict(merge_runs(best)).extra
             sized = self_sized(spec)
             assert sized is not None
             chosen, around = sized.around({**extra, sized.stat: _chosen(best, sized.stat)})
@@ -114,7 +116,7 @@ class Sizing:
         sized = self_sized(spec)
         assert sized is not None
         pinned, stat = f"{spec}:{chosen}", sized.stat
-        self.state.pin(spec, pinned, lambda doc: (doc.get("extra") or {}).get(stat) == chosen)
+        self.state.pin(spec, pinned, lambda doc: RunResult.from_dict(doc).extra.get(stat) == chosen)
         self.state.note_stage(stage, wording.pinned(spec, pinned))
 
     def _size_kept_alone(self, spec: str, stage: str) -> None:
@@ -126,11 +128,11 @@ class Sizing:
         best = state.best()
         if best is None or not best.docs:
             return
-        merged = merge_runs(best)
+        merged = RunResult.from_dict(merge_runs(best))
         sized = self_sized(spec)
         assert sized is not None
-        own, above = sized.above_kept(merged.get("extra") or {})
-        wait = merged.get("data_wait_frac") or 0.0
+        own, above = sized.above_kept(merged.extra)
+        wait = merged.data_wait_frac or 0.0
         if own is None or not above or wait < SIZING_WAIT:
             return
         state.note_stage(stage, wording.sizes_above_kept(spec, own, wait, above))
