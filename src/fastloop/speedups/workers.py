@@ -43,7 +43,9 @@ __all__ = [
     "Workers",
     "apply_workers",
     "choose_num_workers",
+    "UNMEASURED_RATE",
     "default_num_workers",
+    "record_rates",
     "size_for_demand",
     "sizes_above_kept",
     "sizes_around",
@@ -195,7 +197,7 @@ def size_for_demand(rates: dict[str, float], demand: float, fastest: int) -> int
     >>> size_for_demand({"0": 900.0, "2": 2_000.0, "4": 3_900.0, "8": 7_000.0, "16": 9_000.0}, 2_500.0, 16)
     4
     """
-    enough = [int(k) for k, v in rates.items() if v == v and int(k) <= fastest and v >= WORKER_HEADROOM * demand]
+    enough = [int(k) for k, v in rates.items() if _measured(v) and int(k) <= fastest and v >= WORKER_HEADROOM * demand]
     return min(enough) if enough else fastest
 
 
@@ -270,9 +272,34 @@ class WorkersOptions(Options):
     )
 
 
+UNMEASURED_RATE = "the loader ran out of batches before a rate could be timed with this many workers"
+"""Why a worker count's rate is null in ``loader_rates`` (under ``loader_rates_unmeasured``)."""
+
+
+def _measured(rate: object) -> bool:
+    """A rate the probe timed: a number, not NaN (the probe's "ran dry") nor null (read back)."""
+    return isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate == rate
+
+
+def record_rates(stats: dict, rates: dict[str, float]) -> None:
+    """Record the probe's ``rates`` in a run's statistics as strict JSON: a rate the probe could not
+    time (NaN) is null in ``loader_rates``, and ``loader_rates_unmeasured`` says why, by count.
+
+    Example:
+        >>> stats = {}
+        >>> record_rates(stats, {"0": 900.0, "8": float("nan")})
+        >>> stats["loader_rates"], list(stats["loader_rates_unmeasured"])
+        ({'0': 900.0, '8': None}, ['8'])
+    """
+    stats["loader_rates"] = {k: v if _measured(v) else None for k, v in rates.items()}
+    unmeasured = {k: UNMEASURED_RATE for k, v in rates.items() if not _measured(v)}
+    if unmeasured:
+        stats["loader_rates_unmeasured"] = unmeasured
+
+
 def _counts_above(stats: dict, own: int) -> list[int]:
     """The worker counts the probe measured (``stats["loader_rates"]``, a rate each) above ``own``."""
-    return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+    return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if _measured(v) and int(k) > own)
 
 
 def sizes_around(stats: dict) -> tuple[int | None, list[int]]:
@@ -335,7 +362,8 @@ class Workers(Speedup):
         n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
-            ctx.stats["loader_rates"], ctx.stats["loader_own_workers"] = rates, loader.num_workers
+            record_rates(ctx.stats, rates)
+            ctx.stats["loader_own_workers"] = loader.num_workers
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
                 raise Skip(
