@@ -1,11 +1,11 @@
 """What the drivers are asked, typed and checked once: :class:`RunConfig` (one measured
-configuration), :class:`LadderConfig` and :class:`AbConfig`, each a keyword-only dataclass whose
+configuration: ``fastloop run``, and each run of a ladder or an A/B), a keyword-only dataclass whose
 ``__post_init__`` refuses what the command line refuses, with the same one-line message
-(:data:`BOUNDS`: each number's range is written once, here, and the CLI's argument types are made
-from it). The command line builds one at its edge; a driver called from Python builds one from its
-keyword arguments. Speedup lists are parsed once, into speedup objects, when the configuration is
-made; a process of its own is handed them back as a spec (:attr:`RunConfig.spec`: each speedup's
-:attr:`~fastloop.speedups.base.Speedup.spec` reads back as the same object).
+(:data:`BOUNDS`: each number's range is written once, here, and the command line's argument types
+are made from it, :meth:`Bound.argument`). The speedup list is parsed once, into speedup objects,
+when the configuration is made; a process of its own is handed them back as a spec
+(:attr:`RunConfig.spec`: each speedup's :attr:`~fastloop.speedups.base.Speedup.spec` reads back as
+the same object).
 
 Imports without torch (the command line checks its numbers before torch is imported); parsing a
 speedup list imports the registry.
@@ -32,7 +32,7 @@ from fastloop.errors import FastloopError, shorten
 if TYPE_CHECKING:
     from fastloop.speedups.base import Speedup
 
-__all__ = ["BOUNDS", "AbConfig", "Bound", "LadderConfig", "RunConfig", "join_specs", "parse_speedups"]
+__all__ = ["BOUNDS", "Bound", "RunConfig", "join_specs", "parse_speedups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +84,8 @@ def _count(flag: str, low: int, high: int) -> Bound:
     return Bound(f"{flag} must be an integer from {low} to {high:,}", int, low, high)
 
 
-def _seconds(flag: str, high: float) -> Bound:
-    return Bound(f"{flag} must be seconds, a number in (0, {high:g})", float, 0, high, low_open=True)
+def _seconds(flag: str, high: float, shown: str) -> Bound:
+    return Bound(f"{flag} must be seconds, a number in (0, {shown})", float, 0, high, low_open=True)
 
 
 BOUNDS: dict[str, Bound] = {
@@ -99,9 +99,9 @@ BOUNDS: dict[str, Bound] = {
     "epochs": _count("--epochs", 1, 1_000_000),
     "max_steps": _count("--max-steps", 1, 10**9),
     "seeds": _count("--seeds", 1, 1000),
-    "measure_s": _seconds("--measure-s", 1e6),
-    "budget": _seconds("--budget", 1e6),
-    "max_time": _seconds("--max-time", 1e7),
+    "measure_s": _seconds("--measure-s", 1e6, "1e6"),
+    "budget": _seconds("--budget", 1e6, "1e6"),
+    "max_time": _seconds("--max-time", 1e7, "1e7"),
     "step_rate": Bound("--step-rate must be steps per second, a number > 0", float, 0, 1e9, low_open=True),
     "margin": Bound("--margin must be a number in (0, 1]", float, 0, 1, low_open=True),
     "tolerance": Bound("--tolerance must be a number > 0", float, 0, 1e9, low_open=True),
@@ -110,9 +110,6 @@ BOUNDS: dict[str, Bound] = {
 (:meth:`Bound.argument`) and the configurations' checks read the same bound."""
 
 STRATEGIES = ("ddp", "fsdp")
-MODES = ("select", "sequential", "cumulative")
-"""The ladder's searches: the staged search (the default), one rung at a time, every rung on top
-of all before it."""
 
 
 def join_specs(specs: list[str]) -> str:
@@ -199,72 +196,3 @@ class RunConfig:
     def distributed(self) -> bool:
         """Its ranks are started by Lightning's strategy."""
         return self.devices > 1 or self.strategy is not None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LadderConfig:
-    """A ladder (``fastloop ladder``): which speedups to try on top of which base, and how long."""
-
-    target: str
-    rungs: Any = None
-    """The speedups to try (as :attr:`RunConfig.speedups`, held parsed); None: the default ladder."""
-    base: Any = field(default_factory=list)
-    """Speedups every configuration has: the baseline is this set (held parsed)."""
-    steps: int = 30
-    warmup: int = 5
-    max_repeats: int = 6
-    """The most runs a side of one comparison."""
-    budget: float | None = None
-    """Seconds for the whole ladder (None: the device's default)."""
-    mode: str = "select"
-    """One of :data:`MODES`."""
-    device: str = "cpu"
-    measure_s: float | str | None = "auto"
-    """Seconds of steady steps each run measures; ``"auto"``: the device's default; None: ``steps``."""
-
-    def __post_init__(self) -> None:
-        _check_text("target", self.target)
-        if self.mode not in MODES:
-            raise FastloopError(f"ladder mode must be one of {', '.join(MODES)}, got {shorten(repr(self.mode), 40)}")
-        BOUNDS["max_repeats"].check(self.max_repeats)
-        BOUNDS["steps"].check(self.steps)
-        BOUNDS["warmup"].check(self.warmup)
-        BOUNDS["budget"].check_optional(self.budget)
-        if self.measure_s != "auto":
-            BOUNDS["measure_s"].check_optional(self.measure_s)
-        _set(self, "base", parse_speedups(self.base or []))
-        if self.rungs is not None:
-            _set(self, "rungs", parse_speedups(self.rungs))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AbConfig:
-    """An A/B (``fastloop ab``): two configurations, interleaved, ``repeats`` runs a side."""
-
-    target: str
-    a: Any
-    """Configuration A (as :attr:`RunConfig.speedups`, held parsed)."""
-    b: Any
-    """Configuration B (a ratio > 1 means B is faster)."""
-    repeats: int = 5
-    steps: int = 30
-    warmup: int = 5
-    device: str = "cpu"
-    check: bool = False
-    """Also check that B trains as A (the ladder's check of its pick)."""
-
-    def __post_init__(self) -> None:
-        _check_text("target", self.target)
-        BOUNDS["repeats"].check(self.repeats)
-        BOUNDS["steps"].check(self.steps)
-        BOUNDS["warmup"].check(self.warmup)
-        _set(self, "a", parse_speedups(self.a))
-        _set(self, "b", parse_speedups(self.b))
-
-    @property
-    def a_spec(self) -> str:
-        return join_specs([s.spec for s in self.a])
-
-    @property
-    def b_spec(self) -> str:
-        return join_specs([s.spec for s in self.b])
