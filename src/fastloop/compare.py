@@ -323,7 +323,7 @@ def step_rate_of(runs: Runs | None) -> float | None:
     speedups to A: ``workers`` weighs its loader rates against it.
 
     Example:
-        >>> r = Runs("bf16"); r.docs.append({"step_s": {"mean": 0.01}, "data_wait_frac": 0.5})
+        >>> r = Runs("bf16"); r.docs.append({"step_s_all": [0.01, 0.01], "data_wait_frac": 0.5})
         >>> round(step_rate_of(r), 6), step_rate_of(Runs("none"))
         (200.0, None)
     """

@@ -16,10 +16,10 @@ that was NaN or infinite as null, and says which and why under ``losses_not_fini
 
 Example:
     >>> doc = {"steps": 3, "step_s": {"median": 0.02, "p25": 0.02, "p75": 0.03, "mean": 0.025},
-    ...        "data_wait_frac": 0.25, "kind": "run"}
+    ...        "data_wait_frac": 0.25, "kind": "run", "note": "mine"}
     >>> r = RunResult.from_dict(doc)
-    >>> r.step_s.mean, r.data_wait_frac, r.peak_mem_bytes, r.rest
-    (0.025, 0.25, None, {'kind': 'run'})
+    >>> r.step_s.mean, r.data_wait_frac, r.peak_mem_bytes, r.kind, r.rest
+    (0.025, 0.25, None, 'run', {'note': 'mine'})
     >>> RunResult(steps=2, losses=[1.0, float("nan")]).to_dict()["losses_not_finite"]
     {'1': 'nan'}
 """
