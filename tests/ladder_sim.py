@@ -19,6 +19,7 @@ import numpy as np
 
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.speedups.base import REGISTRY, Speedup
+from fastloop.speedups.ladder_traits import LadderTraits
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -61,11 +62,13 @@ def _register(monkeypatch, rng) -> list[str]:
                 "name": f"sim{i}",
                 "changes": "data" if feeds else "model" if compiles else "step",
                 "order": 10 + i,
-                "feeds": feeds,
-                "replaces_loader": replaces,
-                "needs_in_memory_tensors": in_memory,
-                "changes_workload": workload,
-                "ablation_rank": rank,
+                "ladder": LadderTraits(
+                    feeds=feeds,
+                    replaces_loader=replaces,
+                    needs_in_memory_tensors=in_memory,
+                    changes_workload=workload,
+                    ablation_rank=rank,
+                ),
                 "compiles": compiles,
             },
         )
@@ -114,7 +117,7 @@ def scenario(seed: int, monkeypatch, clock: FakeClock) -> dict:
         speed = float(np.prod([gain[n] for n in on if n != lazy])) if on else 1.0
         if pair and set(pair) <= set(on):
             speed *= 1.5
-        feeding = [n for n in on if n in REGISTRY and REGISTRY[n].feeds and n != lazy]
+        feeding = [n for n in on if n in REGISTRY and REGISTRY[n].ladder.feeds and n != lazy]
         count = _workers_count(on)
         speed *= crowd.get(count, 1.0) if "workers" in on else 1.0
         wait = base_wait * (0.2 if feeding else 1.0) * (0.5 if count == 8 else 1.0)
@@ -308,5 +311,66 @@ def record_trails() -> None:
     (FIXTURES / "ladder_trails.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 
-if __name__ == "__main__":  # python -m tests.ladder_sim
-    record_trails()
+DEMO_COMMANDS = {
+    "run": ["run", "demo"],
+    "ladder": ["ladder", "demo"],
+    "ab": ["ab", "demo", "--a", "none", "--b", "workers", "--repeats", "3"],
+}
+"""The demo's commands whose documents' shapes tests/fixtures/document_shapes.json pins."""
+
+
+def demo_document(kind: str, folder: Path) -> dict:
+    """The JSON document of the demo's ``kind`` command (``DEMO_COMMANDS``), run on the CPU in a fresh process."""
+    import subprocess
+    import sys
+
+    out = folder / f"{kind}.json"
+    cmd = [sys.executable, "-m", "fastloop.cli", *DEMO_COMMANDS[kind], "--device", "cpu", "--quiet", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def merged_shape(old: object, new: object, optional: frozenset[str] = frozenset()) -> object:
+    """``new``, a shape just recorded, keeping what ``old`` knew that this one run could not show: a
+    type where ``new`` has a null or an empty list (a list with no warning in this run), and the
+    ``optional`` keys this run did not have.
+
+    Example:
+        >>> merged_shape({"w": ["str"], "a": "number", "gone": "str"}, {"w": [], "a": "null", "b": "str"})
+        {'a': 'number', 'b': 'str', 'w': ['str']}
+    """
+    if new in ("null", []) and old not in ("null", [], None):
+        return old
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = set(new) | {k for k in old if k in optional}
+        return {k: merged_shape(old.get(k), new.get(k, old.get(k)), optional) for k in sorted(keys)}
+    if isinstance(old, list) and isinstance(new, list) and old and new:
+        return [merged_shape(old[0], new[0], optional)]
+    return new
+
+
+def record_document_shapes(optional: frozenset[str] = frozenset()) -> None:
+    """Write the demo's run, ladder and ab documents' shapes into tests/fixtures/document_shapes.json,
+    merged with what was recorded before (:func:`merged_shape`; a meant change of the JSON contract
+    only: read the diff)."""
+    import tempfile
+
+    path = FIXTURES / "document_shapes.json"
+    shapes = json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as folder:
+        for kind in DEMO_COMMANDS:
+            shapes[kind] = merged_shape(shapes.get(kind), shape(demo_document(kind, Path(folder))), optional)
+    path.write_text(json.dumps(shapes, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":  # python -m tests.ladder_sim [shapes]
+    import sys
+
+    if sys.argv[1:] == ["shapes"]:
+        from tests.test_ladder_golden import OPTIONAL
+
+        record_document_shapes(OPTIONAL)
+    else:
+        record_trails()

@@ -27,6 +27,7 @@ from fastloop.lightning import callbacks, records_of
 from fastloop.speedups import resolve
 from fastloop.speedups.base import Context, Speedup
 from fastloop.speedups.fast_validation import CompileCount, KeptState, epoch_batch_indices
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 from tests.fast_validation_target import VAL, PaddedText, ShortBatches, loaders, padded_loaders
 
@@ -265,7 +266,8 @@ class WrappingFeed(Speedup):
     """Test-only: a feed speedup whose change holds for validation, wraps the loader and reports its size."""
 
     name, changes, order = "test_wrapping_feed", "data", 11
-    feeds = feeds_validation = True
+    ladder = LadderTraits(feeds=True)
+    feeds_validation = True
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.wrap(loader, run.ctx))

@@ -13,6 +13,7 @@ import pytest
 from fastloop.drivers.ladder import run_ladder
 from fastloop.drivers.subproc import ConfigurationFailed
 from fastloop.speedups.base import REGISTRY, Speedup
+from fastloop.speedups.ladder_traits import LadderTraits
 
 KINDS = [  # capabilities a speedup may have: (feeds, replaces_loader, needs_in_memory_tensors, changes_workload, rank)
     (True, False, False, False, 9),  # a CPU feed (workers)
@@ -38,11 +39,13 @@ def _register(monkeypatch, rng) -> list[str]:
                 "name": f"fuzz{i}",
                 "changes": "data" if feeds else "step",
                 "order": 10 + i,
-                "feeds": feeds,
-                "replaces_loader": replaces,
-                "needs_in_memory_tensors": in_memory,
-                "changes_workload": workload,
-                "ablation_rank": rank,
+                "ladder": LadderTraits(
+                    feeds=feeds,
+                    replaces_loader=replaces,
+                    needs_in_memory_tensors=in_memory,
+                    changes_workload=workload,
+                    ablation_rank=rank,
+                ),
             },
         )
         monkeypatch.setitem(REGISTRY, cls.name, cls)

@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.ladder_sim import (
+    DEMO_COMMANDS,
     TRAIL_SEEDS,
+    demo_document,
     demo_like_ladder,
     load_fixture,
     shape,
@@ -33,6 +33,7 @@ OPTIONAL = frozenset(
         "window_short",
         "failures",
         "loss_finite",
+        "losses_not_finite",
         "startup_s",
         "cold_compile_s",
         "interrupted",
@@ -76,20 +77,8 @@ def test_the_shape_comparison_sees_a_key_and_a_type_change():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["run", "demo"],
-        ["ladder", "demo"],
-        ["ab", "demo", "--a", "none", "--b", "workers", "--repeats", "3"],
-    ],
-    ids=["run", "ladder", "ab"],
-)
-def test_the_demos_documents_keep_their_keys_and_types(tmp_path, command):
-    out = tmp_path / "doc.json"
-    cmd = [sys.executable, "-m", "fastloop.cli", *command, "--device", "cpu", "--quiet", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    want = load_fixture("document_shapes.json")[command[0]]
-    got = shape(json.loads(out.read_text()))
+@pytest.mark.parametrize("kind", list(DEMO_COMMANDS))
+def test_the_demos_documents_keep_their_keys_and_types(tmp_path, kind):
+    want = load_fixture("document_shapes.json")[kind]
+    got = shape(demo_document(kind, tmp_path))
     assert shape_differences(want, got, optional=OPTIONAL, open_keys=OPEN) == []

@@ -242,21 +242,27 @@ def test_the_budget_holds_within_one_run_when_the_candidates_runs_are_slow():
 
 
 def test_the_search_reads_capabilities_not_names(monkeypatch):
-    """A speedup the search has never heard of is grouped, ablated and advised by its class
-    attributes (replaces_loader, changes_workload, ablation_rank, advice_pattern), as a new
+    """A speedup the search has never heard of is grouped, ablated and advised by its ladder
+    traits (replaces_loader, changes_workload, ablation_rank) and its advice_pattern, as a new
     speedup module would be: no list of names in the drivers to extend."""
     from fastloop.drivers.doctor import without_measured
     from fastloop.drivers.ladder.candidates import ablation_order, replaces_loader, split_groups
     from fastloop.speedups.base import REGISTRY, Speedup
+    from fastloop.speedups.ladder_traits import LadderTraits
 
     class GpuFeed(Speedup):
-        name, changes, feeds, replaces_loader = "test_gpu_feed", "data", True, True
+        name, changes, ladder = "test_gpu_feed", "data", LadderTraits(feeds=True, replaces_loader=True)
 
     class Costly(Speedup):
-        name, changes, ablation_rank, advice_pattern = "test_costly", "model", -1, r"costly kernels"
+        name, changes, ladder, advice_pattern = (
+            "test_costly",
+            "model",
+            LadderTraits(ablation_rank=-1),
+            r"costly kernels",
+        )
 
     class Workload(Speedup):
-        name, changes, changes_workload = "test_workload", "data", True
+        name, changes, ladder = "test_workload", "data", LadderTraits(changes_workload=True)
 
     for cls in (GpuFeed, Costly, Workload):
         monkeypatch.setitem(REGISTRY, cls.name, cls)
@@ -458,16 +464,11 @@ def test_a_feed_that_needs_in_memory_tensors_is_left_out_of_the_recheck_without_
     """On an H200 both default ViT ladders ended in an internal error (StopIteration) at the
     feed re-check, where the only feed left needed in-memory tensors and the dataset had none."""
     from fastloop.speedups.base import REGISTRY, Speedup
+    from fastloop.speedups.ladder_traits import LadderTraits
 
     class Resident(Speedup):
-        name, changes, feeds, replaces_loader, needs_in_memory_tensors, order = (
-            "test_resident",
-            "data",
-            True,
-            True,
-            True,
-            9,
-        )
+        name, changes, order = "test_resident", "data", 9
+        ladder = LadderTraits(feeds=True, replaces_loader=True, needs_in_memory_tensors=True)
 
     monkeypatch.setitem(REGISTRY, Resident.name, Resident)
 

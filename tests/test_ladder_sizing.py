@@ -119,13 +119,13 @@ def test_pinning_keeps_only_the_runs_that_trained_with_the_pinned_size():
 
 
 def test_the_sizes_around_the_probes_choice():
-    w = REGISTRY["workers"]
-    assert w.sizes_around({"num_workers": 4, "loader_rates": RATES}) == (4, [2, 8])
-    assert w.sizes_around({"num_workers": 1, "loader_rates": RATES}) == (1, [2])  # 0 is no workers at all
-    assert w.sizes_around({"loader_rates": RATES}) == (None, [])
+    w = REGISTRY["workers"].ladder.sized
+    assert w.around({"num_workers": 4, "loader_rates": RATES}) == (4, [2, 8])
+    assert w.around({"num_workers": 1, "loader_rates": RATES}) == (1, [2])  # 0 is no workers at all
+    assert w.around({"loader_rates": RATES}) == (None, [])
     # the user's loader had 4 workers: 4 and fewer are not this speedup's to measure
-    assert w.sizes_around({"num_workers": 8, "loader_own_workers": 4, "loader_rates": RATES}) == (8, [16])
-    assert REGISTRY["bf16"].sizes_around({"num_workers": 4}) == (None, [])
+    assert w.around({"num_workers": 8, "loader_own_workers": 4, "loader_rates": RATES}) == (8, [16])
+    assert REGISTRY["bf16"].ladder.sized is None
 
 
 def test_a_bundle_that_still_waits_for_data_is_ablated_after_the_workers_are_sized():

@@ -17,6 +17,7 @@ from fastloop.drivers.ladder import run_ladder
 from fastloop.drivers.pick_check import (
     BAND_FACTOR,
     MIN_STEPS,
+    NOT_FINITE_DEVIATION,
     REORDERED_TOL,
     PickCheck,
     compare_losses,
@@ -223,6 +224,23 @@ def test_runs_that_do_not_start_from_the_same_weights_are_not_checked():
         "none", "compile"
     )
     assert found["passed"] is None and "did not start from the same weights" in found["not_checked"]
+
+
+def test_a_pick_whose_loss_went_nan_is_refused_in_strict_json_with_the_reason():
+    """One side's loss NaN where the other's is finite parts the sides there: the deviation is null
+    (strict JSON has no Infinity) with the reason, in the check, its bisection and its report lines;
+    a repeated baseline that goes NaN widens nothing."""
+    diverged = [x if i < 5 else float("nan") for i, x in enumerate(BASE)]
+    runs = iter([BASE, diverged, diverged])  # the baseline, the pick, the baseline again
+    check = PickCheck("t", _paired(lambda spec: next(runs)), device="cpu", steps=60).run("none", "channels_last")
+    strict = json.loads(json.dumps(check, allow_nan=False))  # raises on an Infinity left in the check
+    assert strict["passed"] is False and strict["first_parting_step"] == 5 and strict["max_deviation"] is None
+    assert strict["max_deviation_why"] == NOT_FINITE_DEVIATION
+    assert strict["floor"]["reproducible"] is False and NOT_FINITE_DEVIATION in strict["floor"]["why"]
+    assert strict["tolerance"]["rel"] == tolerance_for("channels_last").rel  # not widened by an infinite spread
+    assert "widened" not in strict["tolerance"]["basis"]
+    assert "largest deviation not finite" in strict["verdict"]
+    assert any("only one side had a finite loss" in line for line in check_lines({"check": strict}))
 
 
 def test_the_budget_ends_the_search_for_the_cause_and_says_so():

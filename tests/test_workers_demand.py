@@ -47,7 +47,7 @@ def test_a_step_that_consumes_little_keeps_the_main_process(monkeypatch):
     assert ctx.stats["step_demand"] == pytest.approx(500.0)
     assert ctx.stats["predicted_saving"] == pytest.approx(500 / 15_000 - 500 / 30_000)
     # what the ladder needs to measure the larger counts in the configuration (fastloop.drivers.ladder.sizing)
-    assert W.Workers.sizes_above_kept(ctx.stats) == (0, [4])
+    assert W.Workers.ladder.sized.above_kept(ctx.stats) == (0, [4])
 
 
 def test_a_hungry_step_gets_workers_and_without_a_demand_the_rates_decide(monkeypatch):
@@ -172,3 +172,16 @@ def test_with_the_demand_known_the_fewest_workers_that_cover_it_are_used(monkeyp
     run = LoopRun(ctx, None, None, _loader(32))
     apply_all([s], run)
     assert run.loader.num_workers == 16 and "the fastest" in ctx.stats["worker_sizing"]
+
+
+def test_a_rate_the_probe_could_not_time_is_null_in_strict_json_with_its_reason(monkeypatch):
+    """A loader that runs dry while 8 workers fill their prefetch buffer has no rate at 8 (the probe's
+    NaN): the run's statistics say null, and why, and the counts the ladder sizes around skip it."""
+    import json
+
+    loader, out, ctx = _apply(monkeypatch, {"0": 10_000.0, "4": 40_000.0, "8": float("nan")}, None)
+    assert ctx.records["workers"].status == "applied" and out.num_workers == 4
+    strict = json.loads(json.dumps(ctx.stats, allow_nan=False))  # raises on a NaN left in the statistics
+    assert strict["loader_rates"] == {"0": 10_000.0, "4": 40_000.0, "8": None}
+    assert strict["loader_rates_unmeasured"] == {"8": W.UNMEASURED_RATE}
+    assert W.sizes_around(strict) == (4, []) and W.sizes_above_kept(strict) == (0, [4])

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fastloop.drivers.config import BOUNDS
 from fastloop.drivers.exits import arm_interrupt_deadline, distributed_left_open, leave_now, peer_failed
 from fastloop.errors import FastloopError, shorten
 
@@ -29,31 +30,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, status 2
         sys.stderr.write(f"fastloop: error: {_one_line(message)}\n")
         raise SystemExit(2)
-
-
-def _number(convert: type, low: float, high: float, accepted: str, low_open: bool = False):
-    """An argparse type: ``convert(text)`` within the bounds, else one line saying what is accepted."""
-
-    def conv(text: str):
-        try:
-            v = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{accepted}, got {shorten(text, 40)!r}") from None
-        if not (low < v if low_open else low <= v) or v > high:
-            raise argparse.ArgumentTypeError(f"{accepted}, got {shorten(text, 40)}")
-        return v
-
-    return conv
-
-
-def _positive(name: str, allow_zero: bool = False, most: int = 1_000_000):
-    low = 0 if allow_zero else 1
-    return _number(int, low, most, f"{name} must be an integer from {low} to {most:,}")
-
-
-_fraction = _number(float, 0, 1, "--margin must be a number in (0, 1]", low_open=True)
-_seconds = _number(float, 0, 1e6, "--budget must be seconds, a number in (0, 1e6)", low_open=True)
-_measure_seconds = _number(float, 0, 1e6, "--measure-s must be seconds, a number in (0, 1e6)", low_open=True)
 
 
 SPEEDUPS_HELP = (
@@ -72,7 +48,7 @@ def _common(sp: argparse.ArgumentParser) -> None:
 def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
     sp.add_argument(
         "--steps",
-        type=_positive("--steps"),
+        type=BOUNDS["steps"].argument(),
         default=None,
         help=f"measured steps (default {default_steps}; a ladder or A/B given --steps measures that many "
         "instead of its time window)",
@@ -80,7 +56,7 @@ def _steps(sp: argparse.ArgumentParser, default_steps: int = 30) -> None:
     sp.set_defaults(default_steps=default_steps)
     sp.add_argument(
         "--warmup",
-        type=_positive("--warmup", allow_zero=True, most=100_000),
+        type=BOUNDS["warmup"].argument(),
         default=5,
         help="steps before measuring (compile and capture happen here)",
     )
@@ -91,7 +67,7 @@ def _ranks(sp: argparse.ArgumentParser) -> None:
     devices and strategy of its ranks, and whether its compiles use the compile cache."""
     sp.add_argument(
         "--devices",
-        type=_positive("--devices", most=1024),
+        type=BOUNDS["devices"].argument(),
         default=1,
         help="devices (GPUs, or CPU processes) to train on, started by Lightning's strategy",
     )
@@ -118,13 +94,13 @@ def _ab_parser(sub: Any) -> None:
     sp.add_argument("--b", required=True, help="configuration B (a ratio > 1 means B is faster): " + SPEEDUPS_HELP)
     sp.add_argument(
         "--repeats",
-        type=_positive("--repeats", most=1000),
+        type=BOUNDS["repeats"].argument(),
         default=5,
         help="runs a side, interleaved (fewer than 3: too few runs to tell)",
     )
     sp.add_argument(
         "--measure-s",
-        type=_measure_seconds,
+        type=BOUNDS["measure_s"].argument(),
         default=None,
         help="seconds of steady steps each run measures, however short the step (default 2 on a GPU, "
         "1 on a CPU, as the ladder; with --steps only: that many steps)",
@@ -154,20 +130,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--measure-s",
-        type=_measure_seconds,
+        type=BOUNDS["measure_s"].argument(),
         default=None,
         help="measure a window of this many seconds of steady steps (at least 10 steps) instead of --steps",
     )
     sp.add_argument(
         "--step-rate",
-        type=_number(float, 0, 1e9, "--step-rate must be steps per second, a number > 0", low_open=True),
+        type=BOUNDS["step_rate"].argument(),
         default=None,
         help="steps per second this step reaches without waiting for data, if you measured it: workers "
         "then sizes the loader to what the step consumes (the ladder passes it to a feed candidate)",
     )
     sp.add_argument(
         "--seed",
-        type=_positive("--seed", allow_zero=True, most=2**31 - 1),
+        type=BOUNDS["seed"].argument(),
         default=None,
         help="a paired run: every generator seeded before the target is built, with the initial weights' and "
         "each batch's digest in the JSON (what the check of a pick compares step by step)",
@@ -182,13 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sp.add_argument(
         "--max-repeats",
-        type=_number(int, 3, 100, "--max-repeats must be an integer from 3 to 100"),
+        type=BOUNDS["max_repeats"].argument(),
         default=6,
         help="most runs a side per comparison (3 first; more only while the answer is unclear)",
     )
     sp.add_argument(
         "--budget",
-        type=_seconds,
+        type=BOUNDS["budget"].argument(),
         default=None,
         help="seconds for the whole ladder (default 300 on a GPU, 80 on a CPU); what does not fit is "
         "listed as 'not tried: budget'",
@@ -212,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-helpful", action="store_true", help=argparse.SUPPRESS)  # kept for old scripts
     sp.add_argument(
         "--measure-s",
-        type=_measure_seconds,
+        type=BOUNDS["measure_s"].argument(),
         default=None,
         help="seconds of steady steps each run measures, however short the step (default 2 on a GPU: "
         "a 16 ms step measures ~125 steps, enough to tell 5%% from noise; 1 on a CPU)",
@@ -224,11 +200,10 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("batch-size", help="find the batch size (largest that fits, or fastest)")
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
-    sp.add_argument("--max", type=_positive("--max"), default=4096, dest="max_size")
+    sp.add_argument("--max", type=BOUNDS["max_size"].argument(), default=4096, dest="max_size")
     sp.add_argument("--objective", choices=["max", "throughput"], default="throughput")
-    sp.add_argument(
-        "--margin", type=_fraction, default=0.9, help="use at most this fraction of the largest fitting size"
-    )
+    margin = "use at most this fraction of the largest fitting size"
+    sp.add_argument("--margin", type=BOUNDS["margin"].argument(), default=0.9, help=margin)
     _common(sp)
     sp = sub.add_parser("speedups", help="every speedup and its options (what each accepts, its default, its doc)")
     sp.add_argument("names", nargs="*", help="only these speedups")
@@ -243,11 +218,11 @@ def _parser() -> argparse.ArgumentParser:
 def _length(sp: argparse.ArgumentParser) -> None:
     """A fit's length and target: ``--epochs``, ``--max-steps``, ``--max-time``, ``--until``."""
     length = sp.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=_positive("--epochs"), default=None, help="epochs the fit trains")
-    length.add_argument("--max-steps", type=_positive("--max-steps", most=10**9), default=None, help="optimizer steps")
+    length.add_argument("--epochs", type=BOUNDS["epochs"].argument(), default=None, help="epochs the fit trains")
+    length.add_argument("--max-steps", type=BOUNDS["max_steps"].argument(), default=None, help="optimizer steps")
     length.add_argument(
         "--max-time",
-        type=_number(float, 0, 1e7, "--max-time must be seconds, a number in (0, 1e7)", low_open=True),
+        type=BOUNDS["max_time"].argument(),
         default=None,
         help="seconds of training (Lightning's max_time, counted from the start of training)",
     )
@@ -266,11 +241,11 @@ def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -
     sp.add_argument("target")
     sp.add_argument("--speedups", default="none", help=SPEEDUPS_HELP)
     _length(sp)
-    sp.add_argument("--seed", type=_positive("--seed", allow_zero=True, most=2**31 - 1), default=0)
+    sp.add_argument("--seed", type=BOUNDS["seed"].argument(), default=0)
     sp.add_argument("--child-of", type=float, default=None, help=argparse.SUPPRESS)  # the fit's own process
     # a short fit (the ladder's fit objective): batches an epoch and a validation run
-    sp.add_argument("--train-batches", type=_positive("--train-batches"), default=None, help=argparse.SUPPRESS)
-    sp.add_argument("--val-batches", type=_positive("--val-batches"), default=None, help=argparse.SUPPRESS)
+    sp.add_argument("--train-batches", type=BOUNDS["train_batches"].argument(), default=None, help=argparse.SUPPRESS)
+    sp.add_argument("--val-batches", type=BOUNDS["val_batches"].argument(), default=None, help=argparse.SUPPRESS)
     sp.add_argument("--root-dir", default=None, help=argparse.SUPPRESS)
     _no_cache(sp)
     _common(sp)
@@ -288,13 +263,13 @@ def _fit_commands(p: argparse.ArgumentParser, sub: argparse._SubParsersAction) -
     )
     ab.add_argument(
         "--seeds",
-        type=_positive("--seeds", most=1000),
+        type=BOUNDS["seeds"].argument(),
         default=3,
         help="with --fit: fits a side, seed i for both A and B (fewer than 3: too few runs to tell)",
     )
     ab.add_argument(
         "--tolerance",
-        type=_number(float, 0, 1e9, "--tolerance must be a number > 0", low_open=True),
+        type=BOUNDS["tolerance"].argument(),
         default=None,
         help="with --fit: the band (in the metric's units) within which B 'learns the same' as A "
         "(default: twice A's seed-to-seed spread, at least 1%% of A's value)",

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastloop.errors import ConfigurationFailed
+from fastloop.measure.run_result import RunResult
 from fastloop.measure.stats import one_run_ci, run_ratio_ci, summarize, verdict
 
 __all__ = [
@@ -132,7 +133,7 @@ def measure_interleaved(
 
 def loss_finite(doc: dict) -> bool:
     """False when the run's loss went NaN/inf (the runner sets ``loss_finite``)."""
-    return doc.get("loss_finite", True) is not False
+    return RunResult.from_dict(doc).loss_finite is not False
 
 
 def loss_agreement(a: list | None, b: list | None, tail: int = 50) -> dict | None:
@@ -198,26 +199,27 @@ def merge_runs(runs: Runs) -> dict:
             "repeats": 0,
         }
     doc = dict(runs.docs[-1])
-    steps_all = [x for r in runs.docs for x in r["step_s_all"]]
+    results = [RunResult.from_dict(r) for r in runs.docs]
+    steps_all = [x for r in results for x in r.step_s_all]
     doc["step_s"] = summarize(steps_all)
-    doc["run_mean_step_s"] = [sum(r["step_s_all"]) / len(r["step_s_all"]) for r in runs.docs]
-    doc["run_measured_s"] = [sum(r["step_s_all"]) for r in runs.docs]  # each run's window: its steps' times summed
-    short = sorted({r["window_short"] for r in runs.docs if r.get("window_short")})
+    doc["run_mean_step_s"] = [sum(r.step_s_all) / len(r.step_s_all) for r in results]
+    doc["run_measured_s"] = [sum(r.step_s_all) for r in results]  # each run's window: its steps' times summed
+    short = sorted({r.window_short for r in results if r.window_short})
     if short:
         doc["window_short"] = short
-    tp = doc.get("throughput") or {}
-    if tp.get("value") and all(_items(r) for r in runs.docs):
+    tp = results[-1].throughput
+    if tp.value and all(_items(r) for r in runs.docs):
         # every item trained over all measured time (runs may differ in batch size: the search's choice)
-        items = sum(_items(r) * len(r["step_s_all"]) for r in runs.docs)
-        doc["throughput"] = {"value": items / sum(steps_all), "unit": tp.get("unit")}
+        items = sum(_items(d) * len(r.step_s_all) for d, r in zip(runs.docs, results))
+        doc["throughput"] = {"value": items / sum(steps_all), "unit": tp.unit}
     for key in ("data_wait_frac", "host_wait_frac", "host_fetch_s", "host_copy_s"):  # per-run figures: their mean
-        values = [r[key] for r in runs.docs if r.get(key) is not None]
+        values = [getattr(r, key) for r in results if getattr(r, key) is not None]
         doc[key] = sum(values) / len(values) if values else None
-    doc["warnings"] = sorted({w for r in runs.docs for w in r.get("warnings", [])})
-    if not all(loss_finite(r) for r in runs.docs):
+    doc["warnings"] = sorted({w for r in results for w in r.warnings})
+    if not all(r.loss_finite is not False for r in results):
         doc["loss_finite"] = False
         doc["warnings"].append("the loss was not finite (NaN/inf) in at least one run: its speed says nothing")
-    profiled = [r["gpu_profile"] for r in runs.docs if r.get("gpu_profile")]
+    profiled = [r.gpu_profile for r in results if r.gpu_profile]
     doc["gpu_profile"] = profiled[0] if profiled else None  # only the first run is profiled
     doc["repeats"] = len(runs.docs)
     doc["spec"] = runs.spec
@@ -227,7 +229,7 @@ def merge_runs(runs: Runs) -> dict:
 
 
 def _items(doc: dict) -> int | None:
-    items = doc.get("items_per_step")
+    items = RunResult.from_dict(doc).items_per_step
     return int(items) if isinstance(items, (int, float)) and items > 0 else None
 
 
@@ -270,7 +272,8 @@ def compare(
     by_item = per_item(a, b)
 
     def times(r: dict) -> list[float]:
-        return [t / _items(r) for t in r["step_s_all"]] if by_item else r["step_s_all"]
+        steps = RunResult.from_dict(r).step_s_all
+        return [t / _items(r) for t in steps] if by_item else steps
 
     if one_run:
         ci = one_run_ci([times(r) for r in a.docs], times(b.docs[-1]), confidence=confidence)
@@ -304,8 +307,8 @@ def unsteady_note(*sides: Runs) -> str:
         >>> unsteady_note(Runs("a", docs=[{"steady": False}, {"steady": True}]), Runs("b", docs=[{}]))
         '; 1 of 3 runs never reached a steady rate (their figures are the mean over a drifting window)'
     """
-    docs = [d for r in sides for d in r.docs]
-    bad = sum(d.get("steady") is False for d in docs)
+    docs = [RunResult.from_dict(d) for r in sides for d in r.docs]
+    bad = sum(d.steady is False for d in docs)
     if not bad:
         return ""
     return (
@@ -320,12 +323,12 @@ def step_rate_of(runs: Runs | None) -> float | None:
     speedups to A: ``workers`` weighs its loader rates against it.
 
     Example:
-        >>> r = Runs("bf16"); r.docs.append({"step_s_all": [0.01] * 4, "data_wait_frac": 0.5})
+        >>> r = Runs("bf16"); r.docs.append({"step_s_all": [0.01, 0.01], "data_wait_frac": 0.5})
         >>> round(step_rate_of(r), 6), step_rate_of(Runs("none"))
         (200.0, None)
     """
-    doc = merge_runs(runs) if runs is not None and runs.docs else {}
-    mean = (doc.get("step_s") or {}).get("mean")
+    merged = RunResult.from_dict(merge_runs(runs) if runs is not None and runs.docs else {})
+    mean = merged.step_s.mean
     if not mean:
         return None
-    return 1.0 / (mean * (1.0 - min(0.99, doc.get("data_wait_frac") or 0.0)))
+    return 1.0 / (mean * (1.0 - min(0.99, merged.data_wait_frac or 0.0)))

@@ -102,7 +102,7 @@ def run_ab(
     # B adds only data-pipeline speedups to A: B's runs learn A's step rate (workers weighs its
     # loader against what the step consumes). Not when the sides are the same: telling one side
     # alone would treat them differently, and an A vs A would measure that difference.
-    sa, sb = ({s.spec: s.feeds for s in resolve(x)} for x in (a, b))
+    sa, sb = ({s.spec: s.ladder.feeds for s in resolve(x)} for x in (a, b))
     feeds_only = sa != sb and {k for k, f in sa.items() if not f} == {k for k, f in sb.items() if not f}
 
     def by_side(target_: str, key: str, **kw) -> dict:

@@ -27,6 +27,7 @@ import time
 import torch
 
 from fastloop.measure.flops import measure_matmul_tflops, save_measured_ceilings
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import advice_pattern
 from fastloop.speedups.cuda_graph.cuda_graph import TIERS
@@ -233,10 +234,10 @@ _GPU_FEEDS = (
 """The GPU feed paths the doctor advises, each where the loader's data check does not rule it out."""
 
 
-def _sync_clause(cfg: dict) -> list[tuple[str | None, str]]:
+def _sync_clause(run: RunResult) -> list[tuple[str | None, str]]:
     """Where the step syncs every step (``prog_bar`` values, a counted sync): remove it (no speedup's clause)."""
-    pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
-    syncs = (cfg.get("gpu_profile") or {}).get("host_syncs_per_step") or 0.0
+    pbar = run.extra.get("prog_bar_keys")
+    syncs = (run.gpu_profile or {}).get("host_syncs_per_step") or 0.0
     then = ", so the host builds the next batch only once the GPU is done"
     if pbar:  # Lightning's .item() on each
         return [
@@ -249,14 +250,13 @@ def _sync_clause(cfg: dict) -> list[tuple[str | None, str]]:
     )
 
 
-def _feed_rates(cfg: dict, wait: float) -> str:
+def _feed_rates(run: RunResult, wait: float) -> str:
     """'; the feed delivers N items/s, the step alone would take M/s: the feed must reach M'."""
-    mean = (cfg.get("step_s") or {}).get("mean")
-    items = cfg.get("items_per_step")
+    mean, items = run.step_s.mean, run.items_per_step
     if not (mean and items) or wait >= 1:
         return ""
     demand = items / (mean * (1 - wait))
-    fetch = cfg.get("host_fetch_s")
+    fetch = run.host_fetch_s
     host = f" (getting a batch takes {1e3 * fetch:.2f} ms of the host's time)" if fetch else ""
     return (
         f"; the feed delivers {items / mean:,.0f} items/s{host} and the step alone would consume {demand:,.0f}/s: "
@@ -290,15 +290,17 @@ def _host_sync_note(prof: dict) -> str:
     return note
 
 
-def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
-    """Name the bottleneck of a measured configuration and the next fix to try."""
-    wait = cfg.get("data_wait_frac") or 0.0
-    med = (cfg.get("step_s") or {}).get("median") or 0.0
-    mem = cfg.get("peak_mem_bytes")
+def diagnose(cfg: dict | RunResult, ceilings: dict | None = None) -> dict:
+    """Name the bottleneck of a measured configuration (a run's document, or the runs of a
+    configuration merged) and the next fix to try."""
+    run = RunResult.of(cfg)
+    wait = run.data_wait_frac or 0.0
+    med = run.step_s.median or 0.0
+    mem = run.peak_mem_bytes
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    mfu = cfg.get("mfu")
-    applied = {x["name"] for x in cfg.get("speedups", []) if x.get("status") == "applied"}
-    scaling = cfg.get("scaling") or {}
+    mfu = run.mfu
+    applied = run.applied()
+    scaling = run.scaling or {}
     if wait < 0.2 and scaling.get("efficiency") is not None and scaling["efficiency"] < COMM_BOUND_EFFICIENCY:
         growth = scaling.get("step_time_growth")
         return {
@@ -315,15 +317,13 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                 "measure: it also shrinks the window the all-reduce hides in)."
             ),
         }
-    whole = "cuda_graph" in applied and (cfg.get("extra") or {}).get("cuda_graph_tier") == TIERS[0]
+    whole = "cuda_graph" in applied and run.extra.get("cuda_graph_tier") == TIERS[0]
     if wait >= DATA_BOUND_WAIT or (whole and wait >= GRAPHED_DATA_WAIT):
-        cuda = cfg.get("peak_mem_bytes") is not None or torch.cuda.is_available()
-        data = (cfg.get("extra") or {}).get("dataset") or {}
-        checks, refused = (
-            cfg.get("model_checks") or {},
-            {x["name"] for x in cfg.get("speedups", []) if x.get("status") in ("skipped", "fallback")},
-        )
-        advice = data_advice(applied, cuda=cuda, stamp=cfg.get("env"), checks=checks)
+        cuda = run.peak_mem_bytes is not None or torch.cuda.is_available()
+        data = run.extra.get("dataset") or {}
+        checks = run.model_checks or {}
+        refused = {r.name for r in run.speedups if r.status in ("skipped", "fallback")}
+        advice = data_advice(applied, cuda=cuda, stamp=run.env, checks=checks)
         if cuda and data.get("in_memory_tensors") and "gpu_resident" not in applied | refused | set(checks):
             advice = [
                 (
@@ -333,10 +333,10 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                     "loader, no copies)",
                 )
             ]
-        advice = [(n, t) for n, t in advice if n not in refused] + _sync_clause(cfg)  # never what this run refused
+        advice = [(n, t) for n, t in advice if n not in refused] + _sync_clause(run)  # never what this run refused
         return {
             "bottleneck": "data-bound",
-            "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(cfg, wait)}.",
+            "evidence": f"the step waits for its batch {100 * wait:.0f}% of the time{_feed_rates(run, wait)}.",
             "recommendation": join_advice(advice),
             "advice": advice,
         }
@@ -346,13 +346,13 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
             "evidence": f"peak memory {mem / 2**30:.1f} GiB of {total / 2**30:.0f} GiB.",
             "recommendation": "bf16 autocast, activation checkpointing, or a smaller batch (batch_size search).",
         }
-    prof = cfg.get("gpu_profile") or {}
+    prof = run.gpu_profile or {}
     busy = prof.get("gpu_busy_frac")
     if busy is not None and busy + wait < HOST_BOUND_BUSY:
         syncs = prof.get("host_syncs_per_step") or 0.0
         sync_note = _host_sync_note(prof)
-        pbar = (cfg.get("extra") or {}).get("prog_bar_keys")
-        on_device = any(getattr(REGISTRY.get(n), "replaces_loader", False) for n in applied)
+        pbar = run.extra.get("prog_bar_keys")
+        on_device = any(REGISTRY[n].ladder.replaces_loader for n in applied if n in REGISTRY)
         fix = (
             (
                 "remove the per-step host syncs first ("
@@ -378,7 +378,7 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
                 f"{prof.get('profiled_steps')} steps)."
             ),
             "recommendation": (fix.removesuffix(", then ") + "; " if fix and whole else fix)
-            + _launch_fix(cfg, applied)
+            + _launch_fix(run, applied)
             + "; a larger batch (more GPU work per host step).",
         }
     if torch.cuda.is_available() and med and med < 0.005 and (mfu is None or mfu < 0.1) and not whole:
@@ -387,9 +387,9 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
             "bottleneck": "launch-bound",
             "evidence": f"short steps ({1e3 * med:.2f} ms) with low FLOP utilisation "
             f"({'unknown' if mfu is None else f'{100 * mfu:.1f}%'}): the GPU idles between kernel launches.",
-            "recommendation": _launch_fix(cfg, applied) + "; a larger batch.",
+            "recommendation": _launch_fix(run, applied) + "; a larger batch.",
         }
-    user_half = _user_half_precision(cfg)
+    user_half = _user_half_precision(run)
     if (
         torch.cuda.is_available()
         and not user_half
@@ -404,13 +404,13 @@ def diagnose(cfg: dict, ceilings: dict | None = None) -> dict:
     return {
         "bottleneck": "compute-bound",
         "evidence": ev + ": the step is busy computing.",
-        "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), cfg.get("model_checks") or {})
+        "recommendation": _compute_fixes(applied | ({"bf16"} if user_half else set()), run.model_checks or {})
         if (mfu or 0) < 0.4
         else "already near the ceiling: only algorithmic changes will help much.",
     }
 
 
-def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> str:
+def _launch_fix(cfg: dict | RunResult, applied: set[str] | frozenset[str] = frozenset()) -> str:
     """Fewer launches, given what the configuration already has: a whole-step graph, unless the
     run's batches (or model) rule graphs out; where a graph runs, what keeps it from the whole step
     (the tier and its reason, ``extra.cuda_graph_tier`` and ``extra.cuda_graph_why_not_whole`` as
@@ -424,7 +424,8 @@ def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> 
         >>> _launch_fix({"extra": {"cuda_graph_tier": "whole step"}}, {"cuda_graph"})[:64]
         'the whole step already replays as one CUDA graph: the host time '
     """
-    extra = cfg.get("extra") or {}
+    run = RunResult.of(cfg)
+    extra = run.extra
     graphed = "cuda_graph" in applied
     if graphed and extra.get("cuda_graph_tier") == TIERS[0]:
         # no speedup's name in the text: advice filtering reads them (without_measured)
@@ -432,10 +433,10 @@ def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> 
             "the whole step already replays as one CUDA graph: the host time left is outside it (the loader, the "
             "framework's hooks and logging between steps)"
         )
-    part = _graph_in_part(cfg, applied)
+    part = _graph_in_part(run, applied)
     if part:
         return part
-    why = (cfg.get("model_checks") or {}).get("cuda_graph")
+    why = (run.model_checks or {}).get("cuda_graph")
     # no "cuda_graph" in the text: advice filtering reads speedup names (without_measured)
     if why:
         return (
@@ -446,7 +447,7 @@ def _launch_fix(cfg: dict, applied: set[str] | frozenset[str] = frozenset()) -> 
     return "cuda_graph (whole-step capture) or compile (fewer launches)"
 
 
-def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
+def _graph_in_part(cfg: dict | RunResult, applied: set[str] | frozenset[str]) -> str | None:
     """Where the step's graph covers less than the whole step, what keeps the rest out (the tier
     and reason the adapters record as ``extra.cuda_graph_tier`` / ``extra.cuda_graph_why_not_whole``),
     as advice; None where no graph runs or it holds the whole step.
@@ -459,7 +460,7 @@ def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
         AdamW's betas every step (cycle_momentum=True), which a graph would bake in); change that in the module and
         the whole step is captured
     """
-    extra = cfg.get("extra") or {}
+    extra = RunResult.of(cfg).extra
     tier, why = extra.get("cuda_graph_tier"), extra.get("cuda_graph_why_not_whole")
     if "cuda_graph" not in applied or tier in (None, TIERS[0]) or not why or why.startswith("not captured"):
         return None
@@ -471,7 +472,7 @@ def _graph_in_part(cfg: dict, applied: set[str] | frozenset[str]) -> str | None:
     )
 
 
-def _user_half_precision(cfg: dict) -> bool:
+def _user_half_precision(cfg: dict | RunResult) -> bool:
     """Whether the user's own Trainer settings (the target's) train in 16-bit: bf16-mixed, 16-mixed,
     bf16-true, ... (the run document keeps each setting as its repr).
 
@@ -479,8 +480,8 @@ def _user_half_precision(cfg: dict) -> bool:
         >>> _user_half_precision({"trainer_settings": {"used": {"precision": "'bf16-mixed'"}}})
         True
     """
-    used = (cfg.get("trainer_settings") or {}).get("used") or {}
-    return "16" in str(used.get("precision", ""))
+    settings = RunResult.of(cfg).trainer_settings
+    return "16" in str((settings.used if settings is not None else {}).get("precision", ""))
 
 
 _COMPUTE_FIXES = (

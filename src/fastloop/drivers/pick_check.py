@@ -58,6 +58,7 @@ __all__ = [
     "PickCheck",
     "Tolerance",
     "check_ladder_pick",
+    "NOT_FINITE_DEVIATION",
     "compare_losses",
     "predicted_check_s",
     "tolerance_for",
@@ -159,6 +160,10 @@ def _deviation(a: Any, b: Any, scale: float) -> float | None:
     return abs(b - a) / max(abs(a), scale)
 
 
+NOT_FINITE_DEVIATION = "one side's loss was missing or not finite (NaN/inf) where the other's was finite"
+"""Why ``max_deviation`` is null: the sides part at a step where only one has a finite loss."""
+
+
 def compare_losses(a: list, b: list, tol: float) -> dict:
     """Per-step losses of the baseline (``a``) and the pick (``b``) against ``tol``: the steps
     compared, the largest deviation and its step, the first step past ``tol`` (None: they agree)
@@ -176,13 +181,17 @@ def compare_losses(a: list, b: list, tol: float) -> dict:
     compared = [(i, d) for i, d in enumerate(devs) if d is not None]
     worst = max(compared, key=lambda x: x[1]) if compared else (None, None)
     parting = next((i for i, d in compared if d > tol), None)
-    return {
+    out = {
         "steps": len(compared),
         "max_deviation": worst[1],
         "max_deviation_step": worst[0],
         "first_parting_step": parting,
         "passed": bool(compared) and parting is None,
     }
+    if worst[1] is not None and not math.isfinite(worst[1]):  # strict JSON: null, and why
+        out["max_deviation"] = None
+        out["max_deviation_why"] = NOT_FINITE_DEVIATION
+    return out
 
 
 def first_difference(a: list | None, b: list | None) -> int | None:
@@ -354,7 +363,16 @@ class PickCheck:
         if again.get("failed") or not isinstance(again.get("losses"), list):
             out["floor"] = {"measured": False, "why": f"the repeated baseline failed: {again.get('failed')}"}
             return 0.0
-        spread = compare_losses(a["losses"], again["losses"], 0.0)["max_deviation"] or 0.0
+        again_cmp = compare_losses(a["losses"], again["losses"], 0.0)
+        if again_cmp.get("max_deviation_why"):  # no finite spread to widen the tolerance by
+            out["floor"] = {
+                "measured": True,
+                "max_deviation": None,
+                "reproducible": False,
+                "why": f"the repeated baseline: {again_cmp['max_deviation_why']}",
+            }
+            return 0.0
+        spread = again_cmp["max_deviation"] or 0.0
         out["floor"] = {"measured": True, "max_deviation": spread, "reproducible": spread == 0.0}
         return spread
 
@@ -419,6 +437,7 @@ def verdict(check: dict) -> str:
             f"{check['max_deviation']:.3g} of the loss; tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')})"
         )
     step, dev = check.get("first_parting_step"), check.get("max_deviation")
+    dev_text = f"{dev:.3g} of the loss" if isinstance(dev, (int, float)) else "not finite: " + NOT_FINITE_DEVIATION
     batches = check.get("batches") or {}
     seen = (
         f"; its batches differ from {base}'s from step {batches['first_difference']}"
@@ -435,7 +454,7 @@ def verdict(check: dict) -> str:
     then = f"; falls back to {check['fallback']}" if check.get("fallback") else ""
     return (
         f"{'differs' if check.get('ab') else 'refused'}: {pick}'s losses part from {base}'s at step {step} "
-        f"(largest deviation {dev:.3g} of the loss > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; "
+        f"(largest deviation {dev_text} > tolerance {tol.get('rel', 0):.3g}: {tol.get('basis')}){seen}; "
         f"{who}{then}"
     )
 

@@ -18,6 +18,7 @@ from fastloop.errors import FastloopError
 from fastloop.measure.callback import WINDOW_OVERRUN, MeasureCallback
 from fastloop.measure.flops import load_measured_ceiling, peak_tflops
 from fastloop.measure.gpu_busy import per_measured_step
+from fastloop.measure.run_result import Loss, MfuDetail, RunResult, SpeedupRecord, StepTimes, Throughput
 from fastloop.measure.shapes import graph_shape_check
 from fastloop.measure.stats import half_ratio, is_steady
 from fastloop.speedups.base import REGISTRY
@@ -239,7 +240,7 @@ def measured_configuration(
     unit: str,
     extra: dict | None = None,
     conv_tf32: bool = False,
-) -> dict:
+) -> RunResult:
     """Turn a finished MeasureCallback into the JSON contract's measured configuration."""
     stats = measure.result()
     summary = stats.summary()
@@ -257,60 +258,58 @@ def measured_configuration(
     if flops and ceiling and med:
         mfu_measured = flops / mean / (ceiling * 1e12)
     losses = measure.loss_values()
-    return {
-        "speedups": [r.to_dict() for r in records],
-        "steps": stats.steps,
-        "steps_planned": measure.steps_planned,  # asked for; fewer were measured when measure_s cut them
-        "measure_s": measure.measure_s,
-        "measure_window_cut": measure.window_cut,  # the window ended on time: the warm-up underestimated the step
-        "measured_s": sum(stats.step_s),  # the window: the sum of the measured steps' times
-        "window_extended_steps": measure.window_extended,  # added because the planned count fell short of measure_s
-        "window_short": _window_short(measure, sum(stats.step_s)),  # why it holds less than measure_s (None: it does)
-        "warmup_steps": stats.warmup_steps,
-        "one_off_steps": stats.one_off,  # measured steps left out: one-off work (a late CUDA graph capture)
-        "warmup_drain_steps": measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
-        "warmup_extended_steps": measure.warmup_extended,  # of warmup_steps: added until step times were steady
-        "warmup_steady": measure.warmup_steady,
-        "warmup_gc_s": measure.warmup_gc_s,  # the full garbage collection that ends the warm-up
-        "batch_shapes": measure.shapes.summary(),  # how often the batches changed shape (CUDA graphs need one)
-        "step_s": summary,
-        "step_s_all": stats.step_s,
-        "wait_s_all": stats.wait_s,
-        "throughput": {
-            "value": (measure.mean_items_per_step() or 0) / mean if mean else None,
-            "unit": f"{unit}/s",
-            "basis": "items per step (the mean over the measured steps where the module counts them) / mean step time",
-        },
-        "items_per_step": measure.mean_items_per_step(),
-        "data_wait_frac": stats.data_wait_frac,
-        "host_wait_frac": stats.host_wait_frac,  # the host's share of the step getting batches (loader + copy)
-        "host_fetch_s": _mean(stats.host_wait_s),  # host seconds a batch: the loader and the copy
-        "host_copy_s": _mean(stats.host_copy_s),  # of which the copy to the device
-        "peak_mem_bytes": measure.peak_mem_bytes,
-        "compile_s": stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
-        "warmup_overhead_s": stats.compile_s,
-        "mfu": mfu,
-        "mfu_detail": {
-            "flops_per_step": flops,
-            "convention": measure.flops_convention if flops else None,
-            "peak_tflops": peak,
-            "peak_source": f"datasheet dense {dtype} for {gpu}" if peak else None,
-            "measured_ceiling_tflops": ceiling,
-            "mfu_vs_measured_ceiling": mfu_measured,
-            "ceiling_source": "matmul ceiling measured by `fastloop doctor` on this device"
+    return RunResult(
+        speedups=[SpeedupRecord(name=r.name, status=r.status, reason=r.reason, detail=r.detail) for r in records],
+        steps=stats.steps,
+        steps_planned=measure.steps_planned,
+        measure_s=measure.measure_s,
+        measure_window_cut=measure.window_cut,
+        measured_s=sum(stats.step_s),
+        window_extended_steps=measure.window_extended,  # added because the planned count fell short of measure_s
+        window_short=_window_short(measure, sum(stats.step_s)),
+        warmup_steps=stats.warmup_steps,
+        one_off_steps=stats.one_off,
+        warmup_drain_steps=measure.drain_steps,  # of warmup_steps: draining the loader's prefetch buffer
+        warmup_extended_steps=measure.warmup_extended,  # of warmup_steps: added until step times were steady
+        warmup_steady=measure.warmup_steady,
+        warmup_gc_s=measure.warmup_gc_s,  # the full garbage collection that ends the warm-up
+        batch_shapes=measure.shapes.summary(),
+        step_s=StepTimes(**summary),
+        step_s_all=stats.step_s,
+        wait_s_all=stats.wait_s,
+        throughput=Throughput(
+            value=(measure.mean_items_per_step() or 0) / mean if mean else None,
+            unit=f"{unit}/s",
+            basis="items per step (the mean over the measured steps where the module counts them) / mean step time",
+        ),
+        items_per_step=measure.mean_items_per_step(),
+        data_wait_frac=stats.data_wait_frac,
+        host_wait_frac=stats.host_wait_frac,
+        host_fetch_s=_mean(stats.host_wait_s),  # host seconds a batch: the loader and the copy
+        host_copy_s=_mean(stats.host_copy_s),  # of which the copy to the device
+        peak_mem_bytes=measure.peak_mem_bytes,
+        compile_s=stats.compile_s if any(REGISTRY[n].warmup_cost for n in applied if n in REGISTRY) else None,
+        warmup_overhead_s=stats.compile_s,
+        mfu=mfu,
+        mfu_detail=MfuDetail(
+            flops_per_step=flops,
+            convention=measure.flops_convention if flops else None,
+            peak_tflops=peak,
+            peak_source=f"datasheet dense {dtype} for {gpu}" if peak else None,
+            measured_ceiling_tflops=ceiling,
+            mfu_vs_measured_ceiling=mfu_measured,
+            ceiling_source="matmul ceiling measured by `fastloop doctor` on this device"
             if ceiling
             else "none: run `fastloop doctor` once on this machine",
-        },
-        "loss": {
-            "first": next((v for v in losses if v is not None), None),
-            "last": next((v for v in reversed(losses) if v is not None), None),
-        },
-        "losses": losses,
-        "gpu_profile": per_measured_step(measure.gpu_profile, mean),
-        "extra": extra or {},
-        "warnings": [
-            w for w in [steadiness_warning(stats.step_s, measure.steady_reached, measure.unsteady_steps)] if w
-        ],
-        "steady": measure.steady_reached,  # the rate was steady (after measuring on); None: not checked
-        "measured_on_steps": measure.unsteady_steps,  # steps moved into the warm-up while the rate still changed
-    }
+        ),
+        loss=Loss(
+            first=next((v for v in losses if v is not None), None),
+            last=next((v for v in reversed(losses) if v is not None), None),
+        ),
+        losses=losses,
+        gpu_profile=per_measured_step(measure.gpu_profile, mean),
+        extra=extra or {},
+        warnings=[w for w in [steadiness_warning(stats.step_s, measure.steady_reached, measure.unsteady_steps)] if w],
+        steady=measure.steady_reached,  # the rate was steady (after measuring on); None: not checked
+        measured_on_steps=measure.unsteady_steps,  # steps moved into the warm-up while the rate still changed
+    )

@@ -30,6 +30,7 @@ from fastloop.adapters._lightning_private import on_a_failed_rank
 from fastloop.adapters.lightning import SpeedupCallback
 from fastloop.cuda_env import ensure_cuda_queues
 from fastloop.device import resolve_device
+from fastloop.drivers.config import RunConfig
 from fastloop.drivers.exits import leave_now
 from fastloop.drivers.fit_share import fit_parts
 from fastloop.drivers.paired_run import PairedRun
@@ -49,9 +50,16 @@ from fastloop.drivers.targets import TrainingLength, build_target, check_trainer
 from fastloop.errors import FastloopError, UserCodeError
 from fastloop.lightning import records_of
 from fastloop.measure.callback import FeedClock, MeasureCallback
-from fastloop.speedups.base import Record, RunInputs, resolve, valid_step_rate
+from fastloop.measure.run_result import RunInputsRecord, RunResult, Throughput, Timings, TrainerSettings
+from fastloop.speedups.base import Record, RunInputs, Speedup
 
-__all__ = ["measured_configuration", "run_configuration", "steadiness_warning", "weights_digest"]
+__all__ = [
+    "measure_configuration",
+    "measured_configuration",
+    "run_configuration",
+    "steadiness_warning",
+    "weights_digest",
+]
 
 
 class _MonitoredSchedulers(Callback):
@@ -107,81 +115,91 @@ def run_configuration(
     compile_cache: bool = True,
     seed: int | None = None,
 ) -> dict:
+    """:func:`measure_configuration` of the configuration these keywords make (a
+    :class:`~fastloop.drivers.config.RunConfig`, which checks them), as its JSON document.
+
+    Args:
+        target: ``FILE.py:FUNCTION``, ``package.module:FUNCTION`` or a recipe's short name.
+        speedups: the speedups (``"bf16,compile"``, a list of names, specs or speedup objects; None
+            or ``"none"``: the baseline).
+        steps, warmup, device, target_kwargs, quiet, steady_warmup, devices, strategy, measure_s,
+            step_rate, compile_cache, seed: the fields of
+            :class:`~fastloop.drivers.config.RunConfig`, which says what each means.
+
+    Returns:
+        The JSON contract's measured configuration (:meth:`RunResult.to_dict`).
+    """
+    config = RunConfig(
+        target=target,
+        speedups=speedups,
+        steps=steps,
+        warmup=warmup,
+        device=device,
+        target_kwargs=target_kwargs,
+        quiet=quiet,
+        steady_warmup=steady_warmup,
+        devices=devices,
+        strategy=strategy,
+        measure_s=measure_s,
+        step_rate=step_rate,
+        compile_cache=compile_cache,
+        seed=seed,
+    )
+    return measure_configuration(config).to_dict()
+
+
+def measure_configuration(config: RunConfig) -> RunResult:
     """Build the target, attach one callback per speedup plus the measurer, train, report.
 
-    ``compile_cache``: compiles read and write the project's compile cache (False: cold, in a
-    fresh directory; :class:`~fastloop.speedups.base.RunInputs`).
+    ``config.compile_cache``: compiles read and write the project's compile cache (False: cold,
+    in a fresh directory; :class:`~fastloop.speedups.base.RunInputs`).
 
-    ``seed``: a paired run (:mod:`fastloop.drivers.paired_run`): every generator seeded with it
-    before the target is built, and the document's ``"paired"`` section holds the initial
-    weights' digest, each step's batch digest and how the dataset's reads vary, for the check of
-    a pick against the baseline to compare step by step.
+    ``config.seed``: a paired run (:mod:`fastloop.drivers.paired_run`): every generator seeded
+    with it before the target is built, and the result's ``paired`` holds the initial weights'
+    digest, each step's batch digest and how the dataset's reads vary, for the check of a pick
+    against the baseline to compare step by step.
 
-    ``step_rate``: steps/s the step reaches without data wait, when a driver measured it: declared
-    to the run's speedups (:class:`~fastloop.speedups.base.RunInputs`; ``workers`` sizes itself
-    to it).
+    ``config.step_rate``: steps/s the step reaches without data wait, when a driver measured it:
+    declared to the run's speedups (:class:`~fastloop.speedups.base.RunInputs`; ``workers``
+    sizes itself to it).
 
-    ``steady_warmup``: extend the warm-up until step times are steady (reported as
+    ``config.steady_warmup``: extend the warm-up until step times are steady (reported as
     ``warmup_extended_steps``); off, exactly ``warmup + steps`` steps are trained.
 
-    ``measure_s``: measure fewer than ``steps`` steps (at least 10) when the steady warm-up's
-    step time says ``steps`` would take longer than this many seconds (``steps_planned`` in the
-    document keeps what was asked). A ladder uses it: a slow fp32 baseline needs no 30 steps
-    for a precise mean, and its runs dominate the ladder's wall time.
+    ``config.measure_s``: measure fewer than ``steps`` steps (at least 10) when the steady
+    warm-up's step time says ``steps`` would take longer than this many seconds
+    (``steps_planned`` keeps what was asked). A ladder uses it: a slow fp32 baseline needs no 30
+    steps for a precise mean, and its runs dominate the ladder's wall time.
 
-    ``devices`` > 1 (or a ``strategy``): the ranks are started by Lightning's own DDP/FSDP
-    strategy (its launcher runs this command once per rank); every rank measures itself and
-    the document (returned on every rank; ``global_rank`` says which) holds ``world_size`` and
-    a ``ranks`` section, its throughput summed over ranks at the slowest rank's pace.
+    ``config.devices`` > 1 (or a ``strategy``): the ranks are started by Lightning's own
+    DDP/FSDP strategy (its launcher runs this command once per rank); every rank measures itself
+    and the result (returned on every rank; ``global_rank`` says which) holds ``world_size`` and
+    the ``ranks``, its throughput summed over ranks at the slowest rank's pace.
 
     Runtime fallback: when a speedup fails while training (a compile or capture error, a CUDA
     graph whose output was overwritten, ...), the run is repeated from a freshly built target
     without it, and its record says ``fallback`` with the first line of the cause. The model
     trained is then exactly the one a run without that speedup trains.
     """
-    if not isinstance(steps, int) or steps < 1:
-        raise FastloopError(f"--steps must be >= 1, got {steps}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise FastloopError(f"--warmup must be >= 0, got {warmup}")
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise FastloopError(f"--devices must be an integer >= 1, got {devices!r}")
-    if measure_s is not None and (isinstance(measure_s, bool) or not measure_s > 0):
-        raise FastloopError(f"--measure-s must be a number of seconds > 0, got {measure_s!r}")
-    if strategy not in (None, "ddp", "fsdp"):
-        raise FastloopError(f"--strategy must be ddp or fsdp, got {strategy!r}")
-    if step_rate is not None and not valid_step_rate(step_rate):
-        raise FastloopError(f"--step-rate must be steps per second, a number > 0, got {step_rate!r}")
     ensure_cuda_queues()  # before CUDA starts: a data pipeline on its own streams must not queue behind the step
-    dev = resolve_device(device)
-    if strategy == "fsdp" and dev.type != "cuda":
+    dev = resolve_device(config.device)
+    if config.strategy == "fsdp" and dev.type != "cuda":
         raise FastloopError("--strategy fsdp needs CUDA devices (use ddp on a CPU)")
-    if dev.type == "cuda" and devices > torch.cuda.device_count():
-        raise FastloopError(f"--devices {devices} asked for, but this machine has {torch.cuda.device_count()} GPU(s)")
-    chosen = resolve(speedups)
+    if dev.type == "cuda" and config.devices > torch.cuda.device_count():
+        raise FastloopError(
+            f"--devices {config.devices} asked for, but this machine has {torch.cuda.device_count()} GPU(s)"
+        )
+    chosen: list[Speedup] = list(config.speedups)
     order = [s.name for s in chosen]
     fallbacks: list[Record] = []
+    inputs = RunInputs(step_rate=config.step_rate, compile_cache=config.compile_cache)
     while True:
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-        paired = PairedRun(seed) if seed is not None else None  # a fresh one for a run repeated after a fallback
+        paired = PairedRun(config.seed) if config.seed is not None else None  # a fresh one for a run repeated
         if paired is not None:
             paired.seed_now()
         try:
-            doc = _run_once(
-                target,
-                chosen,
-                dev,
-                steps,
-                warmup,
-                target_kwargs,
-                quiet,
-                fallbacks,
-                steady_warmup,
-                devices,
-                strategy,
-                measure_s,
-                RunInputs(step_rate=step_rate, compile_cache=compile_cache),
-                paired,
-            )
+            result = _run_once(config, chosen, dev, fallbacks, inputs, paired)
         except _SpeedupFailed as failed:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = (
                 flags
@@ -189,21 +207,26 @@ def run_configuration(
             torch.compiler.reset()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-            variant = failed.speedup.fallback_variant(failed.err)
-            chosen = [variant if s is failed.speedup else s for s in chosen if s is not failed.speedup or variant]
-            then = f"as {variant.spec}" if variant is not None else "without it"
-            fallbacks[:] = [r for r in fallbacks if r.name != failed.speedup.name]
-            fallbacks.append(
-                Record(
-                    failed.speedup.name,
-                    "fallback",
-                    f"{failed.speedup.spec} failed while training ({_first_line(failed.err)}); "
-                    f"the run was repeated {then}",
-                )
-            )
+            chosen = _without(chosen, failed, fallbacks)
             continue
-        doc["speedups"].sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
-        return doc
+        result.speedups.sort(key=lambda r: order.index(r.name) if r.name in order else len(order))
+        return result
+
+
+def _without(chosen: list[Speedup], failed: _SpeedupFailed, fallbacks: list[Record]) -> list[Speedup]:
+    """The speedups to repeat the run with after ``failed`` (its milder variant, or none), its
+    fallback record kept in ``fallbacks``."""
+    variant = failed.speedup.fallback_variant(failed.err)
+    then = f"as {variant.spec}" if variant is not None else "without it"
+    fallbacks[:] = [r for r in fallbacks if r.name != failed.speedup.name]
+    fallbacks.append(
+        Record(
+            failed.speedup.name,
+            "fallback",
+            f"{failed.speedup.spec} failed while training ({_first_line(failed.err)}); the run was repeated {then}",
+        )
+    )
+    return [variant if s is failed.speedup else s for s in chosen if s is not failed.speedup or variant]
 
 
 class _RunStrategy(SingleDeviceStrategy):
@@ -257,23 +280,23 @@ class _GatherRanks(Callback):
         self.ranks = sorted(gathered, key=lambda r: r["rank"])
 
 
-def _per_rank(doc: dict, ranks: list[dict], world_size: int, strategy: str) -> None:
+def _per_rank(result: RunResult, ranks: list[dict], world_size: int, strategy: str) -> None:
     """The JSON contract's multi-rank part: each rank's figures, the slowest rank, and the
     throughput of all ranks together (items summed, at the slowest rank's mean step)."""
     slowest = max(ranks, key=lambda r: r["step_s"]["mean"])
-    doc["world_size"] = world_size
-    doc["strategy"] = strategy
-    doc["ranks"] = ranks
-    doc["slowest_rank"] = slowest["rank"]
+    result.world_size = world_size
+    result.strategy = strategy
+    result.ranks = ranks
+    result.slowest_rank = slowest["rank"]
     items = sum(r["items_per_step"] or 0 for r in ranks)
-    doc["throughput"] = {
-        "value": items / slowest["step_s"]["mean"] if slowest["step_s"]["mean"] else None,
-        "unit": doc["throughput"]["unit"],
-        "basis": "items per step summed over the ranks / the slowest rank's mean step time",
-    }
-    doc["per_rank_throughput"] = [r["throughput"] for r in ranks]
+    result.throughput = Throughput(
+        value=items / slowest["step_s"]["mean"] if slowest["step_s"]["mean"] else None,
+        unit=result.throughput.unit,
+        basis="items per step summed over the ranks / the slowest rank's mean step time",
+    )
+    result.per_rank_throughput = [r["throughput"] for r in ranks]
     first = [(s["name"], s["status"], s["reason"]) for s in ranks[0]["speedups"]]
-    doc["speedups_agree_across_ranks"] = all(
+    result.speedups_agree_across_ranks = all(
         [(s["name"], s["status"], s["reason"]) for s in r["speedups"]] == first for r in ranks
     )
 
@@ -346,18 +369,18 @@ def _fit(
         raise KeyboardInterrupt
 
 
-def _warn(doc: dict, measure: MeasureCallback, scheduler_notes: list[str], pbar: list[str]) -> None:
+def _warn(result: RunResult, measure: MeasureCallback, scheduler_notes: list[str], pbar: list[str]) -> None:
     """The run's warnings: manual optimization, steps that returned None, schedulers, prog_bar."""
     if measure.manual:
-        doc["loss_definition"] = "manual optimization: the sum of the losses passed to manual_backward in each step"
+        result.loss_definition = "manual optimization: the sum of the losses passed to manual_backward in each step"
     if measure.none_steps:
-        doc["warnings"].append(
-            f"training_step returned None in {measure.none_steps} of {len(doc['losses'])} steps "
+        result.warnings.append(
+            f"training_step returned None in {measure.none_steps} of {len(result.losses)} steps "
             f"(Lightning skipped their optimizer step; their loss is null)"
         )
-    doc["warnings"] += scheduler_notes
+    result.warnings += scheduler_notes
     if pbar:
-        doc["warnings"].append(prog_bar_warning(pbar))
+        result.warnings.append(prog_bar_warning(pbar))
 
 
 def _records(
@@ -375,41 +398,32 @@ def _records(
     return records
 
 
-def _timings(measure: MeasureCallback, build_s: float, t_fit: float, fit_s: float, digest_s: float) -> dict:
+def _timings(measure: MeasureCallback, build_s: float, t_fit: float, fit_s: float, digest_s: float) -> Timings:
     """Where a run's wall time goes (a ladder pays it per process): building the target, and the
     whole fit (Trainer setup, warm-up, compile, measured and profiled steps, teardown)."""
-    return {
-        "build_s": build_s,
-        "fit_s": fit_s,
-        "pid": os.getpid(),
-        "digest_s": digest_s,
-        "setup_s": measure.train_start_t - t_fit if measure.train_start_t else None,  # fit -> on_train_start
-        "train_s": (measure.train_end_t - measure.train_start_t)
-        if measure.train_end_t and measure.train_start_t
-        else None,
-        "teardown_s": (t_fit + fit_s - measure.train_end_t) if measure.train_end_t else None,
-    }
+    started, ended = measure.train_start_t, measure.train_end_t
+    return Timings(
+        build_s=build_s,
+        fit_s=fit_s,
+        pid=os.getpid(),
+        digest_s=digest_s,
+        setup_s=started - t_fit if started else None,  # fit -> on_train_start
+        train_s=ended - started if ended and started else None,
+        teardown_s=t_fit + fit_s - ended if ended else None,
+    )
 
 
 def _run_once(
-    target: str,
-    chosen: list,
+    config: RunConfig,
+    chosen: list[Speedup],
     dev: torch.device,
-    steps: int,
-    warmup: int,
-    target_kwargs: dict[str, Any] | None,
-    quiet: bool,
     fallbacks: list[Record],
-    steady_warmup: bool,
-    devices: int = 1,
-    strategy: str | None = None,
-    measure_s: float | None = None,
-    inputs: RunInputs | None = None,
+    inputs: RunInputs,
     paired: PairedRun | None = None,
-) -> dict:
-
+) -> RunResult:
+    target, devices, strategy = config.target, config.devices, config.strategy
     t_build = time.perf_counter()
-    module, data, user_trainer = build_target(target, **(target_kwargs or {}))
+    module, data, user_trainer = build_target(target, **(config.target_kwargs or {}))
     extra: dict = {"fit_parts": fit_parts(module, data, user_trainer)}  # what the fit has beside its steps
     length = TrainingLength.asked(user_trainer)  # what configure_optimizers sees (estimated_stepping_batches)
     user_trainer, left_out = check_trainer_kwargs(target, user_trainer)
@@ -424,19 +438,18 @@ def _run_once(
             extra.update(stats)
     for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    inputs = inputs or RunInputs()
     cbs = [SpeedupCallback(s, inputs=inputs) for s in in_training]
     measure = MeasureCallback(
-        warmup=warmup,
+        warmup=config.warmup,
         count_flops=True,
-        steady=steady_warmup,
-        steps=steps,
-        measure_s=measure_s,
+        steady=config.steady_warmup,
+        steps=config.steps,
+        measure_s=config.measure_s,
         profile_steps=profile_steps() if dev.type == "cuda" else 0,
     )
     monitored = _MonitoredSchedulers()
     gather = _GatherRanks(measure, cbs)
-    distributed = devices > 1 or strategy is not None
+    distributed = config.distributed
     user_callbacks = list(user_trainer.pop("callbacks", None) or [])
     first = [paired] if paired is not None else []  # before any speedup's setup: it reads the initial weights
     trainer = _trainer(
@@ -448,7 +461,7 @@ def _run_once(
         distributed,
     )
     t_fit = time.perf_counter()
-    _fit(trainer, module, data, target, chosen, quiet, distributed=distributed)
+    _fit(trainer, module, data, target, chosen, config.quiet, distributed=distributed)
     fit_s = time.perf_counter() - t_fit
     pbar = sorted(trainer.progress_bar_metrics) if dev.type == "cuda" else []
     if pbar:
@@ -468,31 +481,31 @@ def _run_once(
     records = _records(trainer, cbs, fallbacks, prepared, extra)
     unit = getattr(module, "throughput_unit", "samples")
     conv_tf32 = bool(torch.backends.cudnn.allow_tf32) and any(isinstance(m, CONV_TYPES) for m in module.modules())
-    doc = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
+    result = measured_configuration(measure, records, dev, unit, extra, conv_tf32)
     t_digest = time.perf_counter()
-    doc["weights_digest"] = weights_digest(module)
-    doc["timings"] = _timings(measure, build_s, t_fit, fit_s, time.perf_counter() - t_digest)
+    result.weights_digest = weights_digest(module)
+    result.timings = _timings(measure, build_s, t_fit, fit_s, time.perf_counter() - t_digest)
     if paired is not None:
-        doc["paired"] = paired.result()
-    doc["data_checks"] = data_checks(doc.get("batch_shapes"))  # what the batches' shapes rule out
-    doc["built_checks"] = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
-    doc["model_checks"] = {**doc["data_checks"], **doc["built_checks"]}
-    doc["run_inputs"] = {"step_rate": inputs.step_rate, "compile_cache": inputs.compile_cache}  # told to the speedups
-    doc["trainer_settings"] = {
-        "used": {k: repr(v) for k, v in user_trainer.items()},
-        "callbacks": [type(c).__name__ for c in user_callbacks],
-        "left_out": left_out,
-    }
-    _warn(doc, measure, monitored.notes(trainer) + length.notes(), pbar)
-    doc["global_rank"] = trainer.global_rank
-    doc["world_size"] = trainer.world_size
+        result.paired = paired.result()
+    result.data_checks = data_checks(result.batch_shapes)  # what the batches' shapes rule out
+    result.built_checks = {**loader_checks(getattr(trainer, "train_dataloader", None)), **model_checks}
+    result.model_checks = {**result.data_checks, **result.built_checks}
+    result.run_inputs = RunInputsRecord(step_rate=inputs.step_rate, compile_cache=inputs.compile_cache)
+    result.trainer_settings = TrainerSettings(
+        used={k: repr(v) for k, v in user_trainer.items()},
+        callbacks=[type(c).__name__ for c in user_callbacks],
+        left_out=left_out,
+    )
+    _warn(result, measure, monitored.notes(trainer) + length.notes(), pbar)
+    result.global_rank = trainer.global_rank
+    result.world_size = trainer.world_size
     if gather.ranks:
-        _per_rank(doc, gather.ranks, trainer.world_size, strategy or "ddp")
-    bad = next((i for i, v in enumerate(doc["losses"]) if v is not None and not math.isfinite(v)), None)
+        _per_rank(result, gather.ranks, trainer.world_size, strategy or "ddp")
+    bad = next((i for i, v in enumerate(result.losses) if v is not None and not math.isfinite(v)), None)
     if bad is not None:
-        doc["loss_finite"] = False
-        doc["warnings"].append(
-            f"the loss was not finite ({doc['losses'][bad]}) from step {bad}: "
+        result.loss_finite = False
+        result.warnings.append(
+            f"the loss was not finite ({result.losses[bad]}) from step {bad}: "
             f"the timings of a diverged run say nothing about a real one"
         )
-    return doc
+    return result

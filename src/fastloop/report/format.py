@@ -59,6 +59,16 @@ def selected_line(doc: dict) -> str | None:
     return f"selected: {doc.get('selected_spec') or 'none'} ({vs} vs baseline{base}{rate})"
 
 
+def _deviation(dev: float | None) -> str:
+    """A loss deviation of the check of a pick; null where one side's loss was not finite.
+
+    Example:
+        >>> _deviation(0.0123), _deviation(None)
+        ('0.0123 of the loss', 'a step where only one side had a finite loss')
+    """
+    return f"{dev:.3g} of the loss" if isinstance(dev, (int, float)) else "a step where only one side had a finite loss"
+
+
 def check_lines(doc: dict) -> list[str]:
     """The check of a pick against its baseline (a ladder's, or ``ab --check``'s), as lines: its
     verdict, its tolerance and where it comes from, its steps and what it cost; where the losses
@@ -90,7 +100,7 @@ def check_lines(doc: dict) -> list[str]:
         out.append(
             "the baseline run again reproduced itself bit for bit"
             if floor.get("reproducible")
-            else f"the baseline run again differed from itself by up to {floor['max_deviation']:.3g} of the loss"
+            else f"the baseline run again differed from itself by up to {_deviation(floor.get('max_deviation'))}"
         )
     for step in check.get("bisect") or []:
         part = (
@@ -98,7 +108,7 @@ def check_lines(doc: dict) -> list[str]:
             if step.get("failed")
             else "agrees with the baseline"
             if step.get("passed")
-            else f"parts at step {step.get('first_parting_step')} (up to {step.get('max_deviation', 0):.3g})"
+            else f"parts at step {step.get('first_parting_step')} (up to {_deviation(step.get('max_deviation'))})"
         )
         out.append(f"without {step['removed']} ({step['spec']}): {part}")
     return out

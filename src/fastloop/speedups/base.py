@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 
 from fastloop.errors import FastloopError, shorten
+from fastloop.speedups.ladder_traits import MOVED_TO_LADDER, LadderTraits
 from fastloop.speedups.options import Options
 from fastloop.speedups.records import Context, Fallback, Record, RunInputs, Skip, valid_step_rate
 
@@ -41,12 +42,12 @@ __all__ = [
     "Record",
     "RunInputs",
     "Skip",
+    "LadderTraits",
     "Speedup",
     "Trains",
     "register",
     "resolve",
     "speedup_names",
-    "default_ladder",
     "apply_all",
     "name_of",
     "valid_step_rate",
@@ -77,44 +78,19 @@ class Speedup:
     against that dtype's peak (a lower-precision one wins when several apply)."""
     warmup_cost: ClassVar[bool] = False
     """True when the speedup compiles or captures during warm-up (reported as ``compile_s``)."""
-    in_default_ladder: ClassVar[bool] = False
-    """A rung of the default ladder (in :attr:`order`)."""
-    feeds: ClassVar[bool] = False
-    """It makes the input pipeline deliver batches sooner (it does not change the step's work): it
-    can only give back time the step spends waiting for data, so the ladder does not measure it
-    when the GPU is already busy nearly the whole step."""
-    feeds_copy_only: ClassVar[bool] = False
-    """A feed speedup that only makes the copy to the device cheaper or hidden (``pin_memory``,
-    ``prefetch``): the most it can give back is the copy's host time or the GPU's wait for the
-    batch, not the loader's own work (which stays in the main process)."""
-
+    ladder: ClassVar[LadderTraits] = LadderTraits()
+    """How the ladder searches with it (:class:`~fastloop.speedups.ladder_traits.LadderTraits`): its
+    group, what its ablation costs, whether it sizes itself. A run never reads it."""
     feeds_validation: ClassVar[bool] = False
     """A feed speedup whose change of the training loader holds for any loader of the same data: it
     changes how batches arrive (processes, pinned memory, a thread, the device's memory), never which
     samples a batch holds or what they are (augmentation, decoding, padding): ``fast_validation``
     feeds the validation loaders through it too, each on its own terms."""
-
-    replaces_loader: ClassVar[bool] = False
-    """A feed serving batches on the GPU in place of the loader: with it, the CPU feed has nothing to do."""
-    needs_in_memory_tensors: ClassVar[bool] = False
-    """It applies only to a dataset of in-memory tensors (the ladder reads the run's dataset)."""
-    stored_on_device: ClassVar[bool] = False
-    """It serves the dataset's stored tensors from the device's memory (``gpu_resident``,
-    ``gpu_augment``): where the run's data checks let it apply, the ladder measures the compute
-    stack with it (an expert's first move: the step is then measured without waiting on the CPU)."""
     fixes_shapes: ClassVar[bool] = False
     """It pads batches whose shape changes to a few shapes: the ladder puts it in the compute
     bundle where the baseline's batches change shape, and does not hold the baseline's shape
-    checks (``cuda_graph``) against a configuration with it."""
-    changes_workload: ClassVar[bool] = False
-    """It changes the step's work (the batch size): the ladder tries it alone, after the rest."""
-    ablation_rank: ClassVar[int | None] = None
-    """It costs something when it does not help (compile, capture, precision, layout, processes):
-    the ladder's ablation takes it out to check, lowest rank first; None: never ablated."""
-    sized_stat: ClassVar[str | None] = None
-    """Without an option it sizes itself in each run (a probe of its own) and reports the size under
-    this key of the run's statistics: the ladder measures the sizes around it in the whole
-    configuration (:meth:`sizes_around`, ``NAME:N``) and keeps the fastest."""
+    checks (``cuda_graph``) against a configuration with it; the check of a pick compares its
+    batches by their real rows."""
     compiles: ClassVar[bool] = False
     """Its runs call ``torch.compile`` (or may): the fork server preloads the compiler for them."""
     advice_pattern: ClassVar[str | None] = None
@@ -146,6 +122,18 @@ class Speedup:
     :class:`~fastloop.speedups.options.Options`, each field made with ``option()`` (its type,
     default, what it accepts, its doc), from which the parsing, the checks, the help and the spec
     are derived."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a ladder trait set as a class attribute of its own (``feeds = True``): the ladder
+        reads only :attr:`ladder`, so the attribute would be ignored without a word."""
+        super().__init_subclass__(**kwargs)
+        stray = sorted(MOVED_TO_LADDER & set(vars(cls)))
+        if stray:
+            raise TypeError(
+                f"{cls.__name__}: {', '.join(stray)} belong in its ladder traits, e.g. "
+                f"ladder = LadderTraits(feeds=True, ablation_rank=7) (fastloop.speedups.ladder_traits), "
+                "not class attributes of their own"
+            )
 
     def __init__(self, **options: Any) -> None:
         """The speedup with ``options``, keyword by keyword (``Compile(mode="max-autotune",
@@ -180,19 +168,6 @@ class Speedup:
     def options_help(cls) -> str:
         """How this speedup's options are typed and what each accepts (derived from its fields)."""
         return cls.options_type.usage() if cls.options_type is not None else f"{cls.name} takes no option"
-
-    @classmethod
-    def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """With :attr:`sized_stat`: the size a run's ``stats`` (its ``extra``) say it chose, and the
-        sizes to measure around it in the configuration (the next smaller first); else (None, [])."""
-        return None, []
-
-    @classmethod
-    def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """With :attr:`sized_stat`, when its probe kept the user's own size (it skipped itself):
-        that size and the larger sizes the probe measured, to measure in the configuration (the
-        smallest first); else (None, [])."""
-        return None, []
 
     def why_not(self, ctx: Context) -> str | None:
         """Reason this speedup cannot apply here, or None if it can."""
@@ -278,11 +253,6 @@ def register(cls: type[Speedup]) -> type[Speedup]:
         raise RuntimeError(f"speedup {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
-
-
-def default_ladder() -> list[str]:
-    """The default ladder's rungs, in order (the registered speedups marked ``in_default_ladder``)."""
-    return [n for n in speedup_names() if REGISTRY[n].in_default_ladder]
 
 
 def advice_pattern(cls: type[Speedup]) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from fastloop.data import to_channels_last
 from fastloop.speedups.base import Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["ChannelsLast", "apply_channels_last", "channels_last_undo", "has_conv2d"]
@@ -65,10 +66,9 @@ class ChannelsLast(Speedup):
     __doc__ = __doc__
     name = "channels_last"
     trains = "reordered"  # convolutions in another layout: other kernels, other summation order
-    ablation_rank = 4
+    ladder = LadderTraits(ablation_rank=4, in_default=True)
     changes = "model"
     order = 40
-    in_default_ladder = True
 
     def why_not_model(self, model: torch.nn.Module) -> str | None:
         return None if has_conv2d(model) else "model has no Conv2d layers"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
@@ -79,7 +80,7 @@ class FP8Options(Options):
 class FP8(Speedup):
     __doc__ = __doc__
     name = "fp8"
-    ablation_rank = 2
+    ladder = LadderTraits(ablation_rank=2)
     compiles = True
     changes = "model"
     order = 45

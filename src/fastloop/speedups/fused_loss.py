@@ -20,6 +20,7 @@ import importlib.util
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["FusedLoss", "fused_linear_cross_entropy", "hooks_of"]
@@ -42,7 +43,7 @@ class FusedLoss(Speedup):
     __doc__ = __doc__
     name = "fused_loss"
     trains = "reordered"  # the loss and its gradients chunk by chunk: another summation order
-    ablation_rank = 3
+    ladder = LadderTraits(ablation_rank=3)
     compiles = True
     changes = "model"
     order = 47

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from fastloop.speedups.base import Skip, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["FUSABLE", "FusedOptimizer", "apply_fused_optimizer", "fused_undo"]
@@ -94,7 +95,7 @@ class FusedOptimizer(Speedup):
     advice_pattern = r"fused[ _]optimizer"
     changes = "optimizer"
     order = 35
-    in_default_ladder = True
+    ladder = LadderTraits(in_default=True)
 
     def apply(self, run: Run) -> None:
         fused: list[str] = []

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from fastloop.data import rebuild_loader
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["PinMemory", "apply_pin_memory"]
@@ -28,11 +29,9 @@ class PinMemory(Speedup):
     name = "pin_memory"
     advice_pattern = r"pin_memory|pinned memory"
     changes = "data"
-    feeds = True
+    ladder = LadderTraits(feeds=True, feeds_copy_only=True, in_default=True)
     feeds_validation = True
-    feeds_copy_only = True
     order = 11
-    in_default_ladder = True
     needs_cuda = True
 
     def apply(self, run: Run) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["BF16", "FP16", "held_on_skipped_steps"]
@@ -48,10 +49,9 @@ def held_on_skipped_steps(step: Callable[..., Any], skipped: Callable[[], bool],
 class BF16(Speedup):
     __doc__ = __doc__
     name = "bf16"
-    ablation_rank = 5
+    ladder = LadderTraits(ablation_rank=5, in_default=True)
     changes = "step"
     order = 30
-    in_default_ladder = True
     math_dtype = "bf16"
     conflicts = ("fp16",)
     trains = "band"
@@ -65,8 +65,8 @@ class BF16(Speedup):
         return None
 
     def apply(self, run: Run) -> None:
-        if not run.ctx.cuda:
-            run.change_model(_cpu_runs_its_recurrent_layers_in_bf16)
+        if not run.ctx.cuda and isinstance(run.model, torch.nn.Module):  # the model as the run holds it
+            _cpu_runs_its_recurrent_layers_in_bf16(run.model)
         run.autocast(torch.bfloat16)
 
 
@@ -104,7 +104,7 @@ def _cpu_runs_its_recurrent_layers_in_bf16(model: torch.nn.Module) -> torch.nn.M
 class FP16(Speedup):
     __doc__ = __doc__
     name = "fp16"
-    ablation_rank = 6
+    ladder = LadderTraits(ablation_rank=6)
     changes = "step"
     order = 31
     math_dtype = "fp16"

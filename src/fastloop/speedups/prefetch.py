@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from fastloop.feed import BackgroundFeed
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["Prefetch", "apply_prefetch"]
@@ -35,12 +36,10 @@ def _where_built(loader: Iterable) -> str:
 class Prefetch(Speedup):
     __doc__ = __doc__
     name = "prefetch"
-    ablation_rank = 8
+    ladder = LadderTraits(ablation_rank=8, feeds=True, in_default=True)
     changes = "data"
-    feeds = True
     feeds_validation = True
     order = 12
-    in_default_ladder = True
     needs_cuda = True
 
     def apply_loader(self, loader: Iterable, ctx: Context) -> Iterable:

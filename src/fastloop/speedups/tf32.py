@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from fastloop.speedups.base import Context, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["TF32", "apply_tf32"]
@@ -43,7 +44,7 @@ class TF32(Speedup):
     order = 20
     needs_cuda = True
     math_dtype = "tf32"
-    in_default_ladder = True
+    ladder = LadderTraits(in_default=True)
     trains = "band"
 
     def band(self) -> float:

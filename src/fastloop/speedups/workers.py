@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import IndexSamplerAtLength, draw_loader_base_seed, loader_iterator
 from fastloop.data import first_tensor, rebuild_loader
 from fastloop.speedups.base import Context, Fallback, Skip, Speedup, register, valid_step_rate
+from fastloop.speedups.ladder_traits import LadderTraits, SelfSized
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import rank_zero_value
@@ -42,8 +43,12 @@ __all__ = [
     "Workers",
     "apply_workers",
     "choose_num_workers",
+    "UNMEASURED_RATE",
     "default_num_workers",
+    "record_rates",
     "size_for_demand",
+    "sizes_above_kept",
+    "sizes_around",
     "loader_rate",
     "predicted_saving",
     "step_rate_hint",
@@ -192,7 +197,7 @@ def size_for_demand(rates: dict[str, float], demand: float, fastest: int) -> int
     >>> size_for_demand({"0": 900.0, "2": 2_000.0, "4": 3_900.0, "8": 7_000.0, "16": 9_000.0}, 2_500.0, 16)
     4
     """
-    enough = [int(k) for k, v in rates.items() if v == v and int(k) <= fastest and v >= WORKER_HEADROOM * demand]
+    enough = [int(k) for k, v in rates.items() if _measured(v) and int(k) <= fastest and v >= WORKER_HEADROOM * demand]
     return min(enough) if enough else fastest
 
 
@@ -267,9 +272,62 @@ class WorkersOptions(Options):
     )
 
 
+UNMEASURED_RATE = "the loader ran out of batches before a rate could be timed with this many workers"
+"""Why a worker count's rate is null in ``loader_rates`` (under ``loader_rates_unmeasured``)."""
+
+
+def _measured(rate: object) -> bool:
+    """A rate the probe timed: a number, not NaN (the probe's "ran dry") nor null (read back)."""
+    return isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate == rate
+
+
+def record_rates(stats: dict, rates: dict[str, float]) -> None:
+    """Record the probe's ``rates`` in a run's statistics as strict JSON: a rate the probe could not
+    time (NaN) is null in ``loader_rates``, and ``loader_rates_unmeasured`` says why, by count.
+
+    Example:
+        >>> stats = {}
+        >>> record_rates(stats, {"0": 900.0, "8": float("nan")})
+        >>> stats["loader_rates"], list(stats["loader_rates_unmeasured"])
+        ({'0': 900.0, '8': None}, ['8'])
+    """
+    stats["loader_rates"] = {k: v if _measured(v) else None for k, v in rates.items()}
+    unmeasured = {k: UNMEASURED_RATE for k, v in rates.items() if not _measured(v)}
+    if unmeasured:
+        stats["loader_rates_unmeasured"] = unmeasured
+
+
 def _counts_above(stats: dict, own: int) -> list[int]:
     """The worker counts the probe measured (``stats["loader_rates"]``, a rate each) above ``own``."""
-    return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if v == v and int(k) > own)
+    return sorted(int(k) for k, v in (stats.get("loader_rates") or {}).items() if _measured(v) and int(k) > own)
+
+
+def sizes_around(stats: dict) -> tuple[int | None, list[int]]:
+    """The worker count a run's probe chose (``num_workers``), and the probe's measured counts next
+    below and above it (more than the user's loader's own count): the sizes the ladder measures in
+    the configuration.
+
+    >>> sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
+    (8, [4])
+    """
+    chosen = stats.get("num_workers")
+    if not isinstance(chosen, int) or isinstance(chosen, bool):
+        return None, []
+    counts = _counts_above(stats, stats.get("loader_own_workers") or 0)  # fewer than the user's: not this speedup
+    below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
+    return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def sizes_above_kept(stats: dict) -> tuple[int | None, list[int]]:
+    """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
+
+    >>> sizes_above_kept({"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}})
+    (4, [8, 16])
+    """
+    own = stats.get("loader_own_workers")
+    if not isinstance(own, int) or isinstance(own, bool):
+        return None, []
+    return own, _counts_above(stats, own)
 
 
 @register
@@ -277,43 +335,17 @@ class Workers(Speedup):
     __doc__ = __doc__
     name = "workers"
     reads_in_workers = True
-    ablation_rank = 7
+    ladder = LadderTraits(
+        ablation_rank=7,
+        feeds=True,
+        in_default=True,
+        sized=SelfSized(stat="num_workers", around=sizes_around, above_kept=sizes_above_kept),
+    )
     changes = "data"
-    feeds = True
     feeds_validation = True
     order = 10
-    in_default_ladder = True
 
     options_type = WorkersOptions
-    sized_stat = "num_workers"
-
-    @classmethod
-    def sizes_around(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """The count chosen, and the probe's measured counts next below and above it (more than the
-        user's loader's own count).
-
-        >>> Workers.sizes_around({"num_workers": 8, "loader_rates": {"0": 1.0, "2": 2.0, "4": 3.0, "8": 4.0}})
-        (8, [4])
-        """
-        chosen = stats.get(cls.sized_stat)
-        if not isinstance(chosen, int) or isinstance(chosen, bool):
-            return None, []
-        counts = _counts_above(stats, stats.get("loader_own_workers") or 0)  # fewer than the user's: not this speedup
-        below, above = [c for c in counts if c < chosen], [c for c in counts if c > chosen]
-        return chosen, ([below[-1]] if below else []) + ([above[0]] if above else [])
-
-    @classmethod
-    def sizes_above_kept(cls, stats: dict) -> tuple[int | None, list[int]]:
-        """The user's loader's count, kept by a probe alone, and the larger counts the probe measured.
-
-        >>> stats = {"loader_own_workers": 4, "loader_rates": {"0": 1.0, "4": 3.0, "8": 4.0, "16": 3.5}}
-        >>> Workers.sizes_above_kept(stats)
-        (4, [8, 16])
-        """
-        own = stats.get("loader_own_workers")
-        if not isinstance(own, int) or isinstance(own, bool):
-            return None, []
-        return own, _counts_above(stats, own)
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))
@@ -331,7 +363,8 @@ class Workers(Speedup):
         n = self.opts.count
         if n is None:  # measured on rank 0 only; every rank uses its result
             n, rates = rank_zero_value(lambda: choose_num_workers(loader))
-            ctx.stats["loader_rates"], ctx.stats["loader_own_workers"] = rates, loader.num_workers
+            record_rates(ctx.stats, rates)
+            ctx.stats["loader_own_workers"] = loader.num_workers
             shown = ", ".join(f"{k}: {v:,.0f}/s" for k, v in rates.items() if v == v)
             if n <= loader.num_workers:
                 raise Skip(

@@ -45,9 +45,9 @@ def split_groups(speedups: list[Speedup]) -> tuple[list[Speedup], list[Speedup],
     speedups that change the workload itself (``batch_size``). A speedup that pads batches to a
     few shapes (``fixes_shapes``) changes the data but goes with the compute stack: compile and
     CUDA graphs pay only with it (it is ruled out where the baseline's batches keep one shape)."""
-    feed = [s for s in speedups if s.changes == "data" and not s.changes_workload and not s.fixes_shapes]
-    compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.changes_workload]
-    rest = [s for s in speedups if s.changes_workload]
+    feed = [s for s in speedups if s.changes == "data" and not s.ladder.changes_workload and not s.fixes_shapes]
+    compute = [s for s in speedups if (s.changes != "data" or s.fixes_shapes) and not s.ladder.changes_workload]
+    rest = [s for s in speedups if s.ladder.changes_workload]
     return feed, compute, rest
 
 
@@ -93,7 +93,7 @@ def select_order(speedups: list[Speedup], recipe: set[str]) -> list[Speedup]:
 
 
 def ablation_order(members: list[str]) -> list[str]:
-    """The members (specs) an ablation takes out, costliest first (:attr:`Speedup.ablation_rank`:
+    """The members (specs) an ablation takes out, costliest first (:attr:`LadderTraits.ablation_rank`:
     compile time, capture and memory, precision, layout, processes); members that cost nothing
     when they do not help are left out.
 
@@ -101,7 +101,7 @@ def ablation_order(members: list[str]) -> list[str]:
         >>> ablation_order(["tf32", "bf16", "compile", "workers:4"])
         ['compile', 'bf16', 'workers:4']
     """
-    ranked = [(REGISTRY[n].ablation_rank, i, m) for i, m in enumerate(members) if (n := name_of(m)) in REGISTRY]
+    ranked = [(REGISTRY[n].ladder.ablation_rank, i, m) for i, m in enumerate(members) if (n := name_of(m)) in REGISTRY]
     return [m for rank, _, m in sorted((r, i, m) for r, i, m in ranked if r is not None)]
 
 
@@ -117,4 +117,4 @@ def as_sized(selected: list[str], members: list[str]) -> list[str]:
 
 def replaces_loader(names: set[str]) -> bool:
     """Does one of ``names`` replace the training loader (a GPU pipeline such as dali)?"""
-    return any(REGISTRY[n].replaces_loader for n in names if n in REGISTRY)
+    return any(REGISTRY[n].ladder.replaces_loader for n in names if n in REGISTRY)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.ladder.wording import feed_busy_gpu, feed_host_bound, model_rules_out
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups.base import Speedup
 
 __all__ = ["FEED_BUSY", "FEED_WAIT", "feed_cannot_help", "model_says_no"]
@@ -32,31 +33,30 @@ def model_says_no(base_runs: Runs | None, s: Speedup, shapes_fixed: bool = False
     out (``data_checks``: cuda_graph) is measured after all."""
     if base_runs is None or not base_runs.docs:
         return None
-    doc = base_runs.docs[-1]
-    if shapes_fixed and s.name in (doc.get("data_checks") or {}) and s.name not in (doc.get("built_checks") or {}):
+    run = RunResult.from_dict(base_runs.docs[-1])
+    if shapes_fixed and s.name in (run.data_checks or {}) and s.name not in (run.built_checks or {}):
         return None
-    reason = (doc.get("model_checks") or {}).get(s.name)
+    reason = (run.model_checks or {}).get(s.name)
     return model_rules_out(reason) if reason else None
 
 
 def feed_cannot_help(best: Runs | None, best_spec: str, s: Speedup) -> str | None:
-    """A feed speedup (``Speedup.feeds``) can only give back the time the GPU does not work: when the
+    """A feed speedup (``LadderTraits.feeds``) can only give back the time the GPU does not work: when the
     best configuration so far (``best``, its runs; ``best_spec``) keeps the GPU busy (its profile)
     and hardly waits for data, the most a faster feed could gain is below what the ladder can
     detect, so it is not measured."""
-    if not s.feeds:  # batch_size also changes the loader, but it changes the step's work too
+    if not s.ladder.feeds:  # batch_size also changes the loader, but it changes the step's work too
         return None
     if best is None or not best.docs:
         return None
-    doc = merge_runs(best)
-    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
-    wait = doc.get("data_wait_frac")
-    host = doc.get("host_wait_frac")
+    merged = RunResult.from_dict(merge_runs(best))
+    busy = (merged.gpu_profile or {}).get("gpu_busy_frac")
+    wait, host = merged.data_wait_frac, merged.host_wait_frac
     if wait is None:
         return None
-    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    fetch, copy = merged.host_fetch_s, merged.host_copy_s
     copy_only = False
-    if s.feeds_copy_only and host is not None and fetch and copy is not None:
+    if s.ladder.feeds_copy_only and host is not None and fetch and copy is not None:
         # pinned or early copies leave the loader's own work where it is: only the copy's share counts
         host, copy_only = host * min(1.0, copy / fetch), True
     if busy is not None and busy >= FEED_BUSY and wait <= FEED_WAIT:
@@ -65,5 +65,7 @@ def feed_cannot_help(best: Runs | None, best_spec: str, s: Speedup) -> str | Non
         # a GPU-bound step can gain at most the GPU's idle time while the batch comes (wait), a
         # host-bound one at most the host's time getting it (host): the larger bounds both
         bound = 1 / max(1e-9, 1 - max(wait, host))
-        return feed_host_bound(best_spec, host, wait, bound, copy_share=copy_only, copy_speedup=s.feeds_copy_only)
+        return feed_host_bound(
+            best_spec, host, wait, bound, copy_share=copy_only, copy_speedup=s.ladder.feeds_copy_only
+        )
     return None

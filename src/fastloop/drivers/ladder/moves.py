@@ -19,6 +19,7 @@ from fastloop.drivers.ladder import wording
 from fastloop.drivers.ladder.candidates import ablation_order, spec_names
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.ladder.state import LadderState
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups.base import Speedup, name_of
 
 __all__ = ["ABLATION_LOSS", "Decision", "Measured", "Moves"]
@@ -250,6 +251,6 @@ class Moves:
 
 def own_records(runs: Runs, specs: list[str]) -> dict[str, dict]:
     """The last run's own records of the speedups ``specs`` name (applied, skipped, fallback)."""
-    doc = runs.docs[-1] if runs.docs else {}
+    run = RunResult.from_dict(runs.docs[-1] if runs.docs else {})
     names = spec_names(specs)
-    return {r["name"]: r for r in doc.get("speedups", []) if r["name"] in names}
+    return {r.name: r.to_dict() for r in run.speedups if r.name in names}

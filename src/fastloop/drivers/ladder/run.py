@@ -26,12 +26,33 @@ from fastloop.drivers.ladder.state import MIN_REPEATS, LadderState
 from fastloop.drivers.subproc import run_in_subprocess
 from fastloop.drivers.targets import recipe_rungs
 from fastloop.errors import FastloopError
-from fastloop.speedups.base import REGISTRY, Context, Speedup, default_ladder, resolve, speedup_names
+from fastloop.speedups.base import REGISTRY, Context, Speedup, resolve, speedup_names
 
-__all__ = ["DEFAULT_RUNGS", "MODES", "OBJECTIVES", "default_budget", "default_measure_s", "default_rungs", "run_ladder"]
+__all__ = [
+    "DEFAULT_RUNGS",
+    "MODES",
+    "OBJECTIVES",
+    "default_ladder",
+    "default_budget",
+    "default_measure_s",
+    "default_rungs",
+    "run_ladder",
+]
+
+
+def default_ladder() -> list[str]:
+    """The default ladder's rungs, in order: the registered speedups whose ladder traits say
+    ``in_default`` (:class:`~fastloop.speedups.ladder_traits.LadderTraits`).
+
+    Example:
+        >>> default_ladder()[:2]
+        ['gpu_augment', 'gpu_resident']
+    """
+    return [n for n in speedup_names() if REGISTRY[n].ladder.in_default]
+
 
 DEFAULT_RUNGS = default_ladder()
-"""The registered speedups marked ``in_default_ladder``, in ladder order."""
+"""The registered speedups marked ``in_default``, in ladder order."""
 SEARCHES: dict[str, Callable[[], Search]] = {
     "select": StagedSearch,
     "sequential": SequentialSearch,

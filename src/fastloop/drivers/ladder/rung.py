@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fastloop.compare import Runs, merge_runs
 from fastloop.drivers.doctor import diagnose
 from fastloop.drivers.ladder.wording import feed_line
+from fastloop.measure.run_result import RunResult
 
 __all__ = ["Rung", "breakdown"]
 
@@ -28,12 +29,12 @@ def breakdown(doc: dict) -> dict:
         >>> breakdown({"step_s": {"mean": 0.1}, "data_wait_frac": 0.25})["data_wait_s"]
         0.025
     """
-    mean = (doc.get("step_s") or {}).get("mean")
-    wait = doc.get("data_wait_frac")
+    run = RunResult.from_dict(doc)
+    mean, wait = run.step_s.mean, run.data_wait_frac
     if not mean or wait is None:
         return {}
     out = {"step_s": mean, "data_wait_s": mean * wait, "compute_s": mean * (1 - wait), "data_wait_frac": wait}
-    busy = (doc.get("gpu_profile") or {}).get("gpu_busy_frac")
+    busy = (run.gpu_profile or {}).get("gpu_busy_frac")
     if busy is not None:  # CUDA: the rest of the step splits into GPU busy and GPU idle while the host works
         out["gpu_busy_s"] = mean * busy
         out["host_idle_s"] = max(0.0, mean * (1 - busy - wait))
@@ -115,9 +116,14 @@ class Rung:
         return out
 
     @property
+    def result(self) -> RunResult:
+        """What it measured, typed (its configuration's runs merged)."""
+        return RunResult.from_dict(self.measured)
+
+    @property
     def data_wait_frac(self) -> float | None:
-        return self.measured.get("data_wait_frac")
+        return self.result.data_wait_frac
 
     @property
     def extra(self) -> dict:
-        return self.measured.get("extra") or {}
+        return self.result.extra

@@ -46,6 +46,7 @@ from fastloop.drivers.ladder.moves import Moves
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.ladder.sizing import Sizing
 from fastloop.drivers.ladder.state import LadderState
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups import REGISTRY
 from fastloop.speedups.base import Context, Speedup, name_of
 
@@ -96,12 +97,12 @@ class _Stages:
 
     def _wait(self) -> float:
         """The best configuration's data-wait fraction."""
-        return merge_runs(self.state.best()).get("data_wait_frac") or 0.0
+        return RunResult.from_dict(merge_runs(self.state.best())).data_wait_frac or 0.0
 
     def _dataset(self) -> dict:
         """What the runs said of the dataset (``in_memory_tensors``, ...)."""
         best = self.state.best()
-        return ((merge_runs(best).get("extra") or {}).get("dataset") or {}) if best else {}
+        return (RunResult.from_dict(merge_runs(best)).extra.get("dataset") or {}) if best else {}
 
     def run(self, usable: list[Speedup]) -> None:
         state = self.state
@@ -119,9 +120,9 @@ class _Stages:
             resident = [
                 s
                 for s in feed
-                if s.stored_on_device
+                if s.ladder.stored_on_device
                 and not model_says_no(state.base_runs, s)
-                and (data.get("in_memory_tensors") or not s.needs_in_memory_tensors)
+                and (data.get("in_memory_tensors") or not s.ladder.needs_in_memory_tensors)
             ]
             # stored tensors the checks let the GPU serve (as they are, or augmented per batch) go
             # in with the compute stack: an expert's first move, and the compute rungs are then
@@ -170,7 +171,7 @@ class _Stages:
         if not todo:
             return []
         data = self._dataset()
-        return [s for s in todo if not s.needs_in_memory_tensors or data.get("in_memory_tensors")]
+        return [s for s in todo if not s.ladder.needs_in_memory_tensors or data.get("in_memory_tensors")]
 
     def feed(self, feed: list[Speedup], stage: str, *, defer_ablation: bool = False) -> None:
         """Fix the feed: a GPU feed where one applies, else the CPU feed bundle, ablated (with
@@ -192,10 +193,10 @@ class _Stages:
             return
         first_time = state.base_runs is not None and state.best() is state.base_runs
         tell = not first_time  # feed-first: size the feed for the step the model will reach, not today's
-        for s in [s for s in todo if s.replaces_loader]:
+        for s in [s for s in todo if s.ladder.replaces_loader]:
             if self.moves.try_adding([s], f"+{s.spec}", tell_rate=tell):
                 return
-        bundle = [s for s in todo if not s.replaces_loader]
+        bundle = [s for s in todo if not s.ladder.replaces_loader]
         if len(bundle) == 1:
             self.moves.try_adding(bundle, f"+{bundle[0].spec}", tell_rate=tell)
             return
@@ -242,7 +243,7 @@ class _Stages:
         todo = [s for s in todo if not ruled_out[s.name]]
         if not todo:
             return
-        feeds = [n for n in map(name_of, state.selected) if n in REGISTRY and REGISTRY[n].feeds]
+        feeds = [n for n in map(name_of, state.selected) if n in REGISTRY and REGISTRY[n].ladder.feeds]
         note = wording.compute_feed_note(self._wait() if state.best() else 0.0, feeds, FEED_FIRST_WAIT)
         state.note_stage(stage, wording.compute_action([s.spec for s in todo], note))
         if len(todo) > 1:

@@ -36,7 +36,7 @@ class SequentialSearch:
                 continue
             base_spec, cand_spec = state.spec_with(), state.spec_with([s.spec])
             # a feed candidate's runs learn what the step consumes (workers weighs its loader against it)
-            compared = state.compare_adaptive(base_spec, cand_spec, own=s.spec, tell_rate=s.feeds)
+            compared = state.compare_adaptive(base_spec, cand_spec, own=s.spec, tell_rate=s.ladder.feeds)
             move = Measured(base_spec, cand_spec, *compared)
             if state.base_runs is None:
                 state.set_baseline(move.fresh[state.base_spec])

@@ -19,8 +19,7 @@ probe chose alone while the step waits for data, the bundle is measured once mor
 size down (:meth:`Sizing.retry_smaller`).
 
 Example:
-    >>> from fastloop.speedups import REGISTRY
-    >>> REGISTRY["workers"].sizes_around({"num_workers": 16, "loader_rates": {"0": 1.0, "4": 3.0, "8": 5.0, "16": 6.0}})
+    >>> self_sized("workers").around({"num_workers": 16, "loader_rates": {"0": 1.0, "4": 3.0, "8": 5.0, "16": 6.0}})
     (16, [8])
 """
 
@@ -33,19 +32,29 @@ from fastloop.drivers.ladder import wording
 from fastloop.drivers.ladder.moves import ABLATION_LOSS, Decision, Measured, Moves
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.ladder.state import LadderState
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups import REGISTRY, resolve
 from fastloop.speedups.base import Speedup
+from fastloop.speedups.ladder_traits import SelfSized
 
-__all__ = ["SIZED_STAGE", "SIZING_WAIT", "Sizing"]
+__all__ = ["SIZED_STAGE", "SIZING_WAIT", "Sizing", "self_sized"]
 
 SIZING_WAIT = 0.05
 """The best configuration's data-wait fraction from which a larger size is measured too."""
 SIZED_STAGE = "sizes measured in the configuration"
 
 
+def self_sized(name: str | None) -> SelfSized | None:
+    """How the registered speedup ``name`` sizes itself (:attr:`LadderTraits.sized`); None: it does
+    not, or no such speedup (a spec with an option, ``workers:8``, names none: it is sized already)."""
+    cls = REGISTRY.get(name) if name else None
+    return cls.ladder.sized if cls is not None else None
+
+
 def _chosen(runs: Runs, stat: str) -> int | None:
     """The size the runs chose (the most common, where the probe's noise made them differ)."""
-    sizes = [int(d["extra"][stat]) for d in runs.docs if isinstance((d.get("extra") or {}).get(stat), (int, float))]
+    chosen = [RunResult.from_dict(d).extra.get(stat) for d in runs.docs]
+    sizes = [int(n) for n in chosen if isinstance(n, (int, float))]
     return max(set(sizes), key=sizes.count) if sizes else None
 
 
@@ -61,25 +70,22 @@ class Sizing:
     def _best_wait(self) -> float:
         """The data-wait fraction of the best configuration's kept runs (0 where it has none)."""
         now = self.state.best()
-        return (merge_runs(now).get("data_wait_frac") or 0.0) if now is not None and now.docs else 0.0
+        return (RunResult.from_dict(merge_runs(now)).data_wait_frac or 0.0) if now is not None and now.docs else 0.0
 
     def size_in_configuration(self, stage: str = SIZED_STAGE) -> None:
-        """For each kept speedup that sized itself (its spec without an option, a ``sizes_around``),
+        """For each kept speedup that sized itself (its spec without an option, a :func:`self_sized`),
         measure the neighbouring sizes in the whole configuration and keep the one that trains
         fastest; then the self-sized speedups that kept the user's size alone (:meth:`_size_kept_alone`)."""
         state = self.state
-        for spec in [
-            s
-            for s in state.selected
-            if ":" not in s and s in REGISTRY and REGISTRY[s].sized_stat and s not in self.sized
-        ]:
+        for spec in [s for s in state.selected if self_sized(s) and s not in self.sized]:
             self.sized.add(spec)
             best = state.best()
             if best is None or not best.docs:
                 break  # nothing measured in the configuration yet: neither loop can size
-            extra = merge_runs(best).get("extra") or {}
-            stat = REGISTRY[spec].sized_stat
-            chosen, around = REGISTRY[spec].sizes_around({**extra, stat: _chosen(best, stat)})
+            extra = RunResult.from_dict(merge_runs(best)).extra
+            sized = self_sized(spec)
+            assert sized is not None
+            chosen, around = sized.around({**extra, sized.stat: _chosen(best, sized.stat)})
             if chosen is None:
                 continue
             if around:
@@ -94,9 +100,7 @@ class Sizing:
                     break
             self.pin(spec, chosen, stage)
 
-        for spec in sorted(
-            s for s in self.moves.inactive if s in REGISTRY and REGISTRY[s].sized_stat and s not in self.sized
-        ):
+        for spec in sorted(s for s in self.moves.inactive if self_sized(s) and s not in self.sized):
             self.sized.add(spec)
             self._size_kept_alone(spec, stage)
 
@@ -109,8 +113,10 @@ class Sizing:
         another size are dropped from its kept runs."""
         if spec not in self.state.selected:
             return  # a size measured in the configuration already replaced it
-        pinned, stat = f"{spec}:{chosen}", REGISTRY[spec].sized_stat
-        self.state.pin(spec, pinned, lambda doc: (doc.get("extra") or {}).get(stat) == chosen)
+        sized = self_sized(spec)
+        assert sized is not None
+        pinned, stat = f"{spec}:{chosen}", sized.stat
+        self.state.pin(spec, pinned, lambda doc: RunResult.from_dict(doc).extra.get(stat) == chosen)
         self.state.note_stage(stage, wording.pinned(spec, pinned))
 
     def _size_kept_alone(self, spec: str, stage: str) -> None:
@@ -122,9 +128,11 @@ class Sizing:
         best = state.best()
         if best is None or not best.docs:
             return
-        merged = merge_runs(best)
-        own, above = REGISTRY[spec].sizes_above_kept(merged.get("extra") or {})
-        wait = merged.get("data_wait_frac") or 0.0
+        merged = RunResult.from_dict(merge_runs(best))
+        sized = self_sized(spec)
+        assert sized is not None
+        own, above = sized.above_kept(merged.extra)
+        wait = merged.data_wait_frac or 0.0
         if own is None or not above or wait < SIZING_WAIT:
             return
         state.note_stage(stage, wording.sizes_above_kept(spec, own, wait, above))
@@ -216,9 +224,10 @@ class Sizing:
         ):
             return False
         for member in bundle:
-            if ":" in member.spec or not REGISTRY[member.name].sized_stat:
+            sized = self_sized(member.spec)
+            if sized is None:
                 continue
-            chosen, around = REGISTRY[member.name].sizes_around(last.extra)
+            chosen, around = sized.around(last.extra)
             below = [n for n in around if chosen is not None and n < chosen]
             if not below:
                 continue

@@ -43,6 +43,7 @@ from fastloop.drivers.ladder.candidates import join_specs
 from fastloop.drivers.ladder.rung import Rung
 from fastloop.drivers.pick_check import can_check, check_ladder_pick, predicted_check_s
 from fastloop.errors import ConfigurationFailed, FastloopError, UserCodeError
+from fastloop.measure.run_result import RunResult
 from fastloop.speedups.base import name_of
 
 __all__ = ["EARLY_DROP", "MIN_GAIN", "MIN_REPEATS", "LadderState", "baseline_failed", "pooled_final"]
@@ -593,7 +594,7 @@ class LadderState:
 def own_record(doc: dict, spec: str) -> dict | None:
     """The run's own record of the speedup ``spec`` names (applied, skipped or fallback, and why)."""
     name = name_of(spec)
-    return next((s for s in doc.get("speedups", []) if s["name"] == name), None)
+    return next((r.to_dict() for r in RunResult.from_dict(doc).speedups if r.name == name), None)
 
 
 def baseline_failed(runs: Runs) -> Exception:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fastloop.compare import VERDICT_CONFIDENCE
 from fastloop.drivers.doctor import without_measured
+from fastloop.measure.run_result import RunResult
 from fastloop.measure.stats import MIN_EFFECT
 from fastloop.speedups.base import name_of
 
@@ -336,19 +337,18 @@ def feed_line(doc: dict) -> str:
         >>> feed_line({"step_s": {"mean": 0.1}, "data_wait_frac": 0.5, "items_per_step": 10})
         'the loader delivers ~100 items/s and the step alone would consume ~200/s'
     """
-    mean = (doc.get("step_s") or {}).get("mean")
-    wait = doc.get("data_wait_frac") or 0.0
-    items = doc.get("items_per_step")
+    run = RunResult.from_dict(doc)
+    mean, wait, items = run.step_s.mean, run.data_wait_frac or 0.0, run.items_per_step
     if not (mean and items):
         return ""
     demand = items / (mean * (1 - wait)) if wait < 1 else float("inf")
     line = f"the loader delivers ~{items / mean:,.0f} items/s and the step alone would consume ~{demand:,.0f}/s"
-    return line + _fetch_clause(doc)
+    return line + _fetch_clause(run)
 
 
-def _fetch_clause(doc: dict) -> str:
+def _fetch_clause(run: RunResult) -> str:
     """'; getting a batch takes X ms of the host's time (copy Y ms)' where the feed clock timed it."""
-    fetch, copy = doc.get("host_fetch_s"), doc.get("host_copy_s")
+    fetch, copy = run.host_fetch_s, run.host_copy_s
     if not fetch:
         return ""
     return f"; getting a batch takes {1e3 * fetch:.2f} ms of the host's time" + (

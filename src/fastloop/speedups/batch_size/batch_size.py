@@ -60,6 +60,7 @@ from fastloop.speedups.batch_size.state import (  # noqa: F401  (set_batch_size:
     state_digest,
     trial_optimizer_conf,
 )
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["BatchSize", "is_oom", "search_batch_size", "set_batch_size"]
@@ -398,7 +399,7 @@ class BatchSize(Speedup):
     __doc__ = __doc__
     name = "batch_size"
     trains = "workload"  # other batches: their size
-    changes_workload = True
+    ladder = LadderTraits(changes_workload=True)
     changes = "data"
     order = 70
     prepares_run = True

@@ -18,6 +18,7 @@ import torch
 from fastloop._torch_private import compiled_graph_count, dynamo_counters, first_graph_break
 from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.compile.cache import hold_compile_cache
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
@@ -96,11 +97,10 @@ class Compile(Speedup):
     __doc__ = __doc__
     name = "compile"
     trains = "reordered"  # fused kernels sum floats in another order
-    ablation_rank = 0
+    ladder = LadderTraits(ablation_rank=0, in_default=True)
     compiles = True
     changes = "model"
     order = 50
-    in_default_ladder = True
     warmup_cost = True
 
     options_type = CompileOptions

@@ -35,6 +35,7 @@ from fastloop.speedups.base import Speedup, register
 from fastloop.speedups.compile.cache import hold_compile_cache
 from fastloop.speedups.compile.compile import CUDAGRAPH_MODES, GRAPHED_BY_COMPILE
 from fastloop.speedups.cuda_graph.graph_capture import MAX_GRAPHS
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 from fastloop.speedups.torch_facts import raised_by_compiler
 
@@ -150,11 +151,10 @@ class CudaGraph(Speedup):
     __doc__ = __doc__
     name = "cuda_graph"
     trains = "reordered"  # the whole step replays bitwise; graphed forward+backward can round differently
-    ablation_rank = 1
+    ladder = LadderTraits(ablation_rank=1, in_default=True)
     compiles = True
     changes = "step"
     order = 60
-    in_default_ladder = True
     warmup_cost = True
     needs_cuda = True
 

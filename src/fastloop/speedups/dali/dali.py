@@ -34,6 +34,7 @@ import torch
 from fastloop.cuda_env import CUDA_QUEUES_VAR, cuda_queues_note, ensure_cuda_queues
 from fastloop.speedups.base import Context, Skip, Speedup, register
 from fastloop.speedups.dali.folder import DaliFolderLoader, NotTranslated, check_folder
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 
 __all__ = ["Dali"]
@@ -44,11 +45,13 @@ class Dali(Speedup):
     __doc__ = __doc__
     name = "dali"
     trains = "own_draws"  # its own decoder and its own random crops
-    replaces_loader = True
+    ladder = LadderTraits(
+        replaces_loader=True,
+        feeds=True,
+        in_default=True,  # tried where the loader's folder and transform translate (why_not_data)
+    )
     changes = "data"
-    feeds = True
     order = 65
-    in_default_ladder = True  # tried where the loader's folder and transform translate (why_not_data)
 
     def __init__(self, **options) -> None:
         super().__init__(**options)

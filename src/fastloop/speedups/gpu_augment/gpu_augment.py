@@ -63,6 +63,7 @@ from fastloop.speedups.gpu_augment.ops import (
     random_resized_crop,
 )
 from fastloop.speedups.gpu_resident.gpu_resident import GPUResidentLoader, NotResident, make_resident
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.run import Run
 from fastloop.transforms import PADDING_MODES, torchvision_padding, unwrap_subsets
 
@@ -411,13 +412,15 @@ class GPUAugment(Speedup):
     __doc__ = __doc__
     name = "gpu_augment"
     trains = "own_draws"  # the augmentation draws from its own generator on the GPU
-    replaces_loader = True
-    stored_on_device = True
+    ladder = LadderTraits(
+        replaces_loader=True,
+        stored_on_device=True,
+        feeds=True,
+        in_default=True,  # tried where the dataset's transform translates (fastloop.drivers.ladder.search)
+    )
     changes = "data"
-    feeds = True
     order = 9  # before the CPU feed, which has nothing left to do once it applies
     needs_cuda = True
-    in_default_ladder = True  # tried where the dataset's transform translates (fastloop.drivers.ladder.search)
 
     def apply(self, run: Run) -> None:
         run.change_loader(lambda loader: self.apply_loader(loader, run.ctx))

@@ -48,6 +48,7 @@ from fastloop.speedups.gpu_resident.padded import (
     size_text,
     why_not_padded,
 )
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.run import Run
 
@@ -205,15 +206,17 @@ class ResidentOptions(Options):
 class GPUResident(Speedup):
     __doc__ = __doc__
     name = "gpu_resident"
-    replaces_loader = True
-    needs_in_memory_tensors = True
-    stored_on_device = True
+    ladder = LadderTraits(
+        replaces_loader=True,
+        needs_in_memory_tensors=True,
+        stored_on_device=True,
+        feeds=True,
+        in_default=True,  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder.search)
+    )
     changes = "data"
-    feeds = True
     feeds_validation = True
     order = 9
     needs_cuda = True
-    in_default_ladder = True  # tried only where the dataset is in-memory tensors (fastloop.drivers.ladder.search)
     options_type = ResidentOptions
 
     def apply(self, run: Run) -> None:

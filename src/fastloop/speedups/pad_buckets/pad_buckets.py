@@ -55,6 +55,7 @@ from torch.utils.data import DataLoader
 from fastloop._torch_private import recompile_limit
 from fastloop.data import map_tensors, rebuild_loader, to_device, yields_whole_batches
 from fastloop.speedups.base import Context, Skip, Speedup, register
+from fastloop.speedups.ladder_traits import LadderTraits
 from fastloop.speedups.options import Options, option
 from fastloop.speedups.pad_buckets.check import check_equivalence, tensor_names, tensors_of
 from fastloop.speedups.run import Run
@@ -316,8 +317,10 @@ class PadBuckets(Speedup):
     changes = "data"
     fixes_shapes = True
     order = 11  # before prefetch, which hands the step a BackgroundFeed (no collate left to wrap)
-    in_default_ladder = True  # tried only where the baseline's batches change shape (fastloop.drivers.ladder.search)
-    ablation_rank = 5  # padding is more work: taken out to check that it pays
+    ladder = LadderTraits(
+        in_default=True,  # tried only where the baseline's batches change shape (fastloop.drivers.ladder.search)
+        ablation_rank=5,  # padding is more work: taken out to check that it pays
+    )
     options_type = PadOptions
     trains = "band"
 
