@@ -82,6 +82,7 @@ def test_unknown_arch_and_loader(small):
         ImageData(str(small), loader="ffcv")
 
 
+@pytest.mark.slow  # a ResNet trained to above chance on the CPU: .ci/run's second step
 def test_short_run_learns_above_chance():
     torch.manual_seed(0)
     d = ImageData(str(default_dataset()), batch_size=32, crop=64)

@@ -79,6 +79,7 @@ def main_job(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return p, rep
 
 
+@pytest.mark.slow  # the README's main job end to end (an 80 s ladder): .ci/run's second step
 def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(main_job):
     """One line per run, then the summary: no line is printed twice, and nothing asks to 'measure
     more steps'."""
@@ -95,6 +96,7 @@ def test_the_readmes_main_job_says_each_thing_once_and_asks_for_nothing_more(mai
     assert len(listed) == len(set(listed)) and "measure more steps" not in md
 
 
+@pytest.mark.slow  # the README's main job end to end (an 80 s ladder): .ci/run's second step
 def test_the_readmes_main_job_checks_its_pick_within_its_budget(main_job):
     """The demo's pick (workers) checked against the baseline before it is printed: the same
     weights, the same batches, every step's loss bit-identical (the tolerance of a feed: exact),
