@@ -58,6 +58,7 @@ def shares(tmp_path_factory) -> dict:
     return {f.name.removesuffix(".json"): json.loads(f.read_text()) for f in out.glob("*.json")}
 
 
+@pytest.mark.slow  # two-process DDP fits (the shared fixture): .ci/run's second step
 @pytest.mark.parametrize("case", CASES)
 def test_each_rank_trains_on_its_share_and_the_next_epoch_reshuffles(shares, case):
     adapter, name = case.split(":")
@@ -77,6 +78,7 @@ def test_each_rank_trains_on_its_share_and_the_next_epoch_reshuffles(shares, cas
     assert all(doc["epochs"]["1"] != doc["epochs"]["0"] for doc in ranks)  # set_epoch reshuffled
 
 
+@pytest.mark.slow  # two-process DDP fits (the shared fixture): .ci/run's second step
 @pytest.mark.skipif(not DALI, reason="NVIDIA DALI is not installed")
 def test_dali_under_lightning_ddp_reads_each_ranks_shard_of_the_folder(shares):
     """DALI replaces the loader, so Lightning adds no sampler to it: the callbacks hand it the

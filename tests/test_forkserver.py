@@ -111,6 +111,7 @@ def test_the_step_rate_reaches_a_forked_run_without_a_new_server(fresh_server, m
     assert len(set(pids)) == 1  # one server for all four runs
 
 
+@pytest.mark.slow  # a process importing the compiler: .ci/run's second step
 def test_the_compiler_preload_imports_inductor_without_initializing_cuda():
     import subprocess
     import sys

@@ -271,9 +271,7 @@ def test_a_killed_configuration_is_failed_and_the_others_stay(tmp_path):
     assert "+bf16 (failed" in md and "+fused_optimizer" in md and "+fused_optimizer" in html
 
 
-import pytest  # noqa: E402
-
-
+@pytest.mark.slow  # CLI processes interrupted: .ci/run's second step
 @pytest.mark.parametrize(
     "cmd",
     [

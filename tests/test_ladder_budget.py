@@ -111,6 +111,7 @@ def test_the_ablations_still_planned_are_kept_at_their_own_predicted_cost():
     assert L.plan(2, queued=True)["reserve_s"] == pytest.approx(10.0 + 12.0)
 
 
+@pytest.mark.slow  # a ladder with compiles: .ci/run's second step
 def test_a_compile_heavy_data_bound_ladder_with_its_costs_scaled_down(monkeypatch):
     """A ResNet-50 on a JPEG folder (an H100), its run costs scaled by 1/25 (the baseline 10 s, a
     DALI run 8 s, a compiled run 12 s, a new compiled graph 55 s more, a 300 s budget): the

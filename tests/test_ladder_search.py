@@ -393,6 +393,7 @@ def test_a_tight_budget_still_reaches_the_compute_bundle_on_a_data_bound_step(mo
             assert ablated[member]["repeats"] == 1 and ablated[member]["decision"].startswith(f"kept {member}")
 
 
+@pytest.mark.slow  # a CLI ladder on the wall clock: .ci/run's second step
 def test_the_budget_bounds_the_commands_wall_time_from_its_start(tmp_path):
     """``fastloop ladder --budget S`` as a user times it: the imports before the ladder's own clock
     (``started_s``) and the last reports count too, so the command ends within one run of S."""

@@ -170,6 +170,7 @@ def test_measured_ceiling_roundtrip(tmp_path, monkeypatch):
     assert load_measured_ceiling("NVIDIA L4", "bf16") is None
 
 
+@pytest.mark.slow  # windows of up to seconds, timed: .ci/run's second step
 def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     """``--measure-s``: a window of seconds of steady steps. A 48 ms step (16 samples x 3 ms of
     loading) measures 10 steps (the least), not 30, in a 0.2 s window; a sub-millisecond step
@@ -188,6 +189,7 @@ def test_measure_s_is_a_time_window_however_short_or_long_the_step():
     assert sum(fast["step_s_all"]) > 0.3  # about 1 s of steps, never a handful
 
 
+@pytest.mark.slow  # windows of up to seconds, timed: .ci/run's second step
 def test_a_window_the_warmup_underestimated_ends_on_time():
     """A data-bound step (2 loader workers, 0.16 s a batch) whose warm-up ran from a full prefetch
     buffer looked ~5 ms long, so a 1 s window planned ~200 steps (33.6 s measured with the cut
